@@ -16,6 +16,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("r2ac.demo", "gradient check and one benchmark row of the eLSTM layer"),
     "bench": ("r2ac.bench.cli", "speed and memory benchmarks (bench core | cores | envs)"),
+    "envs": ("r2ac.envs.cli", "list env families and whether they run on this machine"),
 }
 
 

@@ -1,0 +1,258 @@
+"""`r2ac bench core`: eLSTM speed and memory, rule "bptt" against "rtrl", side by side.
+
+For each (T, B, N, D) it times one segment (forward + backward from a carried state, the
+RTRL carry included) for both rules alternated in one loop, so that the noise of a shared
+machine hits both alike, and reports medians after warm-up. A straightforward autograd loop
+over the same equations (r2ac.rtrl.reference) is timed too, as the bar the bptt path must
+clear. Peak memory is measured per rule in a fresh process (CPU: growth of the resident set
+over the state and inputs; CUDA: the allocator's peak). For T = 1 it also times the per-step
+sensitivity update alone and compares its bandwidth with a plain memory copy of the same size.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import tyro
+
+from r2ac.perf import keep_freed_memory, release_freed_memory
+from r2ac.rtrl import ELSTM, ELSTMSensitivity, ELSTMState
+from r2ac.rtrl import elstm_math as em
+from r2ac.rtrl.reference import elstm_reference
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class BenchCoreConfig:
+    """Options of `r2ac bench core`."""
+
+    shapes: tuple[str, ...] = ("100,32,512,257", "50,32,256,257", "1,32,512,257")
+    """Segment shapes as T,B,N,D (steps, streams, hidden units, inputs)."""
+    repeats: int = 20
+    """Timed repeats per rule (medians are reported)."""
+    warmup: int = 3
+    """Untimed repeats before timing."""
+    dtype: str = "float32"
+    """float32 or float64."""
+    device: str = "cpu"
+    """cpu or cuda."""
+    memory: bool = True
+    """Measure peak memory (CPU: one fresh process per rule and shape)."""
+    naive: bool = True
+    """Also time a plain autograd loop over the equations."""
+    json_out: str | None = None
+    """Write the rows as JSON to this file."""
+
+
+@dataclass
+class Row:
+    shape: tuple[int, int, int, int]
+    ms: dict[str, float] = field(default_factory=dict)
+    peak_mb: dict[str, float] = field(default_factory=dict)
+    state_mb: float = 0.0
+    gbs: dict[str, float] = field(default_factory=dict)  # T = 1: eager, fused carry and copy
+
+    @property
+    def ratio(self) -> float:
+        """Speed of rtrl relative to bptt (time_bptt / time_rtrl)."""
+        return self.ms["bptt"] / self.ms["rtrl"]
+
+
+def parse_shape(text: str) -> tuple[int, int, int, int]:
+    parts = [int(p) for p in text.split(",")]
+    if len(parts) != 4 or min(parts) < 1:
+        raise ValueError(f"shape must be four positive integers T,B,N,D, got {text!r}")
+    return tuple(parts)
+
+
+def _setup(shape, rule, dtype, device, seed=0):
+    T, B, N, D = shape
+    torch.manual_seed(seed)
+    layer = ELSTM(D, N, rule, device=device, dtype=dtype)
+    x = torch.randn(T, B, D, device=device, dtype=dtype)
+    readout = torch.randn(T, B, N, device=device, dtype=dtype)
+    state = layer.initial_state(B)
+    if rule == "rtrl":  # a realistic, non-zero carried state
+        state = ELSTMState(
+            torch.randn_like(state.c),
+            ELSTMSensitivity(0.1 * torch.randn_like(state.sens.FZ), torch.randn_like(state.sens.wb)),
+        )
+    return layer, x, readout, state
+
+
+def _segment_fn(layer, x, readout, state):
+    def run():
+        h, _ = layer(x, state)
+        (h * readout).sum().backward()
+        layer.zero_grad(set_to_none=True)
+
+    return run
+
+
+def _naive_fn(layer, x, readout, state):
+    params = dict(layer.named_parameters())
+    reset = torch.zeros(x.shape[:2], dtype=torch.bool, device=x.device)
+
+    def run():
+        h, _ = elstm_reference(params, x, reset, state.c)
+        (h * readout).sum().backward()
+        layer.zero_grad(set_to_none=True)
+
+    return run
+
+
+def _sync(device):
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def time_alternating(fns: dict, repeats: int, warmup: int, device) -> dict[str, float]:
+    """Median ms per call of each function, calling them in turn in one loop."""
+    times = {k: [] for k in fns}
+    for i in range(warmup + repeats):
+        for name, fn in fns.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
+
+
+def carry_bandwidth(shape, dtype, device, repeats, warmup) -> dict[str, float]:
+    """GB/s of the per-step sensitivity update (eager and fused) and of a plain copy.
+
+    The update must read FZ (B, 2, N, D) and write its successor: 2 * size bytes, the same
+    traffic as a copy, so the two rates compare directly.
+    """
+    _, B, N, D = shape
+    kw = {"device": device, "dtype": dtype}
+    sens = ELSTMSensitivity(torch.randn(B, 2, N, D, **kw), torch.randn(B, 4, N, **kw))
+    trace = em.RecurrenceTrace(*(torch.rand(1, B, N, **kw) for _ in range(4)))
+    x = torch.randn(1, B, D, **kw)
+    dst = torch.empty_like(sens.FZ)
+    fns = {
+        "eager": lambda: em.carry_step(sens, trace, x),
+        "fused": lambda: em.carry_step(sens, trace, x, fused=True),
+        "copy": lambda: dst.copy_(sens.FZ),
+    }
+    ms = time_alternating(fns, repeats, warmup, device)
+    nbytes = 2 * sens.FZ.numel() * sens.FZ.element_size()
+    return {k: nbytes / v / 1e6 for k, v in ms.items()}
+
+
+def _rss_bytes(field_name: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field_name} not in /proc/self/status")
+
+
+def peak_memory_mb(shape, rule, dtype_name, device) -> float:
+    """Peak extra memory of one forward + backward over the inputs and state already held."""
+    if str(device).startswith("cuda"):
+        layer, x, readout, state = _setup(shape, rule, DTYPES[dtype_name], device)
+        run = _segment_fn(layer, x, readout, state)
+        run()
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        run()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+    cmd = [sys.executable, "-m", "r2ac.bench.core", "--probe", ",".join(map(str, shape)), rule, dtype_name]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1]) / 2**20
+
+
+def _probe(shape_text: str, rule: str, dtype_name: str) -> None:
+    """Child process of peak_memory_mb on CPU: prints the peak RSS growth in bytes."""
+    keep_freed_memory()
+    layer, x, readout, state = _setup(parse_shape(shape_text), rule, DTYPES[dtype_name], "cpu")
+    release_freed_memory()  # setup temporaries must not be reused unseen by the run
+    base = _rss_bytes("VmRSS")
+    run = _segment_fn(layer, x, readout, state)
+    run()
+    run()
+    print(_rss_bytes("VmHWM") - base)
+
+
+def bench_shape(shape, cfg: BenchCoreConfig) -> Row:
+    dtype = DTYPES[cfg.dtype]
+    row = Row(shape)
+    fns = {}
+    for rule in ("bptt", "rtrl"):
+        fns[rule] = _segment_fn(*_setup(shape, rule, dtype, cfg.device))
+    if cfg.naive:
+        fns["naive"] = _naive_fn(*_setup(shape, "bptt", dtype, cfg.device))
+    row.ms = time_alternating(fns, cfg.repeats, cfg.warmup, cfg.device)
+    T, B, N, D = shape
+    row.state_mb = B * N * (2 * D + 4) * torch.finfo(dtype).bits / 8 / 2**20
+    if cfg.memory:
+        row.peak_mb = {r: peak_memory_mb(shape, r, cfg.dtype, cfg.device) for r in ("bptt", "rtrl")}
+    if T == 1:
+        row.gbs = carry_bandwidth(shape, dtype, cfg.device, 5 * cfg.repeats, cfg.warmup)
+    return row
+
+
+def format_rows(rows: list[Row]) -> str:
+    head = ("| T, B, N, D | bptt ms | rtrl ms | naive ms | rtrl/bptt speed | rtrl steps/s "
+            "| peak MB bptt / rtrl | state MB | T=1 carry GB/s: eager / fused / copy |")
+    lines = [head, "|" + "---|" * 9]
+    for r in rows:
+        T, B, _, _ = r.shape
+        naive = f"{r.ms['naive']:.1f}" if "naive" in r.ms else "-"
+        peak = f"{r.peak_mb['bptt']:.0f} / {r.peak_mb['rtrl']:.0f}" if r.peak_mb else "-"
+        bw = " / ".join(f"{r.gbs[k]:.1f}" for k in ("eager", "fused", "copy")) if r.gbs else "-"
+        lines.append(
+            f"| {', '.join(map(str, r.shape))} | {r.ms['bptt']:.2f} | {r.ms['rtrl']:.2f} | {naive} "
+            f"| {r.ratio:.2f}x | {T * B / r.ms['rtrl'] * 1e3:,.0f} | {peak} | {r.state_mb:.1f} | {bw} |"
+        )
+    return "\n".join(lines)
+
+
+def machine_line(device: str) -> str:
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or platform.machine()
+    return (f"machine: {name}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+            f"python {platform.python_version()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv and argv[0] == "--probe":
+        _probe(*argv[1:4])
+        return 0
+    cfg = tyro.cli(BenchCoreConfig, args=argv, prog="r2ac bench core", description=__doc__)
+    if cfg.dtype not in DTYPES:
+        print(f"r2ac bench core: unknown dtype {cfg.dtype!r}; choose float32 or float64", file=sys.stderr)
+        return 2
+    try:
+        shapes = [parse_shape(s) for s in cfg.shapes]
+    except ValueError as exc:
+        print(f"r2ac bench core: {exc}", file=sys.stderr)
+        return 2
+    keep_freed_memory()
+    print(machine_line(cfg.device), f"dtype {cfg.dtype}, {cfg.repeats} repeats (median)")
+    rows = []
+    for shape in shapes:
+        rows.append(bench_shape(shape, cfg))
+        print(format_rows(rows[-1:]).splitlines()[-1], flush=True)
+    print()
+    print(format_rows(rows))
+    if cfg.json_out:
+        with open(cfg.json_out, "w") as fh:
+            json.dump([asdict(r) | {"ratio": r.ratio} for r in rows], fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,186 @@
+"""Feature stems, policy/value heads and a memoryless core for the agent.
+
+Pure ``nn.Module`` s built from sizes only (no config objects). Stems map a batch of
+observations ``(N, *obs_shape)`` to features ``(N, out_features)``; every stem ends in a ReLU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from r2ac.errors import ConfigError
+
+
+def _pooled_size(size: int) -> int:
+    """Output length of a 3x3 max-pool with stride 2 and padding 1: ceil(size / 2)."""
+    return (size - 1) // 2 + 1
+
+
+class _ResidualBlock(nn.Module):
+    """x + conv(relu(conv(relu(x)))), channel count unchanged."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv0(torch.relu(x))
+        y = self.conv1(torch.relu(y))
+        return x + y
+
+
+class _ConvStage(nn.Module):
+    """conv3x3 -> max-pool 3x3 stride 2 -> two residual blocks."""
+
+    def __init__(self, in_channels: int, out_channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1)
+        self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.res0 = _ResidualBlock(out_channels)
+        self.res1 = _ResidualBlock(out_channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.res1(self.res0(self.pool(self.conv(x))))
+
+
+class ImpalaResNetStem(nn.Module):
+    """The IMPALA "deep" ResNet stem for uint8 images ``(N, C, H, W)``, scaled by 1/255 inside.
+
+    Three conv stages, ReLU, flatten, Linear to ``out_features``, ReLU.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        height: int,
+        width: int,
+        channels: Sequence[int] = (16, 32, 32),
+        out_features: int = 256,
+    ):
+        super().__init__()
+        self.observation_shape = (in_channels, height, width)
+        self.out_features = out_features
+        stages, c_in = [], in_channels
+        for c_out in channels:
+            stages.append(_ConvStage(c_in, c_out))
+            c_in = c_out
+            height, width = _pooled_size(height), _pooled_size(width)
+        self.stages = nn.Sequential(*stages)
+        self.fc = nn.Linear(c_in * height * width, out_features)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if obs.dim() != 4 or tuple(obs.shape[1:]) != self.observation_shape:
+            raise ValueError(
+                f"expected uint8 images (N, {', '.join(map(str, self.observation_shape))}); "
+                f"got shape {tuple(obs.shape)}"
+            )
+        if obs.dtype != torch.uint8:
+            raise ValueError(f"expected uint8 images; got dtype {obs.dtype}")
+        x = obs.to(self.fc.weight.dtype) / 255.0  # (N, C, H, W)
+        x = torch.relu(self.stages(x))  # (N, C', H', W')
+        return torch.relu(self.fc(x.flatten(1)))  # (N, out_features)
+
+
+class MLPStem(nn.Module):
+    """Linear + ReLU layers for flat float observations ``(N, in_features)``."""
+
+    def __init__(self, in_features: int, hidden: Sequence[int] = (256,), out_features: int = 256):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        sizes = [in_features, *hidden, out_features]
+        layers: list[nn.Module] = []
+        for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True):
+            layers += [nn.Linear(n_in, n_out), nn.ReLU()]
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if obs.dim() != 2 or obs.shape[1] != self.in_features:
+            raise ValueError(f"expected (N, {self.in_features}); got shape {tuple(obs.shape)}")
+        return self.layers(obs.to(self.layers[0].weight.dtype))  # (N, out_features)
+
+
+def _numpy_dtype(dtype) -> np.dtype:
+    if isinstance(dtype, torch.dtype):
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    return np.dtype(dtype)
+
+
+def make_stem(
+    observation_shape: Sequence[int],
+    dtype,
+    out_features: int = 256,
+    channels: Sequence[int] = (16, 32, 32),
+    mlp_hidden: Sequence[int] = (256,),
+) -> nn.Module:
+    """The ResNet stem for 3-D uint8 observations, the MLP stem for 1-D float ones.
+
+    ``dtype`` is a torch or numpy dtype (or its name). Anything else raises ConfigError.
+    """
+    shape = tuple(int(n) for n in observation_shape)
+    try:
+        np_dtype = _numpy_dtype(dtype)
+    except TypeError as exc:
+        raise ConfigError(f"unknown observation dtype {dtype!r}") from exc
+    if len(shape) == 3 and np_dtype == np.uint8:
+        return ImpalaResNetStem(*shape, channels=channels, out_features=out_features)
+    if len(shape) == 1 and np.issubdtype(np_dtype, np.floating):
+        return MLPStem(shape[0], hidden=mlp_hidden, out_features=out_features)
+    raise ConfigError(
+        f"no stem for observations of shape {shape} and dtype {np_dtype}: expected "
+        "uint8 images (C, H, W) or flat float vectors (D,)"
+    )
+
+
+class PolicyValueHeads(nn.Module):
+    """Linear policy logits and a linear baseline on core outputs ``(..., in_features)``."""
+
+    def __init__(self, in_features: int, num_actions: int):
+        super().__init__()
+        self.policy = nn.Linear(in_features, num_actions)
+        self.baseline = nn.Linear(in_features, 1)
+
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns logits ``(..., num_actions)`` and values ``(...)``."""
+        return self.policy(h), self.baseline(h).squeeze(-1)
+
+
+class FeedforwardState(NamedTuple):
+    """The empty state of the memoryless core."""
+
+
+class Feedforward(nn.Module):
+    """A memoryless core (Linear + ReLU per step) obeying the core contract.
+
+    ``initial_state(B)`` is empty; ``forward(x (T, B, D), state, reset)`` returns
+    ``(y (T, B, hidden_size), state)``; ``reset`` is checked and has nothing to reset.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int):
+        super().__init__()
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.linear = nn.Linear(input_size, hidden_size)
+
+    def initial_state(self, batch_size: int) -> FeedforwardState:
+        return FeedforwardState()
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        state: FeedforwardState,
+        reset: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, FeedforwardState]:
+        if x.dim() != 3 or x.shape[-1] != self.input_size:
+            raise ValueError(f"x must be (T, B, {self.input_size}); got {tuple(x.shape)}")
+        if reset is not None and reset.shape != x.shape[:2]:
+            raise ValueError(
+                f"reset must be (T, B) = {tuple(x.shape[:2])}; got {tuple(reset.shape)}"
+            )
+        return torch.relu(self.linear(x)), state  # (T, B, hidden_size)

@@ -1,0 +1,185 @@
+"""Pure tensor math of the eLSTM (SPEC.md section 1): recurrence, its BPTT, and the RTRL carry.
+
+Notation (all element-wise, per stream b and unit i):
+
+    cp(t)  = keep(t) * c(t-1)                      # c(t-1), zeroed where the stream was reset
+    f(t)   = sigmoid(pre_f(t) + w_f * cp(t))       # pre_f = F x(t) + b_f
+    z(t)   = tanh   (pre_z(t) + w_z * cp(t))       # pre_z = Z x(t) + b_z
+    c(t)   = f(t) * cp(t) + (1 - f(t)) * z(t)
+    fh(t)  = (cp(t) - z(t)) * f(t) * (1 - f(t))    # d c(t) / d pre_f(t)
+    zh(t)  = (1 - f(t)) * (1 - z(t)^2)             # d c(t) / d pre_z(t)
+    a(t)   = keep(t) * (f + w_f * fh + w_z * zh)   # d c(t) / d c(t-1), a diagonal Jacobian
+
+Because the recurrent Jacobian is diagonal, the sensitivity of c_i to the i-th row of F obeys
+Fh(t) = a(t) * Fh(t-1) + outer(fh(t), x(t)), and over a segment of S steps it unrolls to
+
+    Fh(t0+S) = G * Fh(t0) + sum_tau outer(g(tau) * fh(tau), x(tau)),
+    g(tau) = prod_{s=tau+1}^{t0+S} a(s),   G = prod_{s=t0+1}^{t0+S} a(s),
+
+one batched GEMM per segment instead of one O(N*D) update per step (docs/rules/rtrl.md).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+
+class ELSTMSensitivity(NamedTuple):
+    """d c(t) / d theta for the recurrent parameters (only the non-zero, diagonal part)."""
+
+    FZ: Tensor  # (B, 2, N, D): [k=0] d c_i / d F_ij, [k=1] d c_i / d Z_ij
+    wb: Tensor  # (B, 4, N):    d c_i / d (w_f, w_z, b_f, b_z)_i
+
+
+class ELSTMState(NamedTuple):
+    c: Tensor  # (B, N) cell state
+    sens: ELSTMSensitivity | None  # None for rule "bptt" (and for acting without a carry)
+
+
+class RecurrenceTrace(NamedTuple):
+    """What one segment of the recurrence leaves behind for the RTRL carry (all (T, B, N))."""
+
+    fh: Tensor
+    zh: Tensor
+    a: Tensor
+    cp: Tensor
+
+
+def recurrence_forward(
+    pre_f: Tensor, pre_z: Tensor, w_f: Tensor, w_z: Tensor, c0: Tensor, keep: Tensor | None
+) -> tuple[Tensor, RecurrenceTrace]:
+    """Run the element-wise recurrence over a segment.
+
+    pre_f, pre_z: (T, B, N) input pre-activations (bias included); c0: (B, N);
+    keep: (T, B, 1) with 0 where a stream restarts before step t, or None.
+    Returns c: (T, B, N) and the local derivatives of every step.
+    """
+    T = pre_f.shape[0]
+    c_all = pre_f.new_empty(pre_f.shape)  # (T, B, N)
+    f_all = torch.empty_like(c_all)
+    z_all = torch.empty_like(c_all)
+    cp_all = torch.empty_like(c_all) if keep is not None else None
+    c = c0
+    for t in range(T):
+        cp = torch.mul(c, keep[t], out=cp_all[t]) if keep is not None else c
+        f = torch.sigmoid(torch.addcmul(pre_f[t], w_f, cp), out=f_all[t])
+        z = torch.tanh(torch.addcmul(pre_z[t], w_z, cp), out=z_all[t])
+        c = torch.addcmul(z, f, cp - z, out=c_all[t])  # f * cp + (1 - f) * z
+    if cp_all is None:  # no reset: cp(t) is just c(t-1)
+        cp_all = torch.cat([c0.unsqueeze(0), c_all[:-1]], 0)
+    one_minus_f = 1.0 - f_all
+    fh = (cp_all - z_all) * f_all * one_minus_f
+    zh = one_minus_f * (1.0 - z_all * z_all)
+    a = f_all + w_f * fh + w_z * zh
+    if keep is not None:
+        a = a * keep
+    return c_all, RecurrenceTrace(fh, zh, a, cp_all)
+
+
+def recurrence_backward(
+    dc_out: Tensor, trace: RecurrenceTrace
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """BPTT through the recurrence of one segment.
+
+    dc_out: (T, B, N) gradient arriving at each c(t) from outside the recurrence.
+    Returns d pre_f, d pre_z (T, B, N), d w_f, d w_z (N,), and d c0 (B, N) = d_hat(t0).
+    """
+    T = dc_out.shape[0]
+    dc = torch.empty_like(dc_out)  # (T, B, N) total gradient at c(t)
+    dc[T - 1] = dc_out[T - 1]
+    for t in range(T - 2, -1, -1):
+        torch.addcmul(dc_out[t], trace.a[t + 1], dc[t + 1], out=dc[t])
+    d_pre_f = dc * trace.fh
+    d_pre_z = dc * trace.zh
+    d_w_f = (d_pre_f * trace.cp).sum((0, 1))
+    d_w_z = (d_pre_z * trace.cp).sum((0, 1))
+    d_c0 = dc[0] * trace.a[0]
+    return d_pre_f, d_pre_z, d_w_f, d_w_z, d_c0
+
+
+def carry_factors(a: Tensor) -> tuple[Tensor, Tensor]:
+    """g(tau) = prod_{s > tau} a(s) (T, B, N) and G = prod_s a(s) (B, N); exact with zeros.
+
+    A loop of T small products: faster than flip + cumprod + flip, and no division, so a
+    reset (a = 0) needs no special case.
+    """
+    g = torch.empty_like(a)
+    g[-1] = 1.0
+    for t in range(a.shape[0] - 2, -1, -1):
+        torch.mul(g[t + 1], a[t + 1], out=g[t])
+    return g, g[0] * a[0]
+
+
+def carry_segment(sens: ELSTMSensitivity, trace: RecurrenceTrace, x: Tensor) -> ELSTMSensitivity:
+    """Sensitivities at the end of a segment from those at its start, with one batched GEMM.
+
+    x: (T, B, D) the segment's inputs. Cost: B*2N*T*D multiply-adds plus one pass over FZ.
+    """
+    T, B, N = trace.fh.shape
+    g, G = carry_factors(trace.a)
+    u = torch.stack([g * trace.fh, g * trace.zh], 2)  # (T, B, 2, N): g(tau) * [fh; zh](tau)
+    del g
+    # (B, 2N, T) @ (B, T, D), both as strided views: BLAS takes them without a copy.
+    FZ = torch.bmm(u.view(T, B, 2 * N).permute(1, 2, 0), x.transpose(0, 1)).view(B, 2, N, -1)
+    FZ.addcmul_(sens.FZ, G[:, None, :, None])
+    # w/b part: sum_tau u(tau) * [cp, cp, 1, 1](tau); u is reused in place to save a temporary.
+    u_sum = u.sum(0)
+    inc = torch.cat([u.mul_(trace.cp[:, :, None, :]).sum(0), u_sum], 1)  # (B, 4, N)
+    wb = torch.addcmul(inc, sens.wb, G[:, None, :])
+    return ELSTMSensitivity(FZ, wb)
+
+
+def scale_and_add_outer(FZ: Tensor, a: Tensor, u: Tensor, x: Tensor) -> Tensor:
+    """a * FZ + outer(u, x) per stream: FZ (B, 2, N, D), a (B, N), u (B, 2, N), x (B, D)."""
+    return FZ * a[:, None, :, None] + u[..., None] * x[:, None, None, :]
+
+
+def _scale_and_add_outer_eager(FZ: Tensor, a: Tensor, u: Tensor, x: Tensor) -> Tensor:
+    out = torch.mul(FZ, a[:, None, :, None])
+    return out.addcmul_(u[..., None], x[:, None, None, :])
+
+
+_compiled_scale_and_add_outer = None
+
+
+def _fused_scale_and_add_outer():
+    """scale_and_add_outer compiled into one loop (reads FZ once, writes once)."""
+    global _compiled_scale_and_add_outer
+    if _compiled_scale_and_add_outer is None:
+        _compiled_scale_and_add_outer = torch.compile(scale_and_add_outer, dynamic=False)
+    return _compiled_scale_and_add_outer
+
+
+def carry_step(
+    sens: ELSTMSensitivity, trace: RecurrenceTrace, x: Tensor, fused: bool = False
+) -> ELSTMSensitivity:
+    """The classic per-step RTRL update (T = 1), element-wise and bandwidth-bound.
+
+    FZ(t) = a(t) * FZ(t-1) + outer([fh; zh](t), x(t)). Eager PyTorch needs two passes over
+    the new tensor; `fused=True` uses a torch.compile'd kernel that makes one (compiled once
+    per shape, ~15 s on a 2-core CPU), reaching near memory-copy bandwidth (bench core).
+    """
+    fh, zh, a, cp = (v[0] for v in trace)  # (B, N) each
+    u = torch.stack([fh, zh], 1)  # (B, 2, N)
+    update = _fused_scale_and_add_outer() if fused else _scale_and_add_outer_eager
+    FZ = update(sens.FZ, a, u, x[0])
+    inc = torch.stack([fh * cp, zh * cp, fh, zh], 1)  # (B, 4, N)
+    wb = torch.addcmul(inc, sens.wb, a[:, None, :])
+    return ELSTMSensitivity(FZ, wb)
+
+
+def inject_gradients(d_hat: Tensor, sens: ELSTMSensitivity) -> tuple[Tensor, Tensor]:
+    """The history term of the exact gradient: d_hat(t0) contracted with the carried sensitivities.
+
+    d_hat: (B, N) = dL_segment / dc(t0). Returns dL/d[F; Z] (2, N, D) and dL/d(w_f, w_z, b_f, b_z)
+    (4, N). The contraction over streams is one batched GEMV per row, over a strided view of FZ.
+    """
+    B, _, N, D = sens.FZ.shape
+    rows = sens.FZ.permute(1, 2, 0, 3).reshape(2 * N, B, D)  # a view: (2N, B, D)
+    weights = d_hat.t().repeat(2, 1).unsqueeze(1)  # (2N, 1, B)
+    d_FZ = torch.bmm(weights, rows).view(2, N, D)
+    d_wb = torch.einsum("bn,bkn->kn", d_hat, sens.wb)
+    return d_FZ, d_wb

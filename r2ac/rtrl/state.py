@@ -1,0 +1,94 @@
+"""Helpers shared by every core: input checks, reset masks, per-stream state indexing.
+
+Every core state is a NamedTuple pytree whose tensor leaves are batch-first ``(B, ...)``
+(leaves may be None). That single rule lets the RL runtime pick, stack and store the state of
+individual env streams without knowing which core it is talking to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from r2ac.errors import ConfigError
+
+
+def check_rule(rule: str, allowed: Sequence[str], core: str) -> str:
+    if rule not in allowed:
+        raise ConfigError(f"{core}: unknown rule {rule!r}; choose one of {', '.join(allowed)}")
+    return rule
+
+
+def check_segment(
+    x: torch.Tensor, reset: torch.Tensor | None, input_size: int, ref: torch.Tensor, core: str
+) -> tuple[int, int]:
+    """Validate a segment input ``x: (T, B, D)`` and ``reset: (T, B)``; return (T, B)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 3:
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{core}: x must be a (T, B, D={input_size}) tensor, got shape {got}")
+    T, B, D = x.shape
+    if D != input_size:
+        raise ValueError(f"{core}: x has {D} features in its last dim, the layer expects {input_size}")
+    if T < 1 or B < 1:
+        raise ValueError(f"{core}: x must have T >= 1 steps and B >= 1 streams, got {tuple(x.shape)}")
+    if x.dtype != ref.dtype:
+        raise TypeError(f"{core}: x has dtype {x.dtype} but the parameters are {ref.dtype}")
+    if x.device != ref.device:
+        raise ValueError(f"{core}: x is on {x.device} but the parameters are on {ref.device}")
+    if reset is not None:
+        if not isinstance(reset, torch.Tensor) or tuple(reset.shape) != (T, B):
+            got = tuple(reset.shape) if isinstance(reset, torch.Tensor) else type(reset).__name__
+            raise ValueError(f"{core}: reset must be a (T={T}, B={B}) bool tensor, got {got}")
+        if reset.dtype != torch.bool:
+            raise TypeError(f"{core}: reset must have dtype torch.bool, got {reset.dtype}")
+        if reset.device != x.device:
+            raise ValueError(f"{core}: reset is on {reset.device} but x is on {x.device}")
+    return T, B
+
+
+def check_state_tensor(
+    name: str, tensor: torch.Tensor, shape: tuple[int, ...], ref: torch.Tensor, core: str
+) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{core}: state.{name} must be a tensor, got {type(tensor).__name__}")
+    if tuple(tensor.shape) != shape:
+        raise ValueError(f"{core}: state.{name} has shape {tuple(tensor.shape)}, expected {shape}")
+    if tensor.dtype != ref.dtype:
+        raise TypeError(f"{core}: state.{name} has dtype {tensor.dtype}, expected {ref.dtype}")
+    if tensor.device != ref.device:
+        raise ValueError(f"{core}: state.{name} is on {tensor.device}, expected {ref.device}")
+
+
+def keep_mask(reset: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """(T, B) bool reset -> (T, B, 1) float multiplier that zeroes the carried state, or None.
+
+    None means "no reset anywhere in this segment", which lets cores skip the multiply.
+    """
+    if reset is None or not bool(reset.any()):
+        return None
+    return (~reset).to(dtype).unsqueeze(-1)
+
+
+def select_streams(state: Any, index: torch.Tensor | slice | int) -> Any:
+    """The state of a subset of streams (indexing dim 0 of every leaf)."""
+    return pytree.tree_map(lambda t: None if t is None else t[index], state)
+
+
+def cat_streams(states: Sequence[Any]) -> Any:
+    """Concatenate the states of several batches of streams along the batch dim."""
+    leaves = [pytree.tree_flatten(s) for s in states]
+    spec = leaves[0][1]
+    columns = zip(*[leaf for leaf, _ in leaves])
+    joined = [None if col[0] is None else torch.cat(col, 0) for col in columns]
+    return pytree.tree_unflatten(joined, spec)
+
+
+def detach_state(state: Any) -> Any:
+    return pytree.tree_map(lambda t: None if t is None else t.detach(), state)
+
+
+def state_to(state: Any, device: torch.device | str) -> Any:
+    return pytree.tree_map(lambda t: None if t is None else t.to(device), state)
