@@ -57,6 +57,7 @@ class Row:
     shape: tuple[int, int, int, int]
     ms: dict[str, float] = field(default_factory=dict)
     peak_mb: dict[str, float] = field(default_factory=dict)
+    held_mb: dict[str, float] = field(default_factory=dict)
     state_mb: float = 0.0
     gbs: dict[str, float] = field(default_factory=dict)  # T = 1: eager, fused carry and copy
 
@@ -187,6 +188,27 @@ def _probe(shape_text: str, rule: str, dtype_name: str) -> None:
     print(_rss_bytes("VmHWM") - base)
 
 
+def held_for_backward_mb(shape, rule, dtype, device) -> float:
+    """Memory autograd holds between forward and backward, parameters, inputs and the
+    incoming state excluded (each storage counted once). This is what grows with T."""
+    layer, x, readout, state = _setup(shape, rule, dtype, device)
+    known = {t.untyped_storage().data_ptr() for t in (*layer.parameters(), x, readout)}
+    known |= {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves(state) if t is not None}
+    held: dict[int, int] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in known:
+            held[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        h, _ = layer(x, state)
+        loss = (h * readout).sum()
+    loss.backward()
+    return sum(held.values()) / 2**20
+
+
 def bench_shape(shape, cfg: BenchCoreConfig) -> Row:
     dtype = DTYPES[cfg.dtype]
     row = Row(shape)
@@ -198,6 +220,7 @@ def bench_shape(shape, cfg: BenchCoreConfig) -> Row:
     row.ms = time_alternating(fns, cfg.repeats, cfg.warmup, cfg.device)
     T, B, N, D = shape
     row.state_mb = B * N * (2 * D + 4) * torch.finfo(dtype).bits / 8 / 2**20
+    row.held_mb = {r: held_for_backward_mb(shape, r, dtype, cfg.device) for r in ("bptt", "rtrl")}
     if cfg.memory:
         row.peak_mb = {r: peak_memory_mb(shape, r, cfg.dtype, cfg.device) for r in ("bptt", "rtrl")}
     if T == 1:
@@ -207,8 +230,8 @@ def bench_shape(shape, cfg: BenchCoreConfig) -> Row:
 
 def format_rows(rows: list[Row]) -> str:
     head = ("| T, B, N, D | bptt ms | rtrl ms | naive ms | rtrl/bptt speed | rtrl steps/s "
-            "| peak MB bptt / rtrl | state MB | T=1 carry GB/s: eager / fused / copy |")
-    lines = [head, "|" + "---|" * 9]
+            "| held for backward MB bptt / rtrl | peak MB bptt / rtrl | state MB | T=1 carry GB/s: eager / fused / copy |")
+    lines = [head, "|" + "---|" * 10]
     for r in rows:
         T, B, _, _ = r.shape
         naive = f"{r.ms['naive']:.1f}" if "naive" in r.ms else "-"
@@ -216,7 +239,8 @@ def format_rows(rows: list[Row]) -> str:
         bw = " / ".join(f"{r.gbs[k]:.1f}" for k in ("eager", "fused", "copy")) if r.gbs else "-"
         lines.append(
             f"| {', '.join(map(str, r.shape))} | {r.ms['bptt']:.2f} | {r.ms['rtrl']:.2f} | {naive} "
-            f"| {r.ratio:.2f}x | {T * B / r.ms['rtrl'] * 1e3:,.0f} | {peak} | {r.state_mb:.1f} | {bw} |"
+            f"| {r.ratio:.2f}x | {T * B / r.ms['rtrl'] * 1e3:,.0f} "
+            f"| {r.held_mb['bptt']:.1f} / {r.held_mb['rtrl']:.1f} | {peak} | {r.state_mb:.1f} | {bw} |"
         )
     return "\n".join(lines)
 

@@ -25,24 +25,48 @@ from r2ac.rtrl import elstm_math as em
 from r2ac.rtrl.elstm_math import ELSTMSensitivity, ELSTMState
 from r2ac.rtrl.state import check_rule, check_segment, check_state_tensor, keep_mask
 
-RULES = ("bptt", "rtrl")
+# "snap1" is an alias of "rtrl": the recurrent Jacobian d c(t) / d c(t-1) is diagonal, so
+# SnAp-1 drops nothing and is exact RTRL (docs/rules/snap1.md).
+RULES = ("bptt", "rtrl", "snap1")
 
 
-class _Recurrence(torch.autograd.Function):
-    """c(t) for a whole segment, with a fused backward; also returns the RTRL trace."""
+class _Segment(torch.autograd.Function):
+    """Everything of the layer after its input GEMM, with one hand-written backward.
+
+    Inputs: pre (T, B, 3N) = x [F; Z; O]^T + [b_f; b_z; b_o], the recurrent vectors, W_o,
+    c0 (B, N) and the reset mask. Outputs h (T, B, N), c (T, B, N) and the RTRL trace
+    (non-differentiable). Fusing the output gate here lets the backward write d pre into one
+    buffer, instead of autograd zero-filling a full-size gradient for each slice of pre.
+    """
 
     @staticmethod
-    def forward(ctx, pre_f, pre_z, w_f, w_z, c0, keep):
-        c_all, trace = em.recurrence_forward(pre_f, pre_z, w_f, w_z, c0, keep)
-        ctx.save_for_backward(*trace)
-        ctx.mark_non_differentiable(*trace)
-        return (c_all, *trace)
+    def forward(ctx, pre, w_f, w_z, W_o, c0, keep):
+        T, B, N3 = pre.shape
+        N = N3 // 3
+        c_all, trace = em.recurrence_forward(pre[..., :N], pre[..., N : 2 * N], w_f, w_z, c0, keep)
+        o_pre = torch.addmm(pre[..., 2 * N :].reshape(T * B, N), c_all.view(T * B, N), W_o.t())
+        o = torch.sigmoid_(o_pre).view(T, B, N)
+        h = o * c_all
+        ctx.save_for_backward(c_all, o, W_o, *trace)
+        ctx.mark_non_differentiable(c_all, *trace)
+        return (h, c_all, *trace)
 
     @staticmethod
-    def backward(ctx, dc_out, *_unused):
-        trace = em.RecurrenceTrace(*ctx.saved_tensors)
-        d_pre_f, d_pre_z, d_w_f, d_w_z, d_c0 = em.recurrence_backward(dc_out, trace)
-        return d_pre_f, d_pre_z, d_w_f, d_w_z, d_c0, None
+    def backward(ctx, dh, *_unused):
+        c_all, o, W_o, *trace = ctx.saved_tensors
+        trace = em.RecurrenceTrace(*trace)
+        T, B, N = c_all.shape
+        d_pre = dh.new_empty(T, B, 3 * N)
+        d_o_pre = d_pre[..., 2 * N :]  # (T, B, N) view
+        torch.mul(dh, c_all, out=d_o_pre)
+        d_o_pre.mul_(o * (1.0 - o))
+        d_o_flat = d_o_pre.reshape(T * B, N)
+        dc_out = torch.addmm((dh * o).view(T * B, N), d_o_flat, W_o).view(T, B, N)
+        d_W_o = d_o_flat.t() @ c_all.view(T * B, N)
+        d_w_f, d_w_z, d_c0 = em.recurrence_backward(
+            dc_out, trace, d_pre[..., :N], d_pre[..., N : 2 * N]
+        )
+        return d_pre, d_w_f, d_w_z, d_W_o, d_c0, None
 
 
 class _HistoryGradient(torch.autograd.Function):
@@ -134,7 +158,7 @@ class ELSTM(nn.Module):
         kw = {"device": self.F.device, "dtype": self.F.dtype}
         c = torch.zeros(batch_size, N, **kw)
         if with_sensitivities is None:
-            with_sensitivities = self.rule == "rtrl"
+            with_sensitivities = self.rule != "bptt"
         if not with_sensitivities:
             return ELSTMState(c, None)
         sens = ELSTMSensitivity(
@@ -157,13 +181,12 @@ class ELSTM(nn.Module):
         T, B = check_segment(x, reset, self.input_size, self.F, "ELSTM")
         self._check_state(state, B)
         sens = state.sens
-        tracks_history = self.rule == "rtrl" and torch.is_grad_enabled()
+        tracks_history = self.rule != "bptt" and torch.is_grad_enabled()
         if tracks_history and sens is None:
             raise ValueError(
                 "ELSTM(rule='rtrl'): the state carries no sensitivities, so the gradient would be"
                 " silently truncated; start from initial_state() (light states are for no_grad acting)"
             )
-        N = self.hidden_size
         keep = keep_mask(reset, x.dtype)  # (T, B, 1) or None
 
         c0 = state.c.detach()
@@ -175,13 +198,10 @@ class ELSTM(nn.Module):
         pre = torch.nn.functional.linear(
             x, torch.cat([self.F, self.Z, self.O]), torch.cat([self.b_f, self.b_z, self.b_o])
         )
-        pre_f, pre_z, pre_o = pre[..., :N], pre[..., N : 2 * N], pre[..., 2 * N :]
-        c_all, *trace = _Recurrence.apply(pre_f, pre_z, self.w_f, self.w_z, c0, keep)
-        o = torch.sigmoid(torch.addmm(pre_o.reshape(T * B, N), c_all.view(T * B, N), self.W_o.t()))
-        h = o.view(T, B, N) * c_all  # (T, B, N)
+        h, c_all, *trace = _Segment.apply(pre, self.w_f, self.w_z, self.W_o, c0, keep)
 
         new_sens = None
-        if self.rule == "rtrl" and sens is not None:
+        if self.rule != "bptt" and sens is not None:
             with torch.no_grad():
                 trace = em.RecurrenceTrace(*trace)
                 if T == 1:

@@ -80,24 +80,24 @@ def recurrence_forward(
 
 
 def recurrence_backward(
-    dc_out: Tensor, trace: RecurrenceTrace
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    dc_out: Tensor, trace: RecurrenceTrace, d_pre_f: Tensor, d_pre_z: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
     """BPTT through the recurrence of one segment.
 
     dc_out: (T, B, N) gradient arriving at each c(t) from outside the recurrence.
-    Returns d pre_f, d pre_z (T, B, N), d w_f, d w_z (N,), and d c0 (B, N) = d_hat(t0).
+    Writes d pre_f, d pre_z (T, B, N) into the given buffers (views are fine) and returns
+    d w_f, d w_z (N,) and d c0 (B, N) = d_hat(t0).
     """
     T = dc_out.shape[0]
-    dc = torch.empty_like(dc_out)  # (T, B, N) total gradient at c(t)
-    dc[T - 1] = dc_out[T - 1]
+    dc = dc_out  # (T, B, N) total gradient at c(t), accumulated in place from the end
     for t in range(T - 2, -1, -1):
-        torch.addcmul(dc_out[t], trace.a[t + 1], dc[t + 1], out=dc[t])
-    d_pre_f = dc * trace.fh
-    d_pre_z = dc * trace.zh
+        dc[t].addcmul_(trace.a[t + 1], dc[t + 1])
+    torch.mul(dc, trace.fh, out=d_pre_f)
+    torch.mul(dc, trace.zh, out=d_pre_z)
     d_w_f = (d_pre_f * trace.cp).sum((0, 1))
     d_w_z = (d_pre_z * trace.cp).sum((0, 1))
     d_c0 = dc[0] * trace.a[0]
-    return d_pre_f, d_pre_z, d_w_f, d_w_z, d_c0
+    return d_w_f, d_w_z, d_c0
 
 
 def carry_factors(a: Tensor) -> tuple[Tensor, Tensor]:
