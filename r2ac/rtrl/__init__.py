@@ -4,10 +4,17 @@ Every core obeys one contract: ``initial_state(batch_size)`` and
 ``forward(x (T, B, D), state, reset (T, B) | None) -> (y (T, B, N), state)``.
 """
 
+from r2ac.rtrl.elman import Elman, ElmanState
 from r2ac.rtrl.elstm import ELSTM
 from r2ac.rtrl.elstm_math import ELSTMSensitivity, ELSTMState
+from r2ac.rtrl.felstm import FeLSTM, FeLSTMSensitivity, FeLSTMState
+from r2ac.rtrl.fwp import FWP, FWPSensitivity, FWPState
+from r2ac.rtrl.lstm import LSTM, LSTMState
 
-__all__ = ["ELSTM", "ELSTMSensitivity", "ELSTMState"]
+__all__ = [
+    "ELSTM", "ELSTMSensitivity", "ELSTMState", "Elman", "ElmanState", "FWP", "FWPSensitivity",
+    "FWPState", "FeLSTM", "FeLSTMSensitivity", "FeLSTMState", "LSTM", "LSTMState",
+]
 
 from r2ac.rtrl.registry import CORES, core_names, make_core  # noqa: E402
 

@@ -33,3 +33,76 @@ def elstm_reference(
         o = torch.sigmoid(x[t] @ O.T + c @ W_o.T + b_o)
         hs.append(o * c)
     return torch.stack(hs), c
+
+
+def elman_reference(
+    params: dict[str, Tensor], x: Tensor, reset: Tensor, h0: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Elman RNN, h(t) = sigmoid(W x(t) + R h(t-1) + b), one step at a time."""
+    W, R, b = params["W"], params["R"], params["b"]
+    T, B, _ = x.shape
+    h = x.new_zeros(B, W.shape[0]) if h0 is None else h0
+    hs = []
+    for t in range(T):
+        h = torch.where(reset[t, :, None], torch.zeros_like(h), h)
+        h = torch.sigmoid(x[t] @ W.T + h @ R.T + b)
+        hs.append(h)
+    return torch.stack(hs), h
+
+
+def fwp_reference(
+    params: dict[str, Tensor], x: Tensor, reset: Tensor, W0: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """One-layer fast weight programmer: W(t) = W(t-1) + outer(v, k), y = W(t) sigmoid(q)."""
+    K, V, Q = params["K"], params["V"], params["Q"]
+    T, B, _ = x.shape
+    N = K.shape[0]
+    W = x.new_zeros(B, N, N) if W0 is None else W0
+    ys = []
+    for t in range(T):
+        W = torch.where(reset[t, :, None, None], torch.zeros_like(W), W)
+        k, v, q = x[t] @ K.T, x[t] @ V.T, x[t] @ Q.T
+        W = W + v[:, :, None] * k[:, None, :]
+        ys.append((W @ torch.sigmoid(q)[:, :, None])[:, :, 0])
+    return torch.stack(ys), W
+
+
+def felstm_reference(
+    params: dict[str, Tensor], x: Tensor, reset: Tensor, c0: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """feLSTM (A.5): the eLSTM with full recurrent matrices W_f, W_z, one step at a time."""
+    F, Z, O, W_o = params["F"], params["Z"], params["O"], params["W_o"]
+    W_f, W_z, b_f, b_z, b_o = (params[k] for k in ("W_f", "W_z", "b_f", "b_z", "b_o"))
+    T, B, _ = x.shape
+    c = x.new_zeros(B, F.shape[0]) if c0 is None else c0
+    hs = []
+    for t in range(T):
+        c = torch.where(reset[t, :, None], torch.zeros_like(c), c)
+        f = torch.sigmoid(x[t] @ F.T + c @ W_f.T + b_f)
+        z = torch.tanh(x[t] @ Z.T + c @ W_z.T + b_z)
+        c = f * c + (1 - f) * z
+        o = torch.sigmoid(x[t] @ O.T + c @ W_o.T + b_o)
+        hs.append(o * c)
+    return torch.stack(hs), c
+
+
+def lstm_reference(
+    params: dict[str, Tensor],
+    x: Tensor,
+    reset: Tensor,
+    state0: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """Standard LSTM, gates stacked (i, f, g, o) in W_ih (4N, D), W_hh (4N, N), b (4N,)."""
+    W_ih, W_hh, b = params["W_ih"], params["W_hh"], params["b"]
+    T, B, _ = x.shape
+    N = W_hh.shape[1]
+    h, c = (x.new_zeros(B, N), x.new_zeros(B, N)) if state0 is None else state0
+    hs = []
+    for t in range(T):
+        h = torch.where(reset[t, :, None], torch.zeros_like(h), h)
+        c = torch.where(reset[t, :, None], torch.zeros_like(c), c)
+        i, f, g, o = (x[t] @ W_ih.T + h @ W_hh.T + b).chunk(4, -1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        hs.append(h)
+    return torch.stack(hs), (h, c)

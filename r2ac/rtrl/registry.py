@@ -12,7 +12,11 @@ from collections.abc import Callable
 from torch import nn
 
 from r2ac.errors import ConfigError
+from r2ac.rtrl.elman import Elman
 from r2ac.rtrl.elstm import ELSTM
+from r2ac.rtrl.felstm import FeLSTM
+from r2ac.rtrl.fwp import FWP
+from r2ac.rtrl.lstm import LSTM
 
 CoreFactory = Callable[..., nn.Module]
 
@@ -20,6 +24,14 @@ CoreFactory = Callable[..., nn.Module]
 CORES: dict[str, tuple[CoreFactory, str]] = {
     "elstm-rtrl": (lambda d, n, **kw: ELSTM(d, n, "rtrl", **kw), "eLSTM, exact RTRL (untruncated)"),
     "elstm-bptt": (lambda d, n, **kw: ELSTM(d, n, "bptt", **kw), "eLSTM, BPTT truncated at segment starts"),
+    "elstm-snap1": (lambda d, n, **kw: ELSTM(d, n, "snap1", **kw), "eLSTM, SnAp-1 (= exact RTRL: diagonal recurrence)"),
+    "felstm-bptt": (lambda d, n, **kw: FeLSTM(d, n, "bptt", **kw), "feLSTM (full W_f, W_z), truncated BPTT"),
+    "felstm-snap1": (lambda d, n, **kw: FeLSTM(d, n, "snap1", **kw), "feLSTM, BPTT in segments + SnAp-1 across them (approximate)"),
+    "lstm-bptt": (lambda d, n, **kw: LSTM(d, n, "bptt", **kw), "standard LSTM, truncated BPTT"),
+    "fwp-rtrl": (lambda d, n, **kw: FWP(d, n, "rtrl", **kw), "fast weight programmer, exact RTRL"),
+    "fwp-bptt": (lambda d, n, **kw: FWP(d, n, "bptt", **kw), "fast weight programmer, truncated BPTT"),
+    "elman-rtrl": (lambda d, n, **kw: Elman(d, n, "rtrl", **kw), "Elman RNN, full RTRL (hybrid per segment), O(N^4)"),
+    "elman-bptt": (lambda d, n, **kw: Elman(d, n, "bptt", **kw), "Elman RNN, truncated BPTT"),
 }
 
 
