@@ -17,6 +17,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("r2ac.demo", "gradient check and one benchmark row of the eLSTM layer"),
     "bench": ("r2ac.bench.cli", "speed and memory benchmarks (bench core | cores | envs)"),
     "envs": ("r2ac.envs.cli", "list env families and whether they run on this machine"),
+    "train": ("r2ac.rl.train_cli", "train R2AC (--preset NAME, --resume RUN_DIR; --help)"),
+    "eval": ("r2ac.rl.evaluate", "evaluate a run: K sets of E episodes -> RUN_DIR/eval.json"),
+    "copy": ("r2ac.tasks.copy_cli", "the copy task: train an eLSTM by RTRL or BPTT, score every bit"),
 }
 
 

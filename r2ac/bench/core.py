@@ -50,6 +50,8 @@ class BenchCoreConfig:
     """Also time a plain autograd loop over the equations."""
     json_out: str | None = None
     """Write the rows as JSON to this file."""
+    threads: int | None = None
+    """Intra-op threads (default: PyTorch's choice, one per core)."""
 
 
 @dataclass
@@ -265,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"r2ac bench core: {exc}", file=sys.stderr)
         return 2
     keep_freed_memory()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     print(machine_line(cfg.device), f"dtype {cfg.dtype}, {cfg.repeats} repeats (median)")
     rows = []
     for shape in shapes:

@@ -67,6 +67,18 @@ class Agent(nn.Module):
         reward is clipped to [-1, 1] and zeroed where ``reset`` is set (a new episode has no
         previous reward), so a reset stream sees exactly what a fresh stream sees.
         """
+        x = self.core_input(obs, last_reward, reset)  # (T, B, F + 1)
+        h, state = self.core(x, state, reset=reset)  # (T, B, N)
+        logits, values = self.heads(h)  # (T, B, A), (T, B)
+        return logits, values, state
+
+    def core_input(
+        self, obs: torch.Tensor, last_reward: torch.Tensor, reset: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The core's input ``(T, B, F + 1)``: stem features and the clipped last reward.
+
+        Actors record it to recompute the carried core state of a segment in one call.
+        """
         if last_reward.dim() != 2 or obs.shape[:2] != last_reward.shape:
             raise ValueError(
                 f"obs must be (T, B, ...) and last_reward (T, B); got {tuple(obs.shape)} "
@@ -82,9 +94,7 @@ class Agent(nn.Module):
         if reset is not None:
             r_tm1 = r_tm1.masked_fill(reset.bool(), 0.0)
         x = torch.cat([features, r_tm1.unsqueeze(-1)], dim=-1)  # (T, B, F + 1)
-        h, state = self.core(x, state, reset=reset)  # (T, B, N)
-        logits, values = self.heads(h)  # (T, B, A), (T, B)
-        return logits, values, state
+        return x
 
     def load_stem(self, path: str | os.PathLike) -> None:
         """Load the stem's weights from a checkpoint of an agent (e.g. a pre-trained one).

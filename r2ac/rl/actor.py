@@ -1,0 +1,181 @@
+"""The actor: steps a batched env with the agent (no grad) and emits segments of M steps.
+
+Segment layout (time-major, M steps, B streams; see docs/rl.md):
+
+    obs              (M+1, B, ...)  obs[t] is what action t was taken on; obs[M] bootstraps
+    last_reward      (M+1, B)       raw reward received before obs[t]; 0 where reset[t]
+    reset            (M+1, B) bool  obs[t] is the first observation of an episode
+    actions          (M, B) int64
+    rewards          (M, B)         raw (the learner clips)
+    terminated       (M, B) bool
+    truncated        (M, B) bool    time-limit ends (bootstrapped, not terminal)
+    behaviour_logits (M, B, A)
+    final_values     (M, B)         V(final_obs) at truncation steps, 0 elsewhere
+    state                           the core state of the B streams before obs[0]
+
+Core-state flow: the actor carries every stream's full core state across segments. For
+cores whose state has a `sens` field (eLSTM with RTRL) it acts with the light state (c only)
+and, at the segment end, recomputes the full end state once from the segment's start state
+and the recorded core inputs (one call of the core over the segment: the segment-wise
+carry). The sensitivities therefore accumulate over the stream's whole history since its
+last reset, computed with the actor's weights. Other cores carry their full state per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from r2ac.envs.base import BatchedEnv
+from r2ac.rl.agent import Agent
+from r2ac.rtrl.state import cat_streams
+
+
+class Segment(NamedTuple):
+    obs: torch.Tensor
+    last_reward: torch.Tensor
+    reset: torch.Tensor
+    actions: torch.Tensor
+    rewards: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    behaviour_logits: torch.Tensor
+    final_values: torch.Tensor
+    state: Any
+
+
+@dataclass
+class EpisodeLog:
+    """Episodes that ended during a segment (for logging only)."""
+
+    returns: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+
+
+def cat_segments(segments: list[Segment]) -> Segment:
+    """Join segments of different streams along the batch dim (dim 1; the state's dim 0)."""
+    if len(segments) == 1:
+        return segments[0]
+    tensors = [torch.cat(parts, dim=1) for parts in zip(*[s[:-1] for s in segments])]
+    return Segment(*tensors, cat_streams([s.state for s in segments]))
+
+
+def light_state(state: Any) -> Any | None:
+    """The state without sensitivities for acting, or None if the core has no such form."""
+    fields = getattr(state, "_fields", ())
+    if "sens" in fields and state.sens is not None:
+        return state._replace(sens=None)
+    return None
+
+
+class Actor:
+    """Steps `env` with `agent` and carries each stream's core state across segments."""
+
+    def __init__(self, agent: Agent, env: BatchedEnv, seed: int, unroll_length: int):
+        self.agent, self.env, self.unroll_length = agent, env, unroll_length
+        self.dtype = next(agent.parameters()).dtype
+        self.generator = torch.Generator().manual_seed(seed)
+        B = env.num_envs
+        self.obs = torch.from_numpy(env.reset(seed=seed))  # (B, ...)
+        self.last_reward = torch.zeros(B, dtype=self.dtype)  # (B,)
+        self.reset = torch.ones(B, dtype=torch.bool)  # (B,)
+        self.state = agent.initial_state(B)
+
+    def _buffers(self) -> dict[str, torch.Tensor]:
+        M, B, A = self.unroll_length, self.env.num_envs, self.env.num_actions
+        f = {"dtype": self.dtype}
+        return {
+            "obs": torch.empty((M + 1, *self.obs.shape), dtype=self.obs.dtype),
+            "last_reward": torch.empty(M + 1, B, **f),
+            "reset": torch.empty(M + 1, B, dtype=torch.bool),
+            "actions": torch.empty(M, B, dtype=torch.int64),
+            "rewards": torch.empty(M, B, **f),
+            "terminated": torch.empty(M, B, dtype=torch.bool),
+            "truncated": torch.empty(M, B, dtype=torch.bool),
+            "behaviour_logits": torch.empty(M, B, A, **f),
+            "final_values": torch.zeros(M, B, **f),
+        }
+
+    def _record_input(self, buf: dict, t: int) -> None:
+        buf["obs"][t], buf["last_reward"][t], buf["reset"][t] = (
+            self.obs, self.last_reward, self.reset,
+        )
+
+    @torch.no_grad()
+    def collect(self) -> tuple[Segment, EpisodeLog]:
+        """Act M steps in every stream; return the segment and the episodes that ended."""
+        agent, buf, log = self.agent, self._buffers(), EpisodeLog()
+        start = self.state
+        light = light_state(start)
+        state = start if light is None else light
+        inputs = []
+        for t in range(self.unroll_length):
+            self._record_input(buf, t)
+            reset = self.reset.unsqueeze(0)  # (1, B)
+            x = agent.core_input(self.obs.unsqueeze(0), self.last_reward.unsqueeze(0), reset)
+            inputs.append(x)
+            h, state = agent.core(x, state, reset=reset)
+            logits = agent.heads(h)[0][0]  # (B, A)
+            probs = torch.softmax(logits, dim=-1)
+            action = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)  # (B,)
+            result = self.env.step(action.numpy())
+            reward = torch.from_numpy(np.asarray(result.reward)).to(self.dtype)
+            terminated = torch.from_numpy(np.asarray(result.terminated, dtype=bool))
+            truncated = torch.from_numpy(np.asarray(result.truncated, dtype=bool))
+            buf["actions"][t], buf["behaviour_logits"][t] = action, logits
+            buf["rewards"][t], buf["terminated"][t], buf["truncated"][t] = (
+                reward, terminated, truncated,
+            )
+            if bool(truncated.any()):
+                buf["final_values"][t] = self._final_values(result.info["final_obs"], reward, state)
+            self._log_episodes(result.info, log)
+            done = terminated | truncated
+            self.obs = torch.from_numpy(np.asarray(result.obs))
+            self.last_reward = reward.masked_fill(done, 0.0)
+            self.reset = done
+        self._record_input(buf, self.unroll_length)
+        if light is None:
+            self.state = state
+        else:  # the segment-wise carry: one core call from the full start state
+            _, self.state = agent.core(torch.cat(inputs), start, reset=buf["reset"][:-1])
+        return Segment(**buf, state=start), log
+
+    def _final_values(self, final_obs, reward: torch.Tensor, state: Any) -> torch.Tensor:
+        """V(final_obs) from the state after the step (the state of the ended episode)."""
+        obs = torch.from_numpy(np.asarray(final_obs)).unsqueeze(0)
+        x = self.agent.core_input(obs, reward.unsqueeze(0), None)
+        h, _ = self.agent.core(x, state, reset=None)
+        return self.agent.heads(h)[1][0]  # (B,)
+
+    @staticmethod
+    def _log_episodes(info: dict, log: EpisodeLog) -> None:
+        returns = np.asarray(info["episode_return"])
+        ended = ~np.isnan(returns)
+        if ended.any():
+            log.returns += returns[ended].tolist()
+            log.lengths += np.asarray(info["episode_length"])[ended].tolist()
+
+    def get_state(self) -> dict[str, Any]:
+        """Everything needed to continue bit-identically (env state if the env supports it)."""
+        try:
+            env_state = self.env.get_state()
+        except (NotImplementedError, AttributeError):
+            env_state = None
+        return {
+            "obs": self.obs.clone(), "last_reward": self.last_reward.clone(),
+            "reset": self.reset.clone(), "state": self.state,
+            "generator": self.generator.get_state(), "env": env_state,
+        }
+
+    def set_state(self, saved: dict[str, Any]) -> bool:
+        """Restore get_state(); returns False (episodes restart) if the env state is missing."""
+        self.generator.set_state(saved["generator"])
+        if saved["env"] is None:
+            return False
+        self.env.set_state(saved["env"])
+        self.obs, self.last_reward = saved["obs"], saved["last_reward"]
+        self.reset, self.state = saved["reset"], saved["state"]
+        return True

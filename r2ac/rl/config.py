@@ -1,0 +1,200 @@
+"""Typed training configs, named presets and validation (the CLI is generated from them).
+
+One frame = one agent step of one env stream (after action repeat), the unit of
+`total_frames`, of frames/s and of the learning-rate decay. Configs are frozen: derived
+values are properties, nothing is mutated while training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+from r2ac.envs.registry import DEFAULT_ENV, parse_options
+from r2ac.errors import ConfigError
+
+FEEDFORWARD = "feedforward"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """R2AC training run (IMPALA with a chosen recurrent core)."""
+
+    env: str = DEFAULT_ENV
+    """Env name `<family>/<task>` (see `r2ac envs`)."""
+    env_options: tuple[str, ...] = ("delay=64",)
+    """Env options as key=value pairs, e.g. delay=64."""
+    core: str = "elstm-rtrl"
+    """Core name: `feedforward` or any `<core>-<rule>` of r2ac.rtrl (e.g. elstm-rtrl, elstm-bptt)."""
+    hidden_size: int = 64
+    """Core state size N."""
+    forget_bias: float | None = 4.5
+    """Initial forget-gate bias b_f of eLSTM cores (None: the core's own default, 1)."""
+    stem_features: int = 64
+    """Output features of the stem (the core input is these plus the clipped last reward)."""
+    mlp_hidden: tuple[int, ...] = (64,)
+    """Hidden layer sizes of the MLP stem (vector observations)."""
+    conv_channels: tuple[int, ...] = (16, 32, 32)
+    """Channels of the three ResNet stages (image observations)."""
+    load_stem: str | None = None
+    """Weights-only agent checkpoint (e.g. RUN/checkpoints/agent.pt) to load the stem from."""
+    freeze_stem: bool = True
+    """Freeze the stem (no gradients): a pre-trained one, or a random one for the built-in tasks."""
+    unroll_length: int = 16
+    """Segment length M: steps per segment, TD horizon, update period, TBPTT span."""
+    num_envs: int = 32
+    """Env streams per actor (one batched env per actor)."""
+    batch_size: int = 32
+    """Env streams per learner update; a multiple of num_envs (batch_size/num_envs segments)."""
+    total_frames: int = 10_000_000
+    """Frames (agent steps summed over streams) to train for."""
+    learning_rate: float = 5e-3
+    """RMSProp learning rate."""
+    lr_decay: bool = True
+    """Decay the learning rate linearly to 0 over total_frames (--no-lr-decay: constant)."""
+    rms_alpha: float = 0.99
+    """RMSProp smoothing constant."""
+    rms_eps: float = 0.01
+    """RMSProp epsilon."""
+    discount: float = 0.99
+    """Discount gamma."""
+    baseline_cost: float = 0.5
+    """Weight of the baseline loss."""
+    entropy_cost: float = 0.003
+    """Weight of the entropy regulariser."""
+    grad_clip: float = 40.0
+    """Global gradient-norm clipping threshold."""
+    seed: int = 0
+    """One seed for torch, numpy, python random, the envs and the action sampling."""
+    runtime: Literal["serial", "parallel"] = "serial"
+    """serial: one deterministic process; parallel: actor processes + a learner."""
+    num_actors: int = 0
+    """Actor processes of the parallel runtime (0: max(2, cpus - 1))."""
+    num_threads: int = 1
+    """torch threads of the learner process (0: torch's default). Small models run fastest on 1."""
+    out_dir: str | None = None
+    """Run directory (default runs/<time>-<env>-<core>); must be new or empty."""
+    checkpoint_every: int = 200
+    """Write checkpoints/latest.pt every this many updates (and at the end)."""
+    log_every: int = 10
+    """Write a metrics row every this many updates."""
+    eval_sets: int = 3
+    """Evaluation: number of seeded sets of episodes (K)."""
+    eval_episodes: int = 100
+    """Evaluation: episodes per set (E)."""
+    eval_greedy: bool = True
+    """Evaluation: greedy (argmax) actions; --no-eval-greedy samples from the policy."""
+    eval_at_end: bool = True
+    """Run the evaluation at the end of training and write eval.json."""
+    progress: bool = True
+    """Show a progress bar (frames, frames/s, recent return, time left) on a terminal."""
+
+    @property
+    def updates_total(self) -> int:
+        return math.ceil(self.total_frames / (self.unroll_length * self.batch_size))
+
+    @property
+    def segments_per_batch(self) -> int:
+        return self.batch_size // self.num_envs
+
+    @property
+    def actors(self) -> int:
+        if self.num_actors > 0:
+            return self.num_actors
+        return max(2, (os.cpu_count() or 2) - 1)
+
+    def env_kwargs(self) -> dict:
+        return parse_options(list(self.env_options))
+
+
+def _paper(**kw) -> TrainConfig:
+    """SPEC.md Table 3/4 values shared by the paper's domains."""
+    base = dict(
+        forget_bias=None, stem_features=256, learning_rate=6e-4, batch_size=32, num_envs=8,
+        discount=0.99, baseline_cost=0.5, entropy_cost=0.01, grad_clip=40.0,
+        runtime="parallel", lr_decay=False, num_threads=0, freeze_stem=False, checkpoint_every=1000, log_every=20,
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+PRESETS: dict[str, TrainConfig] = {
+    "delayed-cue": TrainConfig(),
+    "watermaze": TrainConfig(
+        env="builtin/watermaze", env_options=(), hidden_size=128, stem_features=64,
+        unroll_length=20, total_frames=5_000_000, learning_rate=2e-3, forget_bias=3.0,
+        entropy_cost=0.01,
+    ),
+    "dmlab": _paper(
+        env="dmlab/rooms_watermaze", env_options=(), hidden_size=512, unroll_length=100,
+        total_frames=30_000_000, eval_sets=3, eval_episodes=100,
+    ),
+    "atari": _paper(
+        env="atari/Breakout", env_options=(), hidden_size=256, unroll_length=50,
+        total_frames=200_000_000, eval_sets=5, eval_episodes=30,
+    ),
+    "procgen": _paper(
+        env="procgen/chaser", env_options=(), hidden_size=256, unroll_length=50,
+        total_frames=200_000_000, eval_sets=3, eval_episodes=100,
+    ),
+}
+
+
+def preset(name: str) -> TrainConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def core_choices() -> list[str]:
+    from r2ac.rtrl.registry import core_names
+
+    return [FEEDFORWARD, *core_names()]
+
+
+_POSITIVE = (
+    "hidden_size", "stem_features", "unroll_length", "num_envs", "batch_size", "total_frames",
+    "checkpoint_every", "log_every", "eval_sets", "eval_episodes",
+)
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Raise ConfigError for bad sizes, names or combinations; return cfg unchanged."""
+    bad = [f"{name}={getattr(cfg, name)}" for name in _POSITIVE if getattr(cfg, name) < 1]
+    bad += [f"{n}={getattr(cfg, n)}" for n in ("num_actors", "num_threads") if getattr(cfg, n) < 0]
+    bad += [f"mlp_hidden={cfg.mlp_hidden}"] if any(n < 1 for n in cfg.mlp_hidden) else []
+    bad += [f"conv_channels={cfg.conv_channels}"] if any(n < 1 for n in cfg.conv_channels) else []
+    if bad:
+        raise ConfigError(f"sizes must be positive: {', '.join(bad)}")
+    if cfg.core not in core_choices():
+        raise ConfigError(f"unknown core {cfg.core!r}; choose one of {', '.join(core_choices())}")
+    if cfg.batch_size % cfg.num_envs:
+        raise ConfigError(
+            f"batch_size ({cfg.batch_size}) must be a multiple of num_envs ({cfg.num_envs})"
+        )
+    if cfg.learning_rate < 0 or not 0.0 <= cfg.discount <= 1.0 or cfg.grad_clip <= 0:
+        raise ConfigError("need learning_rate >= 0, 0 <= discount <= 1 and grad_clip > 0")
+    if cfg.runtime not in ("serial", "parallel"):
+        raise ConfigError(f"unknown runtime {cfg.runtime!r}; choose serial or parallel")
+    cfg.env_kwargs()
+    return cfg
+
+
+def to_dict(cfg: TrainConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(data: dict) -> TrainConfig:
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"config has unknown fields {unknown}")
+    tuples = {f.name for f in dataclasses.fields(TrainConfig) if "tuple" in str(f.type)}
+    kw = {k: tuple(v) if k in tuples and v is not None else v for k, v in data.items()}
+    return TrainConfig(**kw)
+
+
+__all__ = ["TrainConfig", "PRESETS", "preset", "validate", "to_dict", "from_dict"]

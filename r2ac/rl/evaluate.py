@@ -1,0 +1,128 @@
+"""Evaluation protocol: K seeded sets of E complete episodes; mean of set means and std.
+
+`r2ac eval RUN_DIR [--sets K] [--episodes E] [--greedy | --sampled] [--seed S]` loads the
+run's config and final weights (checkpoints/agent.pt) and writes RUN_DIR/eval.json. Set k
+uses env seed `eval_seed(seed, k)` (disjoint from the training actors' seeds). Each of the
+min(E, 32) streams plays a fixed quota of consecutive episodes, so short episodes are not
+over-represented.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+import torch
+
+from r2ac.errors import ConfigError, MissingDependencyError
+from r2ac.rl import checkpoint
+from r2ac.rl.actor import light_state
+from r2ac.rl.agent import Agent
+from r2ac.rl.build import agent_for_env, eval_seed, make_env
+from r2ac.rl.config import TrainConfig
+from r2ac.rl.run_dir import RunDir
+from r2ac.rl.runtime_serial import load_agent_weights
+
+MAX_STREAMS = 32
+
+
+@torch.no_grad()
+def play_episodes(agent: Agent, env, episodes: int, greedy: bool, seed: int) -> tuple[list, int]:
+    """Returns of exactly `episodes` complete episodes (stream quotas), and the steps taken."""
+    n = env.num_envs
+    quota = np.array([episodes // n + (b < episodes % n) for b in range(n)])
+    returns: list[list[float]] = [[] for _ in range(n)]
+    gen = torch.Generator().manual_seed(seed)
+    obs = torch.from_numpy(env.reset(seed=seed))
+    dtype = next(agent.parameters()).dtype
+    last_reward, reset = torch.zeros(n, dtype=dtype), torch.ones(n, dtype=torch.bool)
+    full = agent.initial_state(n)
+    state = light_state(full) or full
+    steps = 0
+    while any(len(r) < q for r, q in zip(returns, quota)):
+        logits, _, state = agent(obs[None], last_reward[None], reset[None], state)
+        logits = logits[0]
+        if greedy:
+            action = logits.argmax(-1)
+        else:
+            action = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen).squeeze(1)
+        res = env.step(action.numpy())
+        steps += n
+        done = torch.from_numpy(np.asarray(res.terminated | res.truncated, dtype=bool))
+        for b in np.flatnonzero(~np.isnan(res.info["episode_return"])):
+            if len(returns[b]) < quota[b]:
+                returns[b].append(float(res.info["episode_return"][b]))
+        obs = torch.from_numpy(np.asarray(res.obs))
+        last_reward = torch.from_numpy(np.asarray(res.reward)).to(dtype).masked_fill(done, 0.0)
+        reset = done
+    return [x for r in returns for x in r], steps
+
+
+def evaluate(agent: Agent, cfg: TrainConfig, sets: int, episodes: int, greedy: bool,
+             seed: int | None = None) -> dict:
+    seed = cfg.seed if seed is None else seed
+    start, set_returns, steps = time.perf_counter(), [], 0
+    was_training = agent.training
+    agent.eval()
+    for k in range(sets):
+        s = eval_seed(seed, k)
+        env = make_env(cfg, min(episodes, MAX_STREAMS), s)
+        returns, n = play_episodes(agent, env, episodes, greedy, s)
+        env.close()
+        set_returns.append(returns)
+        steps += n
+    agent.train(was_training)
+    means = [float(np.mean(r)) for r in set_returns]
+    return {
+        "env": cfg.env, "core": cfg.core, "sets": sets, "episodes_per_set": episodes,
+        "actions": "greedy" if greedy else "sampled", "seed": seed,
+        "mean": float(np.mean(means)), "std": float(np.std(means)), "set_means": means,
+        "returns": set_returns, "frames": steps, "seconds": time.perf_counter() - start,
+    }
+
+
+def write_eval(run: RunDir, result: dict) -> None:
+    run.eval_path.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def evaluate_run(path: str, sets: int | None, episodes: int | None, greedy: bool | None,
+                 seed: int | None) -> dict:
+    run = RunDir.open(path)
+    cfg = run.config()
+    if not run.agent_path.is_file():
+        raise ConfigError(f"{path}: no weights at {run.agent_path}")
+    env = make_env(cfg, 1, 0)
+    agent = agent_for_env(cfg, env, load_stem=False)
+    env.close()
+    load_agent_weights(agent, checkpoint.load(run.agent_path)["agent"], run.agent_path)
+    result = evaluate(agent, cfg, sets or cfg.eval_sets, episodes or cfg.eval_episodes,
+                      cfg.eval_greedy if greedy is None else greedy, seed)
+    write_eval(run, result)
+    return result
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="r2ac eval", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir")
+    parser.add_argument("--sets", type=int, help="K (default: the run's eval_sets)")
+    parser.add_argument("--episodes", type=int, help="E (default: the run's eval_episodes)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--greedy", dest="greedy", action="store_true", default=None)
+    mode.add_argument("--sampled", dest="greedy", action="store_false")
+    parser.add_argument("--seed", type=int, help="evaluation seed (default: the run's seed)")
+    args = parser.parse_args(argv)
+    try:
+        for name in ("sets", "episodes"):
+            if getattr(args, name) is not None and getattr(args, name) < 1:
+                raise ConfigError(f"--{name} must be positive, got {getattr(args, name)}")
+        result = evaluate_run(args.run_dir, args.sets, args.episodes, args.greedy, args.seed)
+    except (ConfigError, MissingDependencyError) as exc:
+        print(f"r2ac eval: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{result['env']} {result['core']}: {result['mean']:.3f} +- {result['std']:.3f} "
+          f"({result['sets']} x {result['episodes_per_set']} {result['actions']} episodes, "
+          f"{result['seconds']:.1f} s) -> {RunDir(args.run_dir).eval_path}")
+    return 0

@@ -1,0 +1,166 @@
+"""The run directory: resolved config, git revision, metrics (CSV + TensorBoard), curve, checkpoints.
+
+    RUN/config.json            the resolved TrainConfig (+ git revision, start time)
+    RUN/metrics.csv            one row every log_every updates (COLUMNS)
+    RUN/tb/                    TensorBoard events (same scalars)
+    RUN/curve.png              return vs frames, written at the end
+    RUN/checkpoints/latest.pt  full training state (atomic), for --resume and eval
+    RUN/checkpoints/agent.pt   agent state_dict only (weights-only loadable: --load-stem)
+    RUN/eval.json              evaluation protocol result
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from r2ac.errors import ConfigError
+from r2ac.rl import checkpoint
+from r2ac.rl.config import TrainConfig, from_dict, to_dict
+
+COLUMNS = (
+    "update", "frames", "time_s", "fps", "return_mean", "episode_length_mean", "episodes",
+    "loss", "pg_loss", "baseline_loss", "entropy_loss", "entropy", "grad_norm", "lr",
+    "policy_lag",
+)
+
+
+def git_revision() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def default_out_dir(cfg: TrainConfig) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return str(Path("runs") / f"{stamp}-{cfg.env.replace('/', '-')}-{cfg.core}")
+
+
+class RunDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    config_path = property(lambda self: self.path / "config.json")
+    metrics_path = property(lambda self: self.path / "metrics.csv")
+    checkpoint_path = property(lambda self: self.path / "checkpoints" / "latest.pt")
+    agent_path = property(lambda self: self.path / "checkpoints" / "agent.pt")
+    eval_path = property(lambda self: self.path / "eval.json")
+    curve_path = property(lambda self: self.path / "curve.png")
+    tb_path = property(lambda self: self.path / "tb")
+
+    @staticmethod
+    def check_new(path: str | Path) -> None:
+        """ConfigError unless `path` is absent or an empty directory (nothing is written)."""
+        p = Path(path)
+        if p.exists() and (not p.is_dir() or any(p.iterdir())):
+            raise ConfigError(f"run directory {p} exists and is not empty; use --resume {p} "
+                              "to continue it or choose another --out-dir")
+
+    @classmethod
+    def create(cls, path: str | Path, cfg: TrainConfig) -> RunDir:
+        cls.check_new(path)
+        run = cls(path)
+        run.path.mkdir(parents=True, exist_ok=True)
+        meta = {"config": to_dict(cfg), "git_revision": git_revision(),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        run.config_path.write_text(json.dumps(meta, indent=2) + "\n")
+        return run
+
+    @classmethod
+    def open(cls, path: str | Path) -> RunDir:
+        run = cls(path)
+        if not run.config_path.is_file():
+            raise ConfigError(f"{path} is not a run directory (no config.json)")
+        return run
+
+    def config(self) -> TrainConfig:
+        try:
+            return from_dict(json.loads(self.config_path.read_text())["config"])
+        except (KeyError, TypeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{self.config_path}: unreadable config ({exc})") from exc
+
+    def save_checkpoint(self, payload: dict[str, Any]) -> None:
+        checkpoint.save_atomic({"agent": payload["agent"]}, self.agent_path)
+        checkpoint.save_atomic(payload, self.checkpoint_path)
+
+    def load_checkpoint(self) -> dict[str, Any]:
+        if not self.checkpoint_path.is_file():
+            raise ConfigError(f"{self.path}: no checkpoint at {self.checkpoint_path}")
+        # Our own file: it holds numpy env states and state NamedTuples (not weights-only).
+        return checkpoint.load(self.checkpoint_path, weights_only=False)
+
+
+class MetricsLog:
+    """CSV rows + TensorBoard scalars. On resume, rows after `resume_update` are dropped."""
+
+    def __init__(self, run: RunDir, resume_update: int | None = None):
+        self.run = run
+        rows = []
+        if resume_update is not None and run.metrics_path.is_file():
+            with run.metrics_path.open() as f:
+                rows = [r for r in csv.DictReader(f) if int(r["update"]) <= resume_update]
+        self._file = run.metrics_path.open("w", newline="")
+        self._csv = csv.DictWriter(self._file, fieldnames=COLUMNS, extrasaction="ignore")
+        self._csv.writeheader()
+        self._csv.writerows(rows)
+        self._file.flush()
+        self._tb = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(run.tb_path), purge_step=resume_update)
+        except ImportError:  # tensorboard is a dependency, but keep the CSV working without
+            pass
+
+    def write(self, row: dict[str, float]) -> None:
+        self._csv.writerow({k: row.get(k, "") for k in COLUMNS})
+        self._file.flush()
+        if self._tb is not None:
+            step = int(row["frames"])
+            for key, value in row.items():
+                if key not in ("update", "frames") and value is not None and math.isfinite(value):
+                    self._tb.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, float]]:
+    with Path(path).open() as f:
+        return [{k: float(v) if v not in ("", None) else math.nan for k, v in r.items()}
+                for r in csv.DictReader(f)]
+
+
+def plot_curve(run: RunDir, title: str = "", out: Path | None = None) -> Path | None:
+    """Mean episode return vs frames from metrics.csv, as a PNG (None if nothing to plot)."""
+    rows = [r for r in read_metrics(run.metrics_path) if math.isfinite(r["return_mean"])]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([r["frames"] for r in rows], [r["return_mean"] for r in rows])
+    ax.set_xlabel("frames")
+    ax.set_ylabel("mean episode return (last 100)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = out or run.curve_path
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -1,0 +1,95 @@
+"""Counters, recent returns, metrics rows and the progress bar (shared by both runtimes)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import Any
+
+from r2ac.rl.actor import EpisodeLog
+from r2ac.rl.config import TrainConfig
+from r2ac.rl.run_dir import MetricsLog, RunDir
+
+RECENT = 100  # episodes in the "recent return" average
+
+
+def _mean(values) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+class Tracker:
+    """Counts updates and frames, logs a metrics row every `log_every` updates."""
+
+    def __init__(self, cfg: TrainConfig, run: RunDir | None, saved: dict[str, Any] | None = None):
+        saved = saved or {}
+        self.cfg = cfg
+        self.update = saved.get("update", 0)
+        self.frames = saved.get("frames", 0)
+        self.episodes = saved.get("episodes", 0)
+        self.returns = deque(saved.get("returns", []), maxlen=RECENT)
+        self.lengths = deque(saved.get("lengths", []), maxlen=RECENT)
+        self._elapsed0 = saved.get("elapsed", 0.0)
+        self._t0 = time.perf_counter()
+        self._last = (self.frames, self._t0)
+        self._lags: list[float] = []
+        self.log = MetricsLog(run, self.update if saved else None) if run else None
+        self.bar = self._make_bar()
+
+    def _make_bar(self):
+        if not self.cfg.progress:
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=self.cfg.total_frames, initial=self.frames, unit="frame",
+                    unit_scale=True, dynamic_ncols=True, disable=None, smoothing=0.1)
+
+    @property
+    def elapsed(self) -> float:
+        return self._elapsed0 + time.perf_counter() - self._t0
+
+    @property
+    def done(self) -> bool:
+        return self.update >= self.cfg.updates_total
+
+    def record(self, frames: int, logs: list[EpisodeLog], metrics: dict[str, float],
+               policy_lag: float | None = None) -> None:
+        self.update += 1
+        self.frames += frames
+        for log in logs:
+            self.episodes += len(log.returns)
+            self.returns.extend(log.returns)
+            self.lengths.extend(log.lengths)
+        if policy_lag is not None:
+            self._lags.append(policy_lag)
+        if self.bar is not None:
+            self.bar.update(frames)
+            self.bar.set_postfix(ret=f"{_mean(self.returns):.3f}", refresh=False)
+        if self.log is not None and (self.update % self.cfg.log_every == 0 or self.done):
+            self.log.write(self._row(metrics))
+
+    def _row(self, metrics: dict[str, float]) -> dict[str, float]:
+        now = time.perf_counter()
+        fps = (self.frames - self._last[0]) / max(now - self._last[1], 1e-9)
+        self._last = (self.frames, now)
+        row = {"update": self.update, "frames": self.frames, "time_s": self.elapsed, "fps": fps,
+               "return_mean": _mean(self.returns), "episode_length_mean": _mean(self.lengths),
+               "episodes": self.episodes, "policy_lag": _mean(self._lags), **metrics}
+        self._lags = []
+        return row
+
+    def state(self) -> dict[str, Any]:
+        return {"update": self.update, "frames": self.frames, "episodes": self.episodes,
+                "returns": list(self.returns), "lengths": list(self.lengths),
+                "elapsed": self.elapsed}
+
+    def summary(self) -> str:
+        return (f"{self.frames} frames, {self.update} updates in {self.elapsed:.0f} s "
+                f"({self.frames / max(self.elapsed, 1e-9):.0f} frames/s); recent return "
+                f"{_mean(self.returns):.3f} over {len(self.returns)} episodes")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.log is not None:
+            self.log.close()

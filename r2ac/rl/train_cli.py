@@ -1,0 +1,105 @@
+"""`r2ac train [--preset NAME] [options]` and `r2ac train --resume RUN_DIR`.
+
+Options are generated from TrainConfig (`r2ac train --help`); a preset supplies the
+defaults, flags override them. Bad input (unknown env, core or rule, sizes < 1, a preset
+needing a missing package, an existing run directory, a checkpoint that does not fit)
+prints one line and exits with code 2 before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+
+from r2ac.errors import ConfigError, MissingDependencyError
+from r2ac.perf import keep_freed_memory
+from r2ac.rl.config import PRESETS, TrainConfig, preset, validate
+from r2ac.rl.run_dir import RunDir, default_out_dir, plot_curve
+
+
+def _pop_option(argv: list[str], name: str) -> str | None:
+    """Remove `--name VALUE` or `--name=VALUE` from argv; return VALUE."""
+    for i, arg in enumerate(argv):
+        if arg == name:
+            if i + 1 >= len(argv):
+                raise ConfigError(f"{name} needs a value")
+            value = argv[i + 1]
+            del argv[i : i + 2]
+            return value
+        if arg.startswith(name + "="):
+            del argv[i]
+            return arg.split("=", 1)[1]
+    return None
+
+
+def parse_config(argv: list[str]) -> TrainConfig:
+    argv = list(argv)
+    name = _pop_option(argv, "--preset")
+    default = preset(name) if name else PRESETS["delayed-cue"]
+    import tyro
+
+    description = (f"Train R2AC. --preset {{{','.join(PRESETS)}}} picks the defaults "
+                   "(default delayed-cue); --resume RUN_DIR continues a run.")
+    return tyro.cli(TrainConfig, default=default, args=argv, prog="r2ac train",
+                    description=description)
+
+
+def make_runtime(cfg: TrainConfig, run: RunDir | None):
+    if cfg.runtime == "parallel":
+        from r2ac.rl.runtime_parallel import ParallelRuntime
+
+        return ParallelRuntime(cfg, run)
+    from r2ac.rl.runtime_serial import SerialRuntime
+
+    return SerialRuntime(cfg, run)
+
+
+def _prepare(argv: list[str]):
+    """Everything that can fail on bad input, before anything is written."""
+    argv = list(argv)
+    resume = _pop_option(argv, "--resume")
+    if resume is not None:
+        if argv:
+            raise ConfigError(f"--resume takes no other options, got {' '.join(argv)}")
+        run = RunDir.open(resume)
+        cfg = validate(run.config())
+        payload = run.load_checkpoint()
+        runtime = make_runtime(cfg, run)
+        runtime.restore(payload)
+        return cfg, run, runtime, None
+    cfg = validate(parse_config(argv))
+    cfg = dataclasses.replace(cfg, out_dir=cfg.out_dir or default_out_dir(cfg))
+    RunDir.check_new(cfg.out_dir)
+    runtime = make_runtime(cfg, None)
+    return cfg, None, runtime, cfg.out_dir
+
+
+def finish(cfg: TrainConfig, run: RunDir, runtime) -> None:
+    plot_curve(run, title=f"{cfg.env} {' '.join(cfg.env_options)}  {cfg.core}  "
+               f"M={cfg.unroll_length}  N={cfg.hidden_size}")
+    if cfg.eval_at_end:
+        from r2ac.rl.evaluate import evaluate, write_eval
+
+        result = evaluate(runtime.agent, cfg, cfg.eval_sets, cfg.eval_episodes, cfg.eval_greedy)
+        write_eval(run, result)
+        print(f"eval: {result['mean']:.3f} +- {result['std']:.3f} over {cfg.eval_sets} x "
+              f"{cfg.eval_episodes} {result['actions']} episodes ({result['seconds']:.1f} s)")
+
+
+def main(argv: list[str]) -> int:
+    keep_freed_memory()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        cfg, run, runtime, new_dir = _prepare(argv)
+    except (ConfigError, MissingDependencyError) as exc:
+        print(f"r2ac train: error: {exc}", file=sys.stderr)
+        return 2
+    if run is None:
+        run = RunDir.create(new_dir, cfg)
+        runtime.run = run
+    print(f"run directory: {run.path}", file=sys.stderr)
+    tracker = runtime.train()
+    print(tracker.summary())
+    finish(cfg, run, runtime)
+    return 0
