@@ -115,5 +115,10 @@ class DMLabEnv(BatchedEnv):
             env.close()
 
 
-def make_dmlab(level: str, num_envs: int, seed: int = 0, **options) -> DMLabEnv:
-    return DMLabEnv(level, num_envs, seed, **options)
+def make_dmlab(
+    level: str, num_envs: int, seed: int = 0, action_repeat: int = 4, width: int = 96,
+    height: int = 72, renderer: str = "software",
+) -> DMLabEnv:
+    # Explicit keywords (not **options) so that check_options rejects unknown ones.
+    return DMLabEnv(level, num_envs, seed, action_repeat=action_repeat, width=width,
+                    height=height, renderer=renderer)

@@ -67,3 +67,11 @@ def test_dmlab_logic_with_fake_lab(fake_lab):
     np.testing.assert_array_equal(results[2].info["episode_length"], 3)
     again = make("dmlab/rooms_watermaze", 2, seed=0).reset()
     np.testing.assert_array_equal(again, obs)
+
+
+def test_unknown_dmlab_option_is_a_config_error_even_without_deepmind_lab():
+    from r2ac.envs import make
+    from r2ac.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown options \\['delay'\\]"):
+        make("dmlab/rooms_watermaze", 1, 0, delay=3)
