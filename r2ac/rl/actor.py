@@ -140,7 +140,12 @@ class Actor:
         if light is None:
             self.state = state
         else:  # the segment-wise carry: one core call from the full start state
-            _, self.state = agent.core(torch.cat(inputs), start, reset=buf["reset"][:-1])
+            x_seg, reset_seg = torch.cat(inputs), buf["reset"][:-1]
+            advance = getattr(agent.core, "advance_state", None)
+            if advance is not None:  # same state, without computing the outputs again
+                self.state = advance(x_seg, start, reset=reset_seg)
+            else:
+                _, self.state = agent.core(x_seg, start, reset=reset_seg)
         return Segment(**buf, state=start), log
 
     def _final_values(self, final_obs, reward: torch.Tensor, state: Any) -> torch.Tensor:

@@ -60,15 +60,21 @@ class Agent(nn.Module):
         last_reward: torch.Tensor,
         reset: torch.Tensor | None,
         state: Any,
+        carry: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """obs ``(T, B, *obs_shape)``, last_reward ``(T, B)``, reset ``(T, B)`` bool or None.
 
         Returns logits ``(T, B, A)``, values ``(T, B)`` and the core's new state. The last
         reward is clipped to [-1, 1] and zeroed where ``reset`` is set (a new episode has no
         previous reward), so a reset stream sees exactly what a fresh stream sees.
+        `carry=False` tells the core the returned state will not be used (cores that support
+        it skip their sensitivity carry; the returned state is then incomplete).
         """
         x = self.core_input(obs, last_reward, reset)  # (T, B, F + 1)
-        h, state = self.core(x, state, reset=reset)  # (T, B, N)
+        if not carry and getattr(self.core, "supports_skip_carry", False):
+            h, state = self.core(x, state, reset=reset, carry=False)  # (T, B, N)
+        else:
+            h, state = self.core(x, state, reset=reset)  # (T, B, N)
         logits, values = self.heads(h)  # (T, B, A), (T, B)
         return logits, values, state
 

@@ -77,7 +77,7 @@ class Learner:
     def backward(self, seg: Segment) -> dict[str, torch.Tensor]:
         """Unroll, compute the losses and call backward once (gradients accumulate)."""
         cfg = self.cfg
-        logits, values, _ = self.agent(seg.obs, seg.last_reward, seg.reset, seg.state)
+        logits, values, _ = self.agent(seg.obs, seg.last_reward, seg.reset, seg.state, carry=False)
         losses = segment_losses(
             logits, values, seg, cfg.discount, cfg.baseline_cost, cfg.entropy_cost
         )

@@ -175,9 +175,18 @@ class ELSTM(nn.Module):
             check_state_tensor("sens.FZ", state.sens.FZ, (B, 2, N, D), self.F, "ELSTM")
             check_state_tensor("sens.wb", state.sens.wb, (B, 4, N), self.F, "ELSTM")
 
+    # forward accepts carry=False: a caller that discards the returned state (an IMPALA
+    # learner, whose actors carry the state) skips the O(B*N*D) sensitivity carry.
+    supports_skip_carry = True
+
     def forward(
-        self, x: Tensor, state: ELSTMState, reset: Tensor | None = None
+        self, x: Tensor, state: ELSTMState, reset: Tensor | None = None, carry: bool = True
     ) -> tuple[Tensor, ELSTMState]:
+        """h (T, B, N) and the state after the segment.
+
+        With carry=False the returned state has no sensitivities (sens=None): use it when the
+        next state is not needed. The gradient is unaffected.
+        """
         T, B = check_segment(x, reset, self.input_size, self.F, "ELSTM")
         self._check_state(state, B)
         sens = state.sens
@@ -201,11 +210,33 @@ class ELSTM(nn.Module):
         h, c_all, *trace = _Segment.apply(pre, self.w_f, self.w_z, self.W_o, c0, keep)
 
         new_sens = None
-        if self.rule != "bptt" and sens is not None:
+        if self.rule != "bptt" and sens is not None and carry:
             with torch.no_grad():
-                trace = em.RecurrenceTrace(*trace)
-                if T == 1:
-                    new_sens = em.carry_step(sens, trace, x.detach(), fused=self.fused_step)
-                else:
-                    new_sens = em.carry_segment(sens, trace, x.detach())
+                new_sens = self._carry(sens, em.RecurrenceTrace(*trace), x.detach())
         return h, ELSTMState(c_all[-1].detach(), new_sens)
+
+    def _carry(self, sens: ELSTMSensitivity, trace: em.RecurrenceTrace, x: Tensor) -> ELSTMSensitivity:
+        if x.shape[0] == 1:
+            return em.carry_step(sens, trace, x, fused=self.fused_step)
+        return em.carry_segment(sens, trace, x)
+
+    @torch.no_grad()
+    def advance_state(self, x: Tensor, state: ELSTMState, reset: Tensor | None = None) -> ELSTMState:
+        """The state after the segment, as `forward` returns it, without computing outputs.
+
+        For actors that act with a light state and bring the full state (with sensitivities)
+        up to date once per segment: it skips the output gate and the autograd bookkeeping.
+        """
+        T, B = check_segment(x, reset, self.input_size, self.F, "ELSTM")
+        self._check_state(state, B)
+        N = self.hidden_size
+        pre = torch.nn.functional.linear(
+            x, torch.cat([self.F, self.Z]), torch.cat([self.b_f, self.b_z])
+        )  # (T, B, 2N)
+        c_all, trace = em.recurrence_forward(
+            pre[..., :N], pre[..., N:], self.w_f, self.w_z, state.c, keep_mask(reset, x.dtype)
+        )
+        sens = None
+        if self.rule != "bptt" and state.sens is not None:
+            sens = self._carry(state.sens, trace, x)
+        return ELSTMState(c_all[-1], sens)

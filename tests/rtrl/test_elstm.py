@@ -203,3 +203,32 @@ def test_cuda_matches_cpu(dtype):
     g_gpu = layer_gradients(gpu, prob_gpu)
     tol = 1e-10 if dtype == F64 else 1e-4
     assert compare({k: v.cpu() for k, v in g_gpu.items()}, g_cpu).max_rel_error < tol
+
+
+def test_skipping_the_carry_changes_no_gradient():
+    layer = make_layer("rtrl")
+    state = ELSTMState(torch.randn(2, 4, dtype=F64), ELSTMSensitivity(torch.randn(2, 2, 4, 5, dtype=F64), torch.randn(2, 4, 4, dtype=F64)))
+    x = torch.randn(3, 2, 5, dtype=F64)
+    grads = []
+    for carry in (True, False):
+        layer.zero_grad()
+        h, new = layer(x, state, carry=carry)
+        h.sum().backward()
+        grads.append([p.grad.clone() for p in layer.parameters()])
+        assert (new.sens is None) == (not carry)
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("T", [1, 6])
+def test_advance_state_equals_forward_state(T):
+    layer = make_layer("rtrl")
+    state = ELSTMState(torch.randn(3, 4, dtype=F64), ELSTMSensitivity(torch.randn(3, 2, 4, 5, dtype=F64), torch.randn(3, 4, 4, dtype=F64)))
+    x = torch.randn(T, 3, 5, dtype=F64)
+    reset = torch.zeros(T, 3, dtype=torch.bool)
+    reset[T // 2, 1] = True
+    with torch.no_grad():
+        _, want = layer(x, state, reset=reset)
+    got = layer.advance_state(x, state, reset=reset)
+    for a, b in zip((want.c, *want.sens), (got.c, *got.sens)):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
