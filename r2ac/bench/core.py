@@ -91,7 +91,9 @@ def _setup(shape, rule, dtype, device, seed=0):
     return layer, x, readout, state
 
 
-def _segment_fn(layer, x, readout, state):
+def segment_fn(layer, x, readout, state):
+    """A callable doing one forward + backward of `layer` over x from `state`."""
+
     def run():
         h, _ = layer(x, state)
         (h * readout).sum().backward()
@@ -165,7 +167,7 @@ def peak_memory_mb(shape, rule, dtype_name, device) -> float:
     """Peak extra memory of one forward + backward over the inputs and state already held."""
     if str(device).startswith("cuda"):
         layer, x, readout, state = _setup(shape, rule, DTYPES[dtype_name], device)
-        run = _segment_fn(layer, x, readout, state)
+        run = segment_fn(layer, x, readout, state)
         run()
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
@@ -184,7 +186,7 @@ def _probe(shape_text: str, rule: str, dtype_name: str) -> None:
     layer, x, readout, state = _setup(parse_shape(shape_text), rule, DTYPES[dtype_name], "cpu")
     release_freed_memory()  # setup temporaries must not be reused unseen by the run
     base = _rss_bytes("VmRSS")
-    run = _segment_fn(layer, x, readout, state)
+    run = segment_fn(layer, x, readout, state)
     run()
     run()
     print(_rss_bytes("VmHWM") - base)
@@ -216,7 +218,7 @@ def bench_shape(shape, cfg: BenchCoreConfig) -> Row:
     row = Row(shape)
     fns = {}
     for rule in ("bptt", "rtrl"):
-        fns[rule] = _segment_fn(*_setup(shape, rule, dtype, cfg.device))
+        fns[rule] = segment_fn(*_setup(shape, rule, dtype, cfg.device))
     if cfg.naive:
         fns["naive"] = _naive_fn(*_setup(shape, "bptt", dtype, cfg.device))
     row.ms = time_alternating(fns, cfg.repeats, cfg.warmup, cfg.device)

@@ -27,7 +27,7 @@ import torch
 import tyro
 from torch.utils import _pytree as pytree
 
-from r2ac.bench.core import DTYPES, machine_line, time_alternating
+from r2ac.bench.core import DTYPES, machine_line, segment_fn, time_alternating
 from r2ac.perf import keep_freed_memory, release_freed_memory
 from r2ac.rtrl import core_names, make_core
 from r2ac.rtrl import elman as el
@@ -145,15 +145,6 @@ def snap1_cosine(segment_length: int, N: int = 32, D: int = 8, B: int = 4, steps
 # ----------------------------------------------------------------------------- timing
 
 
-def _step_fn(layer, x, readout, state):
-    def run():
-        y, _ = layer(x, state)
-        (y * readout).sum().backward()
-        layer.zero_grad(set_to_none=True)
-
-    return run
-
-
 def _setup(name, N, D, B, T, dtype, device, seed=0):
     torch.manual_seed(seed)
     layer = make_core(name, D, N, dtype=dtype, device=device)
@@ -217,7 +208,7 @@ def _probe(spec: str) -> None:
     out: dict = {}
     for name, N in job["points"]:
         setup = _setup(name, N, job["D"], job["B"], 1, DTYPES[job["dtype"]], "cpu")
-        run = _step_fn(*setup)
+        run = segment_fn(*setup)
         run()  # the first call allocates the autograd machinery's caches
         out.setdefault(name, {})[N] = peak_mib(run, "cpu")
         del setup, run
@@ -228,7 +219,7 @@ def peaks(points: list[tuple[str, int]], cfg: BenchCoresConfig) -> dict[tuple[st
     """Peak memory growth of one step per (core, N); on CPU in one fresh child process."""
     dtype, D, B = DTYPES[cfg.dtype], cfg.input_size, cfg.batch_size
     if cfg.device.startswith("cuda"):
-        return {(n, N): peak_mib(_step_fn(*_setup(n, N, D, B, 1, dtype, cfg.device)), cfg.device) for n, N in points}
+        return {(n, N): peak_mib(segment_fn(*_setup(n, N, D, B, 1, dtype, cfg.device)), cfg.device) for n, N in points}
     spec = json.dumps({"points": points, "D": D, "B": B, "dtype": cfg.dtype})
     cmd = [sys.executable, "-m", "r2ac.bench.cores", "--probe", spec]
     try:
@@ -247,7 +238,7 @@ def scaling(cfg: BenchCoresConfig) -> list[ScaleRow]:
             if name == "elman-rtrl" and N > cfg.elman_rtrl_max_n:
                 continue
             layer, x, readout, state = _setup(name, N, D, B, 1, dtype, cfg.device)
-            run = _step_fn(layer, x, readout, state)
+            run = segment_fn(layer, x, readout, state)
             ms = time_alternating({name: run}, cfg.repeats, cfg.warmup, cfg.device)[name]
             row = ScaleRow(name, N, ms, state_bytes(state) / B / 2**10)
             rows.append(row)
@@ -289,7 +280,7 @@ def hybrid_vs_step(cfg: BenchCoresConfig) -> list[HybridRow]:
                     sens = el.carry_step(sens, h_all[t], u_all[t], None, R)
 
             fns = {
-                "hybrid": _step_fn(layer, x, readout, state),
+                "hybrid": segment_fn(layer, x, readout, state),
                 "per_step": per_step,
                 "carry_hybrid": lambda s=state.sens, h=h_all, u=u_all, R=R: el.carry_segment(s, h, u, None, R),
                 "carry_per_step": carry_step_loop,

@@ -15,9 +15,8 @@ from r2ac.rtrl.gradcheck import (
 )
 from r2ac.rtrl.reference import elstm_reference
 
-F64 = torch.float64
-# Segment patterns: mixed lengths with per-step (T = 1) segments in between, all T = 1, one long.
-PATTERNS = [(3, 1, 5, 1, 1, 7, 4), (1,) * 12, (2, 9, 1, 6)]
+from .common import F64, PATTERNS
+
 PARAMS = ("F", "Z", "O", "W_o", "w_f", "w_z", "b_f", "b_z", "b_o")
 
 
@@ -43,10 +42,7 @@ def test_bptt_equals_truncated_bptt(pattern, batch):
 
 def test_the_check_can_fail():
     """Truncation makes a real difference on this problem, so the two tests above have teeth."""
-    layer = make_layer("bptt")
-    problem = make_problem(5, 4, PATTERNS[0], 3, reset_prob=0.0, seed=3)
-    ref = reference_gradients(elstm_reference, dict(layer.named_parameters()), problem, truncated=False)
-    err = compare(layer_gradients(layer, problem), ref)
+    err = check_gradients(make_layer("bptt"), elstm_reference, PATTERNS[0], 3, reset_prob=0.0, seed=3)
     assert err.rel_error["F"] > 1e-2 and err.rel_error["w_f"] > 1e-2
     assert err.rel_error["O"] < 1e-10  # the output gate is not recurrent: BPTT is already exact
 
@@ -57,18 +53,6 @@ def test_reset_on_every_first_step_makes_rtrl_equal_truncated():
     problem.reset[[0, 4, 8]] = True
     ref = reference_gradients(elstm_reference, dict(layer.named_parameters()), problem, truncated=True)
     assert compare(layer_gradients(layer, problem), ref).max_rel_error < 1e-10
-
-
-def test_float32_against_float64_reference():
-    """float32 tolerance: 1e-4 relative on a 40-step history (measured ~1e-6)."""
-    layer32 = make_layer("rtrl", dtype=torch.float32)
-    problem = make_problem(5, 4, (10, 1, 9, 20), 3, seed=5, dtype=torch.float32)
-    grads = layer_gradients(layer32, problem)
-    p64 = {k: v.detach().double() for k, v in layer32.named_parameters()}
-    prob64 = type(problem)(problem.x.double(), problem.reset, problem.readout.double(), problem.segment_lengths)
-    ref = reference_gradients(elstm_reference, p64, prob64, truncated=False)
-    err = compare({k: v.double() for k, v in grads.items()}, ref)
-    assert err.max_rel_error < 1e-4, str(err)
 
 
 def test_segment_carry_equals_step_by_step_carry():
