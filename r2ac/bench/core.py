@@ -17,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -192,25 +193,40 @@ def _probe(shape_text: str, rule: str, dtype_name: str) -> None:
     print(_rss_bytes("VmHWM") - base)
 
 
-def held_for_backward_mb(shape, rule, dtype, device) -> float:
-    """Memory autograd holds between forward and backward, parameters, inputs and the
-    incoming state excluded (each storage counted once). This is what grows with T."""
-    layer, x, readout, state = _setup(shape, rule, dtype, device)
-    known = {t.untyped_storage().data_ptr() for t in (*layer.parameters(), x, readout)}
-    known |= {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves(state) if t is not None}
+def saved_for_backward_mb(run: Callable[[], object], exclude: Iterable[torch.Tensor]) -> float:
+    """MB of the tensors autograd saves for backward during `run()`, each storage once, those
+    of `exclude` (parameters, inputs, incoming state) left out. All of them are alive when
+    backward starts, so this is what the forward leaves held: the part that grows with M."""
+    known = {t.untyped_storage().data_ptr() for t in exclude}
     held: dict[int, int] = {}
 
-    def pack(t):
+    def pack(t: torch.Tensor) -> torch.Tensor:
         ptr = t.untyped_storage().data_ptr()
         if ptr not in known:
             held[ptr] = t.untyped_storage().nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        h, _ = layer(x, state)
-        loss = (h * readout).sum()
-    loss.backward()
+        run()
     return sum(held.values()) / 2**20
+
+
+
+def held_for_backward_mb(shape, rule, dtype, device) -> float:
+    """Memory autograd holds between forward and backward, parameters, inputs and the
+    incoming state excluded (each storage counted once). This is what grows with T."""
+    layer, x, readout, state = _setup(shape, rule, dtype, device)
+    exclude = [*layer.parameters(), x, readout]
+    exclude += [t for t in torch.utils._pytree.tree_leaves(state) if t is not None]
+
+    def forward_and_loss():
+        h, _ = layer(x, state)
+        return (h * readout).sum()
+
+    losses = []
+    mb = saved_for_backward_mb(lambda: losses.append(forward_and_loss()), exclude)
+    losses[0].backward()
+    return mb
 
 
 def bench_shape(shape, cfg: BenchCoreConfig) -> Row:

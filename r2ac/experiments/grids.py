@@ -1,0 +1,166 @@
+"""Named experiment grids: which training runs make up a table of the paper, at laptop scale.
+
+A grid is a list of tasks (table columns) and variants (table rows, a core/rule and a segment
+length M); every (task, variant, seed) is one `r2ac train` run. Tasks and variants are plain
+TrainConfig overrides, so a grid says exactly what differs between its runs and nothing
+else: everything not named comes from the task's preset.
+
+The spans are scaled to what two CPU cores can train in minutes: the long-span built-in
+task is the delayed cue with a 33-step memory (cue at t = 0, choice at t = 33, 34-step
+episodes), so M = 5 and 10 are far shorter than the span, while a 50-step segment holds a
+whole episode about a third of the time (M = 5, 10, 50 are the issue's values).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from r2ac.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Task:
+    """A table column: an env and how long to train on it."""
+
+    name: str
+    preset: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+    """Reference scores (random / memoryless / scripted), printed under the table."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A table row: a core (with its gradient rule) and a segment length M."""
+
+    core: str
+    unroll_length: int
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.core} M={self.unroll_length}"
+
+
+@dataclass(frozen=True)
+class Grid:
+    name: str
+    description: str
+    tasks: tuple[Task, ...]
+    variants: tuple[Variant, ...]
+    default_seeds: int = 3
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of a grid."""
+
+    task: Task
+    variant: Variant
+    seed: int
+
+    @property
+    def run_id(self) -> str:
+        """Directory name: readable and unique within the grid."""
+        return _slug(f"{self.task.name}__{self.variant.core}__M{self.variant.unroll_length}__s{self.seed}")
+
+    def overrides(self, total_frames: int | None = None) -> dict[str, Any]:
+        """The TrainConfig fields this run sets on top of the task's preset."""
+        out = dict(self.task.overrides)
+        out.update(core=self.variant.core, unroll_length=self.variant.unroll_length, seed=self.seed)
+        out.update(self.variant.overrides)
+        if total_frames is not None:
+            out["total_frames"] = total_frames
+        return out
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "-", text)
+
+
+# Tasks. Reference scores are those of `r2ac bench envs` (docs/results.md, "Environments").
+DELAYED_CUE = Task(
+    "delayed-cue", "delayed-cue", {"env_options": ("delay=32",), "total_frames": 5_000_000},
+    note="delayed-cue (33-step memory): memoryless bound 0 (exact), scripted 1.00",
+)
+WATERMAZE = Task(
+    "watermaze", "watermaze", {"total_frames": 5_000_000},
+    note="watermaze 8x8 (200 steps): random 1.36, memoryless 5.93, scripted 32.96",
+)
+MINIGRID_MEMORY = Task(
+    "minigrid-memory", "delayed-cue",
+    {"env": "minigrid/MemoryS7", "env_options": (), "hidden_size": 128, "stem_features": 64,
+     "total_frames": 5_000_000, "entropy_cost": 0.01, "learning_rate": 2e-3,
+     "forget_bias": 3.0, "freeze_stem": False},
+    note="MiniGrid MemoryS7 (envpool; needs the envpool extra): random ~0, memoryless bound 0.5 of the max",
+)
+CARTPOLE = Task(
+    "cartpole", "delayed-cue",
+    {"env": "envpool/CartPole-v1", "env_options": (), "freeze_stem": False,
+     "total_frames": 1_000_000, "learning_rate": 2e-3, "entropy_cost": 0.01, "forget_bias": None},
+    note="CartPole-v1 (envpool; fully observed, so memory cannot help): max return 500",
+)
+BREAKOUT = Task(
+    "breakout", "atari",
+    {"runtime": "serial", "num_envs": 16, "batch_size": 32, "total_frames": 2_000_000,
+     "hidden_size": 256, "num_threads": 1, "checkpoint_every": 200, "log_every": 10},
+    note="Atari Breakout (envpool; needs the envpool extra), reactive: memory should not matter",
+)
+
+_MEMORY_M = (5, 10, 50)
+
+GRIDS: dict[str, Grid] = {
+    "memory-m": Grid(
+        "memory-m",
+        "Table 1 / Fig. 1 shape: exact RTRL vs truncated BPTT across segment lengths M on memory "
+        "tasks, plus a feedforward (memoryless) agent.",
+        (DELAYED_CUE, WATERMAZE, MINIGRID_MEMORY),
+        tuple(Variant(core, m) for m in _MEMORY_M for core in ("elstm-rtrl", "elstm-bptt"))
+        + (Variant("feedforward", 10),),
+    ),
+    "ablation": Grid(
+        "ablation",
+        "Table 2 shape: architectures with TBPTT, SnAp-1 on the feLSTM, and exact RTRL on the "
+        "eLSTM, at one short M.",
+        (DELAYED_CUE,),
+        tuple(Variant(core, 10) for core in
+              ("lstm-bptt", "felstm-bptt", "elstm-bptt", "felstm-snap1", "elstm-rtrl")),
+    ),
+    "reactive": Grid(
+        "reactive",
+        "Reactive tasks, where memory should not matter: RTRL should do no harm against TBPTT "
+        "and feedforward. CartPole runs on a CPU; Breakout (the paper-like task) needs a GPU.",
+        (CARTPOLE, BREAKOUT),
+        (Variant("feedforward", 20), Variant("elstm-bptt", 20), Variant("elstm-rtrl", 20)),
+    ),
+}
+
+# Studies that are measurements, not grids of training runs (r2ac.experiments.cli dispatches).
+STUDIES = {"cost": "r2ac.experiments.cost"}
+
+
+def grid(name: str) -> Grid:
+    if name not in GRIDS:
+        known = ", ".join([*GRIDS, *STUDIES])
+        raise ConfigError(f"unknown experiment {name!r}; choose one of {known}")
+    return GRIDS[name]
+
+
+def select_tasks(g: Grid, names: tuple[str, ...] | None) -> tuple[Task, ...]:
+    """The grid's tasks, or the named subset (an unknown name is a ConfigError)."""
+    if not names:
+        return g.tasks
+    known = {t.name: t for t in g.tasks}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"grid {g.name!r} has no task {unknown}; its tasks: {', '.join(known)}")
+    return tuple(known[n] for n in names)
+
+
+def runs_of(g: Grid, seeds: int, tasks: tuple[Task, ...] | None = None) -> list[RunSpec]:
+    """Every run of the grid, seeds innermost so that partial grids fill whole rows first."""
+    if seeds < 1:
+        raise ConfigError(f"seeds must be >= 1, got {seeds}")
+    return [RunSpec(t, v, s) for t in (tasks or g.tasks) for v in g.variants for s in range(seeds)]

@@ -1,0 +1,131 @@
+"""Tables and learning curves of a grid, from its run directories (never from memory).
+
+Table cells are the paper's format: the mean over seeds of each run's evaluation score
+(itself the mean over K sets of E episodes, see r2ac.rl.evaluate) +- the std over seeds;
+a missing run shows as "-" and a partial cell says how many seeds it holds. Curves are the
+mean over seeds of the training return against frames, with a +-1 std band.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from r2ac.experiments.grids import Grid, RunSpec, Task
+from r2ac.rl.run_dir import read_metrics
+
+
+def eval_score(run_dir: Path) -> float | None:
+    path = run_dir / "eval.json"
+    return float(json.loads(path.read_text())["mean"]) if path.exists() else None
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and population std (the std of the seed means, as the paper reports)."""
+    arr = np.asarray(values, dtype=np.float64)
+    return float(arr.mean()), float(arr.std())
+
+
+def collect(specs: list[RunSpec], out: Path) -> dict[tuple[str, str], list[float]]:
+    """(task name, variant label) -> evaluation scores of the finished seeds."""
+    scores: dict[tuple[str, str], list[float]] = {}
+    for spec in specs:
+        score = eval_score(out / "runs" / spec.run_id)
+        key = (spec.task.name, spec.variant.label)
+        scores.setdefault(key, [])
+        if score is not None:
+            scores[key].append(score)
+    return scores
+
+
+def format_cell(values: list[float], seeds: int) -> str:
+    if not values:
+        return "-"
+    mean, std = mean_std(values)
+    partial = "" if len(values) == seeds else f" ({len(values)}/{seeds} seeds)"
+    return f"{mean:.3f} ± {std:.3f}{partial}"
+
+
+def markdown_table(grid: Grid, tasks: tuple[Task, ...], specs: list[RunSpec], out: Path,
+                   seeds: int) -> str:
+    scores = collect(specs, out)
+    header = "| model | " + " | ".join(t.name for t in tasks) + " |"
+    lines = [header, "|" + "---|" * (len(tasks) + 1)]
+    for v in grid.variants:
+        cells = [format_cell(scores.get((t.name, v.label), []), seeds) for t in tasks]
+        lines.append(f"| {v.label} | " + " | ".join(cells) + " |")
+    notes = [f"- {t.note}" for t in tasks if t.note]
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def curve_of(run_dir: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """(frames, training return) of a run, rows without a return (no episode yet) dropped."""
+    path = run_dir / "metrics.csv"
+    if not path.exists():
+        return None
+    rows = [r for r in read_metrics(path) if not math.isnan(r.get("return_mean", math.nan))]
+    if not rows:
+        return None
+    return (np.array([r["frames"] for r in rows], dtype=np.float64),
+            np.array([r["return_mean"] for r in rows], dtype=np.float64))
+
+
+def mean_curve(curves: list[tuple[np.ndarray, np.ndarray]], points: int = 100):
+    """Seeds interpolated onto a common frame grid (up to the shortest run): x, mean, std."""
+    end = min(c[0][-1] for c in curves)
+    start = max(c[0][0] for c in curves)
+    x = np.linspace(start, end, points) if end > start else np.array([end])
+    ys = np.stack([np.interp(x, f, r) for f, r in curves])
+    return x, ys.mean(0), ys.std(0)
+
+
+def plot_curves(grid: Grid, tasks: tuple[Task, ...], specs: list[RunSpec], out: Path) -> list[Path]:
+    """One PNG per task: mean training return vs frames per variant, with a std band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for task in tasks:
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        drawn = 0
+        for v in grid.variants:
+            runs = [s for s in specs if s.task.name == task.name and s.variant.label == v.label]
+            curves = [c for c in (curve_of(out / "runs" / s.run_id) for s in runs) if c]
+            if not curves:
+                continue
+            x, mean, std = mean_curve(curves)
+            (line,) = ax.plot(x, mean, label=f"{v.label} ({len(curves)} seeds)")
+            ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+            drawn += 1
+        if drawn:
+            ax.set_xlabel("frames")
+            ax.set_ylabel("training return (mean over seeds ± std)")
+            ax.set_title(f"{grid.name}: {task.name}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            path = out / f"curves_{task.name}.png"
+            fig.savefig(path, dpi=110)
+            written.append(path)
+        plt.close(fig)
+    return written
+
+
+def write_report(grid: Grid, tasks: tuple[Task, ...], specs: list[RunSpec], out: Path,
+                 seeds: int, header: str) -> Path:
+    """OUT/results.md (the table, notes, curves) and OUT/results.json (every run's score)."""
+    table = markdown_table(grid, tasks, specs, out, seeds)
+    images = plot_curves(grid, tasks, specs, out)
+    body = [f"# {grid.name}", "", grid.description, "", header, "", table, ""]
+    body += [f"![{p.stem}]({p.name})" for p in images]
+    path = out / "results.md"
+    path.write_text("\n".join(body) + "\n")
+    runs = {s.run_id: {"task": s.task.name, "variant": s.variant.label, "seed": s.seed,
+                       "eval_mean": eval_score(out / "runs" / s.run_id)} for s in specs}
+    (out / "results.json").write_text(json.dumps({"grid": grid.name, "runs": runs}, indent=2) + "\n")
+    return path

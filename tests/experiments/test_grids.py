@@ -1,0 +1,148 @@
+"""`r2ac experiment`: grid definitions, flag spelling, resumable runner, tables and curves.
+
+The end-to-end tests train a tiny grid with real `r2ac train` subprocesses (a few seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from r2ac.errors import ConfigError
+from r2ac.experiments import cli, grids, report, runner
+from r2ac.experiments.grids import Grid, RunSpec, Task, Variant
+from r2ac.rl.config import TrainConfig, from_dict
+
+TINY_TASK = Task(
+    "cue", "delayed-cue",
+    {"env_options": ("delay=3",), "hidden_size": 8, "stem_features": 8, "mlp_hidden": (8,),
+     "num_envs": 4, "batch_size": 4, "total_frames": 256, "eval_sets": 2, "eval_episodes": 4,
+     "log_every": 1, "checkpoint_every": 2},
+    note="tiny",
+)
+TINY = Grid("tiny", "a tiny grid for tests", (TINY_TASK,),
+            (Variant("elstm-rtrl", 4), Variant("feedforward", 4)), default_seeds=2)
+
+
+@pytest.mark.parametrize("name", sorted(grids.GRIDS))
+def test_every_grid_run_has_a_valid_config(name):
+    g = grids.GRIDS[name]
+    specs = grids.runs_of(g, g.default_seeds)
+    assert len(specs) == len(g.tasks) * len(g.variants) * g.default_seeds
+    assert len({s.run_id for s in specs}) == len(specs)  # one directory per run
+    for spec in specs:
+        cfg = runner.check_overrides(spec.task.preset, spec.overrides())
+        assert (cfg.core, cfg.unroll_length, cfg.seed) == (
+            spec.variant.core, spec.variant.unroll_length, spec.seed)
+
+
+def test_memory_m_spans_short_and_long_segments_against_the_cue_delay():
+    g = grids.GRIDS["memory-m"]
+    span = int(dict(o.split("=") for o in grids.DELAYED_CUE.overrides["env_options"])["delay"]) + 1
+    ms = sorted({v.unroll_length for v in g.variants if v.core != "feedforward"})
+    assert ms[0] < span / 4 and ms[-1] > span  # shortest M far below the span, longest above
+    assert {v.core for v in g.variants} == {"elstm-rtrl", "elstm-bptt", "feedforward"}
+
+
+def test_train_args_round_trip_through_the_real_cli():
+    overrides = {"env_options": ("delay=7",), "unroll_length": 9, "freeze_stem": False,
+                 "lr_decay": True, "forget_bias": None, "learning_rate": 1e-3, "mlp_hidden": (5, 6)}
+    args = runner.train_args(overrides)
+    assert "--no-freeze-stem" in args and "--lr-decay" in args
+    from r2ac.rl.train_cli import parse_config
+
+    cfg = parse_config(["--preset", "delayed-cue", *args])
+    for key, value in overrides.items():
+        assert getattr(cfg, key) == value, key
+
+
+def test_bad_names_are_config_errors():
+    with pytest.raises(ConfigError, match="unknown experiment"):
+        grids.grid("nope")
+    with pytest.raises(ConfigError, match="no task"):
+        grids.select_tasks(grids.GRIDS["memory-m"], ("nope",))
+    with pytest.raises(ConfigError, match="seeds"):
+        grids.runs_of(TINY, 0)
+    bad = RunSpec(TINY_TASK, Variant("elstm-nope", 4), 0)
+    with pytest.raises(ConfigError, match="unknown core"):
+        runner.check_overrides(bad.task.preset, bad.overrides())
+    assert cli.main(["nope"]) == 2
+
+
+def test_mean_curve_interpolates_seeds_onto_one_grid():
+    a = (np.array([0.0, 10.0]), np.array([0.0, 1.0]))
+    b = (np.array([0.0, 5.0, 20.0]), np.array([1.0, 1.0, 1.0]))
+    x, mean, std = report.mean_curve([a, b], points=3)
+    assert x.tolist() == [0.0, 5.0, 10.0]  # up to the shorter run
+    assert mean.tolist() == [0.5, 0.75, 1.0]
+    assert std.tolist() == [0.5, 0.25, 0.0]
+
+
+def test_format_cell_reports_population_std_and_partial_seeds():
+    assert report.format_cell([1.0, 0.0], 2) == "0.500 ± 0.500"
+    assert report.format_cell([1.0], 3) == "1.000 ± 0.000 (1/3 seeds)"
+    assert report.format_cell([], 3) == "-"
+
+
+@pytest.fixture
+def tiny_grid(monkeypatch):
+    monkeypatch.setitem(grids.GRIDS, "tiny", TINY)
+    return TINY
+
+
+def test_grid_trains_reports_and_resumes(tiny_grid, tmp_path):
+    out = tmp_path / "exp"
+    assert cli.main(["tiny", "--jobs", "2", "--out", str(out)]) == 0
+    specs = grids.runs_of(TINY, 2)
+    for spec in specs:
+        run_dir = out / "runs" / spec.run_id
+        assert runner.run_state(run_dir) == "finished"
+        cfg = from_dict(json.loads((run_dir / "config.json").read_text())["config"])
+        assert isinstance(cfg, TrainConfig) and cfg.seed == spec.seed
+        assert (cfg.core, cfg.unroll_length, cfg.total_frames) == (spec.variant.core, 4, 256)
+    md = (out / "results.md").read_text()
+    scores = json.loads((out / "results.json").read_text())["runs"]
+    assert len(scores) == 4 and all(-1.0 <= r["eval_mean"] <= 1.0 for r in scores.values())
+    # The table cell is the mean +- std of the two seeds' eval scores.
+    rtrl = [scores[s.run_id]["eval_mean"] for s in specs if s.variant.core == "elstm-rtrl"]
+    mean, std = report.mean_std(rtrl)
+    assert f"| elstm-rtrl M=4 | {mean:.3f} ± {std:.3f} |" in md
+    assert (out / "curves_cue.png").stat().st_size > 1000
+
+    # Resume: a finished run is skipped, an interrupted one (no eval.json) is resumed from its
+    # checkpoint, a run that crashed before any checkpoint is started again.
+    done, interrupted, crashed = (out / "runs" / s.run_id for s in specs[:3])
+    before = (done / "eval.json").stat().st_mtime_ns
+    (interrupted / "eval.json").unlink()
+    (crashed / "eval.json").unlink()
+    (crashed / "checkpoints" / "latest.pt").unlink()
+    assert runner.command_for(specs[1], interrupted, None)[-2:] == ["--resume", str(interrupted)]
+    results = runner.run_grid(specs, out, jobs=1)
+    assert [r.status for r in results] == ["done", "ran", "ran", "done"]
+    assert (done / "eval.json").stat().st_mtime_ns == before
+    assert all(runner.run_state(out / "runs" / s.run_id) == "finished" for s in specs)
+
+
+def test_a_different_frame_budget_is_refused_on_resume(tiny_grid, tmp_path):
+    out = tmp_path / "exp"
+    out.mkdir()
+    (out / "experiment.json").write_text(json.dumps({"total_frames": None}))
+    assert cli.main(["tiny", "--out", str(out), "--total-frames", "128"]) == 2
+
+
+def test_dry_run_lists_without_training(tiny_grid, tmp_path, capsys):
+    out = tmp_path / "exp"
+    assert cli.main(["tiny", "--out", str(out), "--dry-run", "--seeds", "1"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [ln.split()[0] for ln in lines] == ["new", "new"]
+    assert not out.exists()
+
+
+def test_curve_of_skips_rows_without_episodes(tmp_path):
+    (tmp_path / "metrics.csv").write_text("frames,return_mean\n10,\n20,0.5\n")
+    frames, returns = report.curve_of(tmp_path)
+    assert frames.tolist() == [20.0] and returns.tolist() == [0.5]
+    assert not math.isnan(returns[0])
