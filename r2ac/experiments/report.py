@@ -2,8 +2,11 @@
 
 Table cells are the paper's format: the mean over seeds of each run's evaluation score
 (itself the mean over K sets of E episodes, see r2ac.rl.evaluate) +- the std over seeds;
-a missing run shows as "-" and a partial cell says how many seeds it holds. Curves are the
-mean over seeds of the training return against frames, with a +-1 std band.
+a missing run shows as "-" and a partial cell says how many seeds it holds. A second table
+gives the training return over the last 10% of each run (sampled actions): greedy evaluation
+can turn a policy that is uniform to within 0.1% into a perfect score (measured: feLSTM with
+TBPTT, docs/results.md), and the two side by side show it. Curves are the mean over seeds of
+the training return against frames, with a +-1 std band.
 """
 
 from __future__ import annotations
@@ -23,17 +26,27 @@ def eval_score(run_dir: Path) -> float | None:
     return float(json.loads(path.read_text())["mean"]) if path.exists() else None
 
 
+def final_train_return(run_dir: Path, fraction: float = 0.1) -> float | None:
+    """Mean training return (sampled actions) over the last `fraction` of the logged rows."""
+    curve = curve_of(run_dir)
+    if curve is None:
+        return None
+    returns = curve[1]
+    return float(returns[-max(1, int(len(returns) * fraction)):].mean())
+
+
 def mean_std(values: list[float]) -> tuple[float, float]:
     """Mean and population std (the std of the seed means, as the paper reports)."""
     arr = np.asarray(values, dtype=np.float64)
     return float(arr.mean()), float(arr.std())
 
 
-def collect(specs: list[RunSpec], out: Path) -> dict[tuple[str, str], list[float]]:
-    """(task name, variant label) -> evaluation scores of the finished seeds."""
+def collect(specs: list[RunSpec], out: Path, metric=eval_score) -> dict[tuple[str, str], list[float]]:
+    """(task name, variant label) -> `metric` of each finished seed's run directory."""
     scores: dict[tuple[str, str], list[float]] = {}
     for spec in specs:
-        score = eval_score(out / "runs" / spec.run_id)
+        run_dir = out / "runs" / spec.run_id
+        score = metric(run_dir) if eval_score(run_dir) is not None else None
         key = (spec.task.name, spec.variant.label)
         scores.setdefault(key, [])
         if score is not None:
@@ -50,15 +63,15 @@ def format_cell(values: list[float], seeds: int) -> str:
 
 
 def markdown_table(grid: Grid, tasks: tuple[Task, ...], specs: list[RunSpec], out: Path,
-                   seeds: int) -> str:
-    scores = collect(specs, out)
+                   seeds: int, metric=eval_score, notes: bool = True) -> str:
+    scores = collect(specs, out, metric)
     header = "| model | " + " | ".join(t.name for t in tasks) + " |"
     lines = [header, "|" + "---|" * (len(tasks) + 1)]
     for v in grid.variants:
         cells = [format_cell(scores.get((t.name, v.label), []), seeds) for t in tasks]
         lines.append(f"| {v.label} | " + " | ".join(cells) + " |")
-    notes = [f"- {t.note}" for t in tasks if t.note]
-    return "\n".join(lines + ([""] + notes if notes else []))
+    task_notes = [f"- {t.note}" for t in tasks if t.note] if notes else []
+    return "\n".join(lines + ([""] + task_notes if task_notes else []))
 
 
 def curve_of(run_dir: Path) -> tuple[np.ndarray, np.ndarray] | None:
@@ -120,12 +133,17 @@ def write_report(grid: Grid, tasks: tuple[Task, ...], specs: list[RunSpec], out:
                  seeds: int, header: str) -> Path:
     """OUT/results.md (the table, notes, curves) and OUT/results.json (every run's score)."""
     table = markdown_table(grid, tasks, specs, out, seeds)
+    train = markdown_table(grid, tasks, specs, out, seeds, final_train_return, notes=False)
     images = plot_curves(grid, tasks, specs, out)
-    body = [f"# {grid.name}", "", grid.description, "", header, "", table, ""]
+    body = [f"# {grid.name}", "", grid.description, "", header, "",
+            "Evaluation (K sets x E episodes, greedy by default; mean ± std over seeds):", "", table, "",
+            "Training return over the last 10% of each run (sampled actions):", "", train, ""]
     body += [f"![{p.stem}]({p.name})" for p in images]
     path = out / "results.md"
     path.write_text("\n".join(body) + "\n")
     runs = {s.run_id: {"task": s.task.name, "variant": s.variant.label, "seed": s.seed,
-                       "eval_mean": eval_score(out / "runs" / s.run_id)} for s in specs}
+                       "eval_mean": eval_score(out / "runs" / s.run_id),
+                       "final_train_return": final_train_return(out / "runs" / s.run_id)}
+            for s in specs}
     (out / "results.json").write_text(json.dumps({"grid": grid.name, "runs": runs}, indent=2) + "\n")
     return path

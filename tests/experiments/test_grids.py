@@ -110,6 +110,9 @@ def test_grid_trains_reports_and_resumes(tiny_grid, tmp_path):
     rtrl = [scores[s.run_id]["eval_mean"] for s in specs if s.variant.core == "elstm-rtrl"]
     mean, std = report.mean_std(rtrl)
     assert f"| elstm-rtrl M=4 | {mean:.3f} ± {std:.3f} |" in md
+    train = [scores[s.run_id]["final_train_return"] for s in specs if s.variant.core == "elstm-rtrl"]
+    mean, std = report.mean_std(train)
+    assert md.count("| elstm-rtrl M=4 |") == 2 and f"| elstm-rtrl M=4 | {mean:.3f} ± {std:.3f} |" in md
     assert (out / "curves_cue.png").stat().st_size > 1000
 
     # Resume: a finished run is skipped, an interrupted one (no eval.json) is resumed from its
@@ -146,3 +149,11 @@ def test_curve_of_skips_rows_without_episodes(tmp_path):
     frames, returns = report.curve_of(tmp_path)
     assert frames.tolist() == [20.0] and returns.tolist() == [0.5]
     assert not math.isnan(returns[0])
+
+
+def test_final_train_return_averages_the_last_tenth(tmp_path):
+    rows = "\n".join(f"{10 * i},{1.0 if i >= 18 else 0.0}" for i in range(20))
+    (tmp_path / "metrics.csv").write_text("frames,return_mean\n" + rows + "\n")
+    assert report.final_train_return(tmp_path) == 1.0  # the last 2 of 20 rows
+    assert report.final_train_return(tmp_path, fraction=0.2) == 0.5
+    assert report.final_train_return(tmp_path / "missing") is None
