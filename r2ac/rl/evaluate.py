@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -84,12 +85,15 @@ def evaluate(agent: Agent, cfg: TrainConfig, sets: int, episodes: int, greedy: b
     }
 
 
-def write_eval(run: RunDir, result: dict) -> None:
-    run.eval_path.write_text(json.dumps(result, indent=2) + "\n")
+def write_eval(run: RunDir, result: dict, out: str | Path | None = None) -> Path:
+    """Write the result to `out` (default RUN/eval.json, which experiment grids read)."""
+    path = Path(out) if out else run.eval_path
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path
 
 
 def evaluate_run(path: str, sets: int | None, episodes: int | None, greedy: bool | None,
-                 seed: int | None) -> dict:
+                 seed: int | None, out: str | None = None) -> tuple[dict, Path]:
     run = RunDir.open(path)
     cfg = run.config()
     if not run.agent_path.is_file():
@@ -100,8 +104,7 @@ def evaluate_run(path: str, sets: int | None, episodes: int | None, greedy: bool
     load_agent_weights(agent, checkpoint.load(run.agent_path)["agent"], run.agent_path)
     result = evaluate(agent, cfg, sets or cfg.eval_sets, episodes or cfg.eval_episodes,
                       cfg.eval_greedy if greedy is None else greedy, seed)
-    write_eval(run, result)
-    return result
+    return result, write_eval(run, result, out)
 
 
 def main(argv: list[str]) -> int:
@@ -113,16 +116,19 @@ def main(argv: list[str]) -> int:
     mode.add_argument("--greedy", dest="greedy", action="store_true", default=None)
     mode.add_argument("--sampled", dest="greedy", action="store_false")
     parser.add_argument("--seed", type=int, help="evaluation seed (default: the run's seed)")
+    parser.add_argument("--out", help="result file (default RUN_DIR/eval.json; give another to "
+                        "keep the run's own evaluation, e.g. a --sampled check of a greedy run)")
     args = parser.parse_args(argv)
     try:
         for name in ("sets", "episodes"):
             if getattr(args, name) is not None and getattr(args, name) < 1:
                 raise ConfigError(f"--{name} must be positive, got {getattr(args, name)}")
-        result = evaluate_run(args.run_dir, args.sets, args.episodes, args.greedy, args.seed)
+        result, path = evaluate_run(args.run_dir, args.sets, args.episodes, args.greedy, args.seed,
+                                    args.out)
     except (ConfigError, MissingDependencyError) as exc:
         print(f"r2ac eval: error: {exc}", file=sys.stderr)
         return 2
     print(f"{result['env']} {result['core']}: {result['mean']:.3f} +- {result['std']:.3f} "
           f"({result['sets']} x {result['episodes_per_set']} {result['actions']} episodes, "
-          f"{result['seconds']:.1f} s) -> {RunDir(args.run_dir).eval_path}")
+          f"{result['seconds']:.1f} s) -> {path}")
     return 0

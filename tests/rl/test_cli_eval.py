@@ -78,6 +78,12 @@ def test_train_then_eval_writes_run_dir_and_eval_json(tmp_path, capsys):
     again = json.loads((out / "eval.json").read_text())
     assert evaluate.main([str(out), "--sets", "3", "--episodes", "7", "--sampled"]) == 0
     assert json.loads((out / "eval.json").read_text())["returns"] == again["returns"]
+    # --out keeps the run's own evaluation: a greedy check elsewhere leaves eval.json alone.
+    other = tmp_path / "greedy.json"
+    assert evaluate.main([str(out), "--sets", "2", "--episodes", "5", "--greedy", "--out", str(other)]) == 0
+    assert json.loads(other.read_text())["actions"] == "greedy"
+    kept = json.loads((out / "eval.json").read_text())
+    assert (kept["actions"], kept["returns"]) == ("sampled", again["returns"])
 
 
 def test_eval_of_a_mismatched_checkpoint_exits_2(tmp_path):
