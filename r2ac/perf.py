@@ -40,3 +40,12 @@ def release_freed_memory() -> None:
         libc.malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def rss_bytes(field_name: str = "VmRSS") -> int:
+    """A memory field of /proc/self/status in bytes: VmRSS (resident now) or VmHWM (peak)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"{field_name} not in /proc/self/status")

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import tyro
 
-from r2ac.perf import keep_freed_memory, release_freed_memory
+from r2ac.perf import keep_freed_memory, release_freed_memory, rss_bytes
 from r2ac.rtrl import ELSTM, ELSTMSensitivity, ELSTMState
 from r2ac.rtrl import elstm_math as em
 from r2ac.rtrl.reference import elstm_reference
@@ -156,14 +156,6 @@ def carry_bandwidth(shape, dtype, device, repeats, warmup) -> dict[str, float]:
     return {k: nbytes / v / 1e6 for k, v in ms.items()}
 
 
-def _rss_bytes(field_name: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field_name} not in /proc/self/status")
-
-
 def peak_memory_mb(shape, rule, dtype_name, device) -> float:
     """Peak extra memory of one forward + backward over the inputs and state already held."""
     if str(device).startswith("cuda"):
@@ -186,11 +178,11 @@ def _probe(shape_text: str, rule: str, dtype_name: str) -> None:
     keep_freed_memory()
     layer, x, readout, state = _setup(parse_shape(shape_text), rule, DTYPES[dtype_name], "cpu")
     release_freed_memory()  # setup temporaries must not be reused unseen by the run
-    base = _rss_bytes("VmRSS")
+    base = rss_bytes("VmRSS")
     run = segment_fn(layer, x, readout, state)
     run()
     run()
-    print(_rss_bytes("VmHWM") - base)
+    print(rss_bytes("VmHWM") - base)
 
 
 def saved_for_backward_mb(run: Callable[[], object], exclude: Iterable[torch.Tensor]) -> float:

@@ -28,7 +28,7 @@ import tyro
 from torch.utils import _pytree as pytree
 
 from r2ac.bench.core import DTYPES, machine_line, segment_fn, time_alternating
-from r2ac.perf import keep_freed_memory, release_freed_memory
+from r2ac.perf import keep_freed_memory, release_freed_memory, rss_bytes
 from r2ac.rtrl import core_names, make_core
 from r2ac.rtrl import elman as el
 from r2ac.rtrl.gradcheck import check_gradients, layer_gradients, make_problem, reference_gradients
@@ -159,14 +159,6 @@ def state_bytes(state) -> int:
     return sum(t.numel() * t.element_size() for t in pytree.tree_leaves(state) if t is not None)
 
 
-def _rss(field_name: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1]) * 1024
-    raise OSError(f"{field_name} not in /proc/self/status")
-
-
 def _return_freed_memory_at_once() -> None:
     """glibc: serve every allocation above 64 KiB with its own mmap, unmapped on free, so that
     the resident set follows live memory (the opposite of r2ac.perf.keep_freed_memory)."""
@@ -191,11 +183,11 @@ def peak_mib(run, device: str) -> float | None:
         return (torch.cuda.max_memory_allocated() - base) / 2**20
     try:
         release_freed_memory()
-        base = _rss("VmRSS")
+        base = rss_bytes("VmRSS")
         with open("/proc/self/clear_refs", "w") as fh:
             fh.write("5")
         run()
-        return max(_rss("VmHWM") - base, 0) / 2**20
+        return max(rss_bytes("VmHWM") - base, 0) / 2**20
     except OSError:
         return None
 

@@ -53,7 +53,7 @@ def _usage() -> str:
             + "\n".join(lines))
 
 
-def _header(name: str, cfg: ExperimentConfig, seeds: int, argv: list[str]) -> str:
+def _header(name: str, seeds: int, argv: list[str]) -> str:
     from r2ac.rl.run_dir import git_revision
 
     return (f"Command: `r2ac experiment {name} {shlex.join(argv)}`. Machine: {platform.machine()}, "
@@ -96,8 +96,8 @@ def run_experiment(name: str, cfg: ExperimentConfig, argv: list[str]) -> int:
     if not cfg.report_only:
         _save_meta(out, name, cfg, seeds, argv)
         _train(specs, out, cfg)
-    path = report.write_report(g, tasks, specs, out, seeds, _header(name, cfg, seeds, argv))
-    print(report.markdown_table(g, tasks, specs, out, seeds))
+    path, table = report.write_report(g, tasks, specs, out, seeds, _header(name, seeds, argv))
+    print(table)
     print(f"\nwritten: {path}")
     return 0
 

@@ -18,12 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from r2ac.experiments.grids import Grid, RunSpec, Task
+from r2ac.experiments.runner import read_eval as eval_score
 from r2ac.rl.run_dir import read_metrics
-
-
-def eval_score(run_dir: Path) -> float | None:
-    path = run_dir / "eval.json"
-    return float(json.loads(path.read_text())["mean"]) if path.exists() else None
 
 
 def final_train_return(run_dir: Path, fraction: float = 0.1) -> float | None:
@@ -46,7 +42,7 @@ def collect(specs: list[RunSpec], out: Path, metric=eval_score) -> dict[tuple[st
     scores: dict[tuple[str, str], list[float]] = {}
     for spec in specs:
         run_dir = out / "runs" / spec.run_id
-        score = metric(run_dir) if eval_score(run_dir) is not None else None
+        score = metric(run_dir) if (run_dir / "eval.json").exists() else None  # finished runs only
         key = (spec.task.name, spec.variant.label)
         scores.setdefault(key, [])
         if score is not None:
@@ -130,8 +126,9 @@ def plot_curves(grid: Grid, tasks: tuple[Task, ...], specs: list[RunSpec], out: 
 
 
 def write_report(grid: Grid, tasks: tuple[Task, ...], specs: list[RunSpec], out: Path,
-                 seeds: int, header: str) -> Path:
-    """OUT/results.md (the table, notes, curves) and OUT/results.json (every run's score)."""
+                 seeds: int, header: str) -> tuple[Path, str]:
+    """OUT/results.md (the tables, notes, curves) and OUT/results.json (every run's scores).
+    Returns the path of results.md and the evaluation table."""
     table = markdown_table(grid, tasks, specs, out, seeds)
     train = markdown_table(grid, tasks, specs, out, seeds, final_train_return, notes=False)
     images = plot_curves(grid, tasks, specs, out)
@@ -146,4 +143,4 @@ def write_report(grid: Grid, tasks: tuple[Task, ...], specs: list[RunSpec], out:
                        "final_train_return": final_train_return(out / "runs" / s.run_id)}
             for s in specs}
     (out / "results.json").write_text(json.dumps({"grid": grid.name, "runs": runs}, indent=2) + "\n")
-    return path
+    return path, table
