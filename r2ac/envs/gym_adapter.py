@@ -1,7 +1,10 @@
 """Gymnasium: any registered env with a discrete action space, one instance per stream.
 
 `gym/<id>`, e.g. `gym/popgym-RepeatPreviousEasy-v0` (POPGym's memory tasks; `import popgym`
-is done for ids starting with "popgym-", `import minigrid` for "MiniGrid-").
+is done for ids starting with "popgym-", `import minigrid` for "MiniGrid-") or
+`gym/MinAtar/Breakout-v1` (MinAtar's 10x10 versions of five Atari games, which register
+their ids when asked: `minatar.gym.register_envs()` is called for ids starting with
+"MinAtar/").
 
 Observations: a uint8 Box of rank 3 is an image and becomes (C, H, W) (Gymnasium images are
 (H, W, C)); any other space is flattened to a float32 vector (Discrete and MultiDiscrete
@@ -31,6 +34,7 @@ from r2ac.errors import ConfigError, require
 _REGISTERING_PACKAGES = {
     "popgym-": ("popgym", "popgym", "popgym"),
     "MiniGrid-": ("minigrid", "minigrid", "minigrid"),
+    "MinAtar/": ("minatar.gym", "minatar", "minatar"),
 }
 
 
@@ -42,7 +46,9 @@ def _make_one(env_id: str, **kwargs: Any):
     gym = _gymnasium()
     for prefix, (module, package, extra) in _REGISTERING_PACKAGES.items():
         if env_id.startswith(prefix):
-            require(module, package, extra)
+            registering = require(module, package, extra)
+            if env_id not in gym.registry and hasattr(registering, "register_envs"):
+                registering.register_envs()  # MinAtar registers only on request
     try:
         return gym.make(env_id, **kwargs)
     except gym.error.Error as exc:

@@ -61,10 +61,30 @@ def _header(name: str, seeds: int, argv: list[str]) -> str:
             f"{seeds} seeds per cell; report written {datetime.datetime.now():%Y-%m-%d %H:%M}.")
 
 
-def _check(specs: list[grids.RunSpec], total_frames: int | None) -> None:
-    """Validate every run's config before starting any (unknown core, bad sizes, ...)."""
+def _check(specs: list[grids.RunSpec], total_frames: int | None, out: Path) -> dict[str, list[str]]:
+    """Validate every run's config before starting any (unknown core, bad sizes, ...).
+
+    Returns the stale runs: run_id -> fields where the existing run directory's config
+    differs from the grid's (the grid was edited since that run).
+    """
+    stale = {}
     for spec in specs:
-        runner.check_overrides(spec.task.preset, spec.overrides(total_frames))
+        expected = runner.check_overrides(spec.task.preset, spec.overrides(total_frames))
+        fields = runner.config_mismatch(out / "runs" / spec.run_id, expected)
+        if fields:
+            stale[spec.run_id] = fields
+    return stale
+
+
+def _refuse_stale(stale: dict[str, list[str]], out: Path) -> None:
+    if not stale:
+        return
+    listed = "; ".join(f"{run_id} ({', '.join(f)})" for run_id, f in list(stale.items())[:5])
+    more = f" and {len(stale) - 5} more" if len(stale) > 5 else ""
+    raise ConfigError(
+        f"{len(stale)} run directories under {out / 'runs'} hold a different config than the "
+        f"grid now asks for (field names in brackets): {listed}{more}. Move them away or use "
+        "another --out; nothing was started.")
 
 
 def _save_meta(out: Path, name: str, cfg: ExperimentConfig, seeds: int, argv: list[str]) -> None:
@@ -88,11 +108,13 @@ def run_experiment(name: str, cfg: ExperimentConfig, argv: list[str]) -> int:
     tasks = grids.select_tasks(g, cfg.tasks)
     specs = grids.runs_of(g, seeds, tasks)
     out = Path(cfg.out or f"runs/experiments/{name}")
-    _check(specs, cfg.total_frames)
+    stale = _check(specs, cfg.total_frames, out)
     if cfg.dry_run:
         for spec in specs:
-            print(f"{runner.run_state(out / 'runs' / spec.run_id):<12} {spec.run_id}")
+            state = "stale" if spec.run_id in stale else runner.run_state(out / "runs" / spec.run_id)
+            print(f"{state:<12} {spec.run_id}")
         return 0
+    _refuse_stale(stale, out)
     if not cfg.report_only:
         _save_meta(out, name, cfg, seeds, argv)
         _train(specs, out, cfg)

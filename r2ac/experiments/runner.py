@@ -7,7 +7,9 @@ eval.json) with its log next to it in OUT/logs/<run_id>.log. What exists decides
     checkpoints/latest.pt present        interrupted: `r2ac train --resume` (exact for serial)
     anything else                        started afresh (a half-created directory is removed)
 
-so re-running the same command after a crash or Ctrl-C only redoes what is missing.
+so re-running the same command after a crash or Ctrl-C only redoes what is missing. A run
+directory whose saved config differs from what the grid now asks for (the grid was edited
+since) is "stale": the command refuses to start rather than mix old runs into a new table.
 Subprocesses keep one run's failure from taking the grid down and let J runs use J cores.
 """
 
@@ -26,7 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from r2ac.experiments.grids import RunSpec
-from r2ac.rl.config import TrainConfig, preset, validate
+from r2ac.rl.config import TrainConfig, preset, to_dict, validate
+
+# Config fields that belong to where and how a run is shown, not to what it computes.
+_PLACEMENT_FIELDS = frozenset({"out_dir", "progress"})
 
 
 @dataclass
@@ -55,6 +60,22 @@ def train_args(overrides: dict[str, Any]) -> list[str]:
 def check_overrides(preset_name: str, overrides: dict[str, Any]) -> TrainConfig:
     """The resolved config of a run; raises ConfigError before anything is started."""
     return validate(dataclasses.replace(preset(preset_name), **overrides))
+
+
+def config_mismatch(run_dir: Path, expected: TrainConfig) -> list[str]:
+    """Fields whose value in run_dir/config.json differs from `expected` ([] if no config yet).
+
+    Fields the saved config lacks (added to TrainConfig after the run) are not compared.
+    """
+    path = run_dir / "config.json"
+    if not path.exists():
+        return []
+    saved = json.loads(path.read_text()).get("config", {})
+    want = json.loads(json.dumps(to_dict(expected)))  # tuples as JSON lists, like the file
+    return sorted(
+        name for name, value in saved.items()
+        if name not in _PLACEMENT_FIELDS and (name not in want or want[name] != value)
+    )
 
 
 def run_state(run_dir: Path) -> str:

@@ -62,3 +62,20 @@ def test_minigrid_through_gymnasium_gives_channel_first_images():
     env = make("gym/MiniGrid-MemoryS7-v0", 2, seed=0, obs_key="image")
     obs = env.reset()
     assert obs.shape == (2, 3, 7, 7) and obs.dtype == np.uint8
+
+
+def test_minatar_breakout_registers_on_demand_and_is_seeded():
+    pytest.importorskip("minatar")
+    actions = np.random.default_rng(1).integers(0, 3, (300, 2))
+    runs, rewards = [], []
+    for _ in range(2):  # the second make must not re-register (or fail on) the ids
+        env = make("gym/MinAtar/Breakout-v1", 2, seed=5)
+        obs = env.reset()
+        assert obs.shape == (2, 400) and obs.dtype == np.float32 and env.num_actions == 3
+        steps = [env.step(a) for a in actions]
+        runs.append(np.stack([obs] + [s.obs for s in steps]))
+        rewards.append(np.stack([s.reward for s in steps]))
+    np.testing.assert_array_equal(runs[0], runs[1])  # sticky actions drawn from the seed
+    assert set(np.unique(runs[0])) <= {0.0, 1.0}  # 10x10x4 binary channels, flattened
+    assert rewards[0].sum() > 0  # random play breaks bricks within 300 steps
+    assert not np.array_equal(runs[0][:, 0], runs[0][:, 1])  # streams differ

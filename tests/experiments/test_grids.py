@@ -5,6 +5,7 @@ The end-to-end tests train a tiny grid with real `r2ac train` subprocesses (a fe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -93,7 +94,7 @@ def tiny_grid(monkeypatch):
     return TINY
 
 
-def test_grid_trains_reports_and_resumes(tiny_grid, tmp_path):
+def test_grid_trains_reports_and_resumes(tiny_grid, tmp_path, capsys):
     out = tmp_path / "exp"
     assert cli.main(["tiny", "--jobs", "2", "--out", str(out)]) == 0
     specs = grids.runs_of(TINY, 2)
@@ -128,12 +129,38 @@ def test_grid_trains_reports_and_resumes(tiny_grid, tmp_path):
     assert (done / "eval.json").stat().st_mtime_ns == before
     assert all(runner.run_state(out / "runs" / s.run_id) == "finished" for s in specs)
 
+    # A run of another config (the grid was edited since) is flagged, and nothing starts.
+    saved = json.loads((done / "config.json").read_text())
+    saved["config"]["hidden_size"] = 16
+    (done / "config.json").write_text(json.dumps(saved))
+    assert runner.config_mismatch(interrupted, runner.check_overrides(
+        "delayed-cue", specs[1].overrides())) == []
+    capsys.readouterr()
+    assert cli.main(["tiny", "--out", str(out), "--dry-run"]) == 0
+    states = dict(reversed(ln.split()) for ln in capsys.readouterr().out.splitlines())
+    assert states == {s.run_id: "stale" if s == specs[0] else "finished" for s in specs}
+    assert cli.main(["tiny", "--out", str(out)]) == 2
+    assert (done / "eval.json").stat().st_mtime_ns == before  # refused, not overwritten
+
 
 def test_a_different_frame_budget_is_refused_on_resume(tiny_grid, tmp_path):
     out = tmp_path / "exp"
     out.mkdir()
     (out / "experiment.json").write_text(json.dumps({"total_frames": None}))
     assert cli.main(["tiny", "--out", str(out), "--total-frames", "128"]) == 2
+
+
+def test_config_mismatch_names_the_differing_fields(tmp_path):
+    expected = TrainConfig(hidden_size=8, env_options=("delay=3",), out_dir="a")
+    saved = json.loads(json.dumps(dataclasses.asdict(expected)))
+    saved.update(out_dir="elsewhere", progress=False)  # where and how it was shown: not compared
+    del saved["grad_clip"]  # a field the run predates: not compared
+    (tmp_path / "config.json").write_text(json.dumps({"config": saved}))
+    assert runner.config_mismatch(tmp_path, expected) == []
+    saved.update(hidden_size=16, env_options=["delay=4"])
+    (tmp_path / "config.json").write_text(json.dumps({"config": saved}))
+    assert runner.config_mismatch(tmp_path, expected) == ["env_options", "hidden_size"]
+    assert runner.config_mismatch(tmp_path / "missing", expected) == []
 
 
 def test_dry_run_lists_without_training(tiny_grid, tmp_path, capsys):
