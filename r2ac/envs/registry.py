@@ -29,7 +29,7 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
     "envpool": ("r2ac.envs.envpool_adapter", "make_envpool",
                 "envpool/CartPole-v1"),
     "gym": ("r2ac.envs.gym_adapter", "make_gym",
-            "gym/popgym-RepeatPreviousEasy-v0"),
+            "gym/popgym-RepeatPreviousEasy-v0, gym/MinAtar/Breakout-v1"),
     "dmlab": ("r2ac.envs.dmlab", "make_dmlab",
               "dmlab/rooms_watermaze, dmlab/rooms_select_nonmatching_object"),
 }
@@ -119,8 +119,11 @@ def _probe(family: str) -> tuple[bool, str]:
     if family == "gym":
         if _import_error("gymnasium"):
             return False, "gymnasium missing: pip install -e '.[gym]'"
-        popgym = "with popgym" if not _import_error("popgym") else "popgym missing: '.[popgym]'"
-        return True, f"gymnasium ({popgym})"
+        extras = [
+            f"{name} {'yes' if not _import_error(module) else f'missing (.[{extra}])'}"
+            for name, module, extra in (("popgym", "popgym", "popgym"), ("MinAtar", "minatar", "minatar"))
+        ]
+        return True, f"gymnasium; {', '.join(extras)}"
     return _probe_envpool_family(family)
 
 
