@@ -61,7 +61,7 @@ def _header(name: str, seeds: int, argv: list[str]) -> str:
             f"{seeds} seeds per cell; report written {datetime.datetime.now():%Y-%m-%d %H:%M}.")
 
 
-def _check(specs: list[grids.RunSpec], total_frames: int | None, out: Path) -> dict[str, list[str]]:
+def _validate(specs: list[grids.RunSpec], total_frames: int | None, out: Path) -> dict[str, list[str]]:
     """Validate every run's config before starting any (unknown core, bad sizes, ...).
 
     Returns the stale runs: run_id -> fields where the existing run directory's config
@@ -108,7 +108,7 @@ def run_experiment(name: str, cfg: ExperimentConfig, argv: list[str]) -> int:
     tasks = grids.select_tasks(g, cfg.tasks)
     specs = grids.runs_of(g, seeds, tasks)
     out = Path(cfg.out or f"runs/experiments/{name}")
-    stale = _check(specs, cfg.total_frames, out)
+    stale = _validate(specs, cfg.total_frames, out)
     if cfg.dry_run:
         for spec in specs:
             state = "stale" if spec.run_id in stale else runner.run_state(out / "runs" / spec.run_id)

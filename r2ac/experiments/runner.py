@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from r2ac.experiments.grids import RunSpec
-from r2ac.rl.config import TrainConfig, preset, to_dict, validate
+from r2ac.rl.config import TrainConfig, preset, validate
+from r2ac.rl.run_dir import RunDir
 
 # Config fields that belong to where and how a run is shown, not to what it computes.
 _PLACEMENT_FIELDS = frozenset({"out_dir", "progress"})
@@ -63,19 +64,17 @@ def check_overrides(preset_name: str, overrides: dict[str, Any]) -> TrainConfig:
 
 
 def config_mismatch(run_dir: Path, expected: TrainConfig) -> list[str]:
-    """Fields whose value in run_dir/config.json differs from `expected` ([] if no config yet).
+    """Fields whose saved value in run_dir/config.json differs from `expected` ([] if none saved).
 
-    Fields the saved config lacks (added to TrainConfig after the run) are not compared.
+    The saved config is read as `r2ac train --resume` reads it: a field the run predates
+    takes its default.
     """
-    path = run_dir / "config.json"
-    if not path.exists():
+    run = RunDir(run_dir)
+    if not run.config_path.exists():
         return []
-    saved = json.loads(path.read_text()).get("config", {})
-    want = json.loads(json.dumps(to_dict(expected)))  # tuples as JSON lists, like the file
-    return sorted(
-        name for name, value in saved.items()
-        if name not in _PLACEMENT_FIELDS and (name not in want or want[name] != value)
-    )
+    saved = run.config()
+    return [f.name for f in dataclasses.fields(TrainConfig)
+            if f.name not in _PLACEMENT_FIELDS and getattr(saved, f.name) != getattr(expected, f.name)]
 
 
 def run_state(run_dir: Path) -> str:
