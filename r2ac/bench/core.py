@@ -53,6 +53,9 @@ class BenchCoreConfig:
     """Write the rows as JSON to this file."""
     threads: int | None = None
     """Intra-op threads (default: PyTorch's choice, one per core)."""
+    input_grad: bool = False
+    """Let x require a gradient, as when the core sits on a trainable stem (R2AC): both rules
+    then also compute dL/dx, one more GEMM of BPTT's size in every segment."""
 
 
 @dataclass
@@ -77,11 +80,11 @@ def parse_shape(text: str) -> tuple[int, int, int, int]:
     return tuple(parts)
 
 
-def _setup(shape, rule, dtype, device, seed=0):
+def _setup(shape, rule, dtype, device, seed=0, input_grad=False):
     T, B, N, D = shape
     torch.manual_seed(seed)
     layer = ELSTM(D, N, rule, device=device, dtype=dtype)
-    x = torch.randn(T, B, D, device=device, dtype=dtype)
+    x = torch.randn(T, B, D, device=device, dtype=dtype, requires_grad=input_grad)
     readout = torch.randn(T, B, N, device=device, dtype=dtype)
     state = layer.initial_state(B)
     if rule == "rtrl":  # a realistic, non-zero carried state
@@ -99,6 +102,7 @@ def segment_fn(layer, x, readout, state):
         h, _ = layer(x, state)
         (h * readout).sum().backward()
         layer.zero_grad(set_to_none=True)
+        x.grad = None
 
     return run
 
@@ -111,6 +115,7 @@ def _naive_fn(layer, x, readout, state):
         h, _ = elstm_reference(params, x, reset, state.c)
         (h * readout).sum().backward()
         layer.zero_grad(set_to_none=True)
+        x.grad = None
 
     return run
 
@@ -142,7 +147,7 @@ def carry_bandwidth(shape, dtype, device, repeats, warmup) -> dict[str, float]:
     """
     _, B, N, D = shape
     kw = {"device": device, "dtype": dtype}
-    sens = ELSTMSensitivity(torch.randn(B, 2, N, D, **kw), torch.randn(B, 4, N, **kw))
+    sens = ELSTMSensitivity(em.zero_FZ(B, N, D, **kw).normal_(), torch.randn(B, 4, N, **kw))
     trace = em.RecurrenceTrace(*(torch.rand(1, B, N, **kw) for _ in range(4)))
     x = torch.randn(1, B, D, **kw)
     dst = torch.empty_like(sens.FZ)
@@ -226,9 +231,9 @@ def bench_shape(shape, cfg: BenchCoreConfig) -> Row:
     row = Row(shape)
     fns = {}
     for rule in ("bptt", "rtrl"):
-        fns[rule] = segment_fn(*_setup(shape, rule, dtype, cfg.device))
+        fns[rule] = segment_fn(*_setup(shape, rule, dtype, cfg.device, input_grad=cfg.input_grad))
     if cfg.naive:
-        fns["naive"] = _naive_fn(*_setup(shape, "bptt", dtype, cfg.device))
+        fns["naive"] = _naive_fn(*_setup(shape, "bptt", dtype, cfg.device, input_grad=cfg.input_grad))
     row.ms = time_alternating(fns, cfg.repeats, cfg.warmup, cfg.device)
     T, B, N, D = shape
     row.state_mb = B * N * (2 * D + 4) * torch.finfo(dtype).bits / 8 / 2**20
@@ -279,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    print(machine_line(cfg.device), f"dtype {cfg.dtype}, {cfg.repeats} repeats (median)")
+    print(machine_line(cfg.device), f"dtype {cfg.dtype}, {cfg.repeats} repeats (median)",
+          "input requires grad" if cfg.input_grad else "input without grad")
     rows = []
     for shape in shapes:
         rows.append(bench_shape(shape, cfg))

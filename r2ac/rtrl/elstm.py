@@ -161,9 +161,7 @@ class ELSTM(nn.Module):
             with_sensitivities = self.rule != "bptt"
         if not with_sensitivities:
             return ELSTMState(c, None)
-        sens = ELSTMSensitivity(
-            torch.zeros(batch_size, 2, N, D, **kw), torch.zeros(batch_size, 4, N, **kw)
-        )
+        sens = ELSTMSensitivity(em.zero_FZ(batch_size, N, D, **kw), torch.zeros(batch_size, 4, N, **kw))
         return ELSTMState(c, sens)
 
     def _check_state(self, state: ELSTMState, B: int) -> None:

@@ -28,10 +28,21 @@ from torch import Tensor
 
 
 class ELSTMSensitivity(NamedTuple):
-    """d c(t) / d theta for the recurrent parameters (only the non-zero, diagonal part)."""
+    """d c(t) / d theta for the recurrent parameters (only the non-zero, diagonal part).
+
+    FZ is indexed (B, 2, N, D) but the layer stores it as a permuted view of a (B, D, 2, N)
+    tensor (`zero_FZ`): the carry GEMM then writes each stream's (D, 2N) block with the long,
+    aligned 2N side contiguous, ~15% faster than writing (2N, D) rows of odd length D = 257
+    (bench core). Every function here accepts either layout; only speed depends on it.
+    """
 
     FZ: Tensor  # (B, 2, N, D): [k=0] d c_i / d F_ij, [k=1] d c_i / d Z_ij
     wb: Tensor  # (B, 4, N):    d c_i / d (w_f, w_z, b_f, b_z)_i
+
+
+def zero_FZ(B: int, N: int, D: int, **tensor_kw) -> Tensor:
+    """Zero FZ sensitivities, shape (B, 2, N, D), in the carry's storage layout (B, D, 2, N)."""
+    return torch.zeros(B, D, 2, N, **tensor_kw).permute(0, 2, 3, 1)
 
 
 class ELSTMState(NamedTuple):
@@ -119,17 +130,21 @@ def carry_segment(sens: ELSTMSensitivity, trace: RecurrenceTrace, x: Tensor) -> 
     x: (T, B, D) the segment's inputs. Cost: B*2N*T*D multiply-adds plus one pass over FZ.
     """
     T, B, N = trace.fh.shape
+    D = x.shape[-1]
     g, G = carry_factors(trace.a)
-    u = torch.stack([g * trace.fh, g * trace.zh], 2)  # (T, B, 2, N): g(tau) * [fh; zh](tau)
+    u = g.new_empty(T, B, 2, N)  # g(tau) * [fh; zh](tau), written in place (no stack copy)
+    torch.mul(g, trace.fh, out=u[:, :, 0])
+    torch.mul(g, trace.zh, out=u[:, :, 1])
     del g
-    # (B, 2N, T) @ (B, T, D), both as strided views: BLAS takes them without a copy.
-    FZ = torch.bmm(u.view(T, B, 2 * N).permute(1, 2, 0), x.transpose(0, 1)).view(B, 2, N, -1)
-    FZ.addcmul_(sens.FZ, G[:, None, :, None])
+    # Per stream: (D, T) @ (T, 2N) -> (D, 2N), the storage layout of FZ (see zero_FZ). Both
+    # operands are strided views that BLAS takes without a copy.
+    new = torch.bmm(x.permute(1, 2, 0), u.view(T, B, 2 * N).transpose(0, 1)).view(B, D, 2, N)
+    new.addcmul_(sens.FZ.permute(0, 3, 1, 2), G[:, None, None, :])
     # w/b part: sum_tau u(tau) * [cp, cp, 1, 1](tau); u is reused in place to save a temporary.
     u_sum = u.sum(0)
     inc = torch.cat([u.mul_(trace.cp[:, :, None, :]).sum(0), u_sum], 1)  # (B, 4, N)
     wb = torch.addcmul(inc, sens.wb, G[:, None, :])
-    return ELSTMSensitivity(FZ, wb)
+    return ELSTMSensitivity(new.permute(0, 2, 3, 1), wb)
 
 
 def scale_and_add_outer(FZ: Tensor, a: Tensor, u: Tensor, x: Tensor) -> Tensor:
@@ -175,11 +190,17 @@ def inject_gradients(d_hat: Tensor, sens: ELSTMSensitivity) -> tuple[Tensor, Ten
     """The history term of the exact gradient: d_hat(t0) contracted with the carried sensitivities.
 
     d_hat: (B, N) = dL_segment / dc(t0). Returns dL/d[F; Z] (2, N, D) and dL/d(w_f, w_z, b_f, b_z)
-    (4, N). The contraction over streams is one batched GEMV per row, over a strided view of FZ.
+    (4, N). A memory-bound pass over FZ, summed over streams in the layout FZ is stored in.
     """
     B, _, N, D = sens.FZ.shape
-    rows = sens.FZ.permute(1, 2, 0, 3).reshape(2 * N, B, D)  # a view: (2N, B, D)
-    weights = d_hat.t().repeat(2, 1).unsqueeze(1)  # (2N, 1, B)
-    d_FZ = torch.bmm(weights, rows).view(2, N, D)
     d_wb = torch.einsum("bn,bkn->kn", d_hat, sens.wb)
-    return d_FZ, d_wb
+    stored = sens.FZ.permute(0, 3, 1, 2)  # (B, D, 2, N)
+    if stored.is_contiguous():  # the layer's own layout: one streaming multiply-add per stream
+        acc = stored[0] * d_hat[0]
+        for b in range(1, B):
+            acc.addcmul_(stored[b], d_hat[b])
+        return acc.permute(1, 2, 0), d_wb
+    # Any other layout (e.g. a plain (B, 2, N, D) tensor): a batched GEMV per row of F and Z.
+    rows = sens.FZ.permute(1, 2, 0, 3).reshape(2 * N, B, D)  # (2N, B, D), a view if contiguous
+    weights = d_hat.t().repeat(2, 1).unsqueeze(1)  # (2N, 1, B)
+    return torch.bmm(weights, rows).view(2, N, D), d_wb

@@ -70,6 +70,28 @@ def test_segment_carry_equals_step_by_step_carry():
     torch.testing.assert_close(whole.wb, stepped.wb, rtol=1e-12, atol=1e-12)
 
 
+def test_storage_layout_changes_no_number():
+    """FZ in the layer's (B, D, 2, N) storage and as a plain (B, 2, N, D) tensor: the carries
+    (segment and step) and the history gradient agree, and the carry keeps the fast layout."""
+    torch.manual_seed(8)
+    T, B, N, D = 6, 3, 4, 5
+    plain = ELSTMSensitivity(torch.randn(B, 2, N, D, dtype=F64), torch.randn(B, 4, N, dtype=F64))
+    stored = ELSTMSensitivity(em.zero_FZ(B, N, D, dtype=F64).copy_(plain.FZ), plain.wb)
+    assert not stored.FZ.is_contiguous() and stored.FZ.permute(0, 3, 1, 2).is_contiguous()
+    trace = em.RecurrenceTrace(*(torch.rand(T, B, N, dtype=F64) for _ in range(4)))
+    x = torch.randn(T, B, D, dtype=F64)
+    d_hat = torch.randn(B, N, dtype=F64)
+    for carry in (lambda s: em.carry_segment(s, trace, x), lambda s: em.carry_step(s, trace, x[:1])):
+        a, b = carry(plain), carry(stored)
+        torch.testing.assert_close(a.FZ, b.FZ, rtol=1e-13, atol=1e-13)
+        torch.testing.assert_close(a.wb, b.wb, rtol=1e-13, atol=1e-13)
+        assert b.FZ.permute(0, 3, 1, 2).is_contiguous()
+    for got, want in zip(em.inject_gradients(d_hat, stored), em.inject_gradients(d_hat, plain)):
+        torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13)
+    want = torch.einsum("bn,bknd->knd", d_hat, plain.FZ)  # straight from the definition
+    torch.testing.assert_close(em.inject_gradients(d_hat, stored)[0], want, rtol=1e-13, atol=1e-13)
+
+
 def test_fused_step_carry_is_exact():
     pytest.importorskip("torch._inductor")
     layer = make_layer("rtrl", fused_step=True)
