@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from r2ac.errors import ConfigError
 from r2ac.rtrl import ELSTM
+from r2ac.rtrl.registry import CORES, make_core
 
 SYMBOLS = ("0", "1", "#")  # input vocabulary, one-hot; padding is the all-zero vector
 INPUT_SIZE = len(SYMBOLS)
@@ -93,14 +94,21 @@ def batch_to(batch: CopyBatch, device: torch.device | str) -> CopyBatch:
 
 
 class CopyModel(nn.Module):
-    """One-hot input -> eLSTM core (output gate included) -> Linear(N, 2) over {0, 1}."""
+    """One-hot input -> recurrent core (the eLSTM by default) -> Linear(N, 2) over {0, 1}.
+
+    `core` names a family of r2ac.rtrl.registry (elstm, lstm, fwp, felstm, elman); the layer is
+    `<core>-<rule>`. The other families are there as diagnostics against the eLSTM.
+    """
 
     def __init__(
         self, hidden_size: int, rule: str = "rtrl", fused_step: bool = False,
-        chrono_span: int | None = None,
+        chrono_span: int | None = None, core: str = "elstm",
     ):
         super().__init__()
-        self.core = ELSTM(INPUT_SIZE, hidden_size, rule, fused_step=fused_step)
+        if core == "elstm":
+            self.core = ELSTM(INPUT_SIZE, hidden_size, rule, fused_step=fused_step)
+        else:
+            self.core = make_core(f"{core}-{rule}", INPUT_SIZE, hidden_size)
         self.readout = nn.Linear(hidden_size, 2)
         if chrono_span is not None:
             chrono_forget_bias_(self.core, chrono_span)
@@ -274,7 +282,10 @@ class CopyConfig:
     length: int = 50
     """l: the longest pattern; pattern lengths are uniform in 1..l, sequences 2..2l steps."""
     rule: str = "rtrl"
-    """Gradient rule of the eLSTM core: rtrl (exact, untruncated) or bptt (truncated at chunk starts)."""
+    """Gradient rule of the core: rtrl (exact, untruncated) or bptt (truncated at chunk starts)."""
+    core: str = "elstm"
+    """Core family (r2ac.rtrl.registry): elstm, or as a diagnostic lstm (bptt only), fwp, felstm
+    (bptt; snap1 is approximate), elman. The layer is <core>-<rule>."""
     hidden: int = 256
     """N: eLSTM hidden units."""
     batch_size: int = 64
@@ -321,6 +332,11 @@ class CopyConfig:
             raise ConfigError(f"--length must be >= 1, got {self.length}")
         if self.rule not in RULES:
             raise ConfigError(f"unknown --rule {self.rule!r}; choose one of {', '.join(RULES)}")
+        if f"{self.core}-{self.rule}" not in CORES:
+            known = ", ".join(name for name in sorted(CORES) if name.rsplit("-", 1)[1] in RULES)
+            raise ConfigError(f"no core {self.core}-{self.rule}; --core/--rule pairs: {known}")
+        if self.core != "elstm" and (self.chrono_init or self.fused_step):
+            raise ConfigError("--chrono-init and --fused-step apply to the eLSTM core only")
         for name in ("hidden", "batch_size", "test_size", "eval_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -374,7 +390,7 @@ class RunResult:
 def build_model(cfg: CopyConfig) -> CopyModel:
     torch.manual_seed(cfg.seed)
     span = max(2 * cfg.length, 3) if cfg.chrono_init else None
-    return CopyModel(cfg.hidden, cfg.rule, cfg.fused_step, span).to(cfg.device)
+    return CopyModel(cfg.hidden, cfg.rule, cfg.fused_step, span, cfg.core).to(cfg.device)
 
 
 def update(cfg: CopyConfig, model: CopyModel, optimizer, batch: CopyBatch) -> UpdateStats:

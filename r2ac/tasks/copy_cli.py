@@ -56,7 +56,7 @@ def run(cfg: ct.CopyConfig) -> dict:
     meta = {"config": asdict(cfg), "schedule": cfg.schedule, "git_revision": git_revision(),
             "machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     _write_json(os.path.join(cfg.out, "config.json"), meta)
-    bar = tqdm(total=cfg.train_steps, desc=f"copy l={cfg.length} {cfg.rule} {cfg.schedule}",
+    bar = tqdm(total=cfg.train_steps, desc=f"copy l={cfg.length} {cfg.core}-{cfg.rule} {cfg.schedule}",
                unit="batch", dynamic_ncols=True, mininterval=2.0)
     last = {}
 
@@ -81,14 +81,14 @@ def run(cfg: ct.CopyConfig) -> dict:
         (k for k in by_length if all(v == 1.0 for j, v in by_length.items() if j <= k)), default=0)
     results["sequence_accuracy_by_length"] = {str(k): v for k, v in by_length.items()}
     results.update(
-        length=cfg.length, rule=cfg.rule, schedule=cfg.schedule, hidden=cfg.hidden,
+        length=cfg.length, core=cfg.core, rule=cfg.rule, schedule=cfg.schedule, hidden=cfg.hidden,
         batch_size=cfg.batch_size, lr=cfg.lr, train_steps=result.steps, updates=result.updates,
         train_seconds=round(result.train_seconds, 2),
         wall_seconds=round(time.perf_counter() - wall0, 2), solved_at_step=result.solved_at_step,
         git_revision=meta["git_revision"],
     )
     ct.write_curve_csv(result.curve, os.path.join(cfg.out, "curve.csv"))
-    ct.plot_curves([(f"{cfg.rule}, {cfg.schedule}", result.curve)], os.path.join(cfg.out, "curve.png"),
+    ct.plot_curves([(f"{cfg.core}-{cfg.rule}, {cfg.schedule}", result.curve)], os.path.join(cfg.out, "curve.png"),
                    title=f"copy task, l = {cfg.length}, N = {cfg.hidden}, B = {cfg.batch_size}, lr = {cfg.lr:g}")
     _write_json(os.path.join(cfg.out, "results.json"), results)
     return results

@@ -249,10 +249,33 @@ def test_cli_resume_continues_from_the_checkpoint(tmp_path):
 @pytest.mark.parametrize("args", [
     ["--length", "0"], ["--rule", "snap"], ["--online", "--rule", "bptt"],
     ["--segment", "0"], ["--hidden", "0"], ["--online", "--segment", "5"], ["--lr", "0"],
-    ["--lr-final", "-1"],
+    ["--lr-final", "-1"], ["--core", "lstm"], ["--core", "gru", "--rule", "bptt"],
+    ["--core", "fwp", "--chrono-init"],
 ])
 def test_cli_rejects_bad_options_and_writes_nothing(tmp_path, capsys, args):
     out = tmp_path / "run"
     assert copy_cli.main([*args, "--out", str(out)]) == 2
     assert "r2ac copy:" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("core, rule", [("lstm", "bptt"), ("fwp", "rtrl"), ("elman", "rtrl")])
+def test_other_cores_as_diagnostics(tmp_path, core, rule):
+    """--core swaps the recurrent layer; exact rules keep the full-BPTT gradient over chunks."""
+    out = tmp_path / "run"
+    rc = copy_cli.main(["--core", core, "--rule", rule, "--length", "3", "--hidden", "6",
+                        "--batch-size", "4", "--train-steps", "2", "--eval-every", "2",
+                        "--segment", "2", "--test-size", "10", "--out", str(out)])
+    assert rc == 0
+    assert json.loads((out / "results.json").read_text())["core"] == core
+    if rule == "rtrl":  # chunks of 2 under rtrl == one whole-sequence BPTT
+        b = batch(seed=3, B=4, max_len=4)
+        b = ct.CopyBatch(b.x.double(), *b[1:])
+        grads = {}
+        for r, seg in ((rule, 2), ("bptt", None)):
+            torch.manual_seed(0)
+            model = ct.CopyModel(5, r, core=core).double()
+            ct.sequence_update(model, torch.optim.SGD(model.parameters(), lr=0.0), b, seg, clip=0.0)
+            grads[r] = _grads(model)
+        for n, g in grads["bptt"].items():
+            torch.testing.assert_close(grads[rule][n], g, rtol=1e-9, atol=1e-11)
