@@ -105,10 +105,8 @@ class CopyModel(nn.Module):
         chrono_span: int | None = None, core: str = "elstm",
     ):
         super().__init__()
-        if core == "elstm":
-            self.core = ELSTM(INPUT_SIZE, hidden_size, rule, fused_step=fused_step)
-        else:
-            self.core = make_core(f"{core}-{rule}", INPUT_SIZE, hidden_size)
+        extra = {"fused_step": True} if fused_step else {}  # an eLSTM option (CopyConfig checks)
+        self.core = make_core(f"{core}-{rule}", INPUT_SIZE, hidden_size, **extra)
         self.readout = nn.Linear(hidden_size, 2)
         if chrono_span is not None:
             chrono_forget_bias_(self.core, chrono_span)
@@ -287,7 +285,7 @@ class CopyConfig:
     """Core family (r2ac.rtrl.registry): elstm, or as a diagnostic lstm (bptt only), fwp, felstm
     (bptt; snap1 is approximate), elman. The layer is <core>-<rule>."""
     hidden: int = 256
-    """N: eLSTM hidden units."""
+    """N: hidden units of the core."""
     batch_size: int = 64
     """Sequences per batch."""
     lr: float = 3e-3
