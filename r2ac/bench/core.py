@@ -96,10 +96,13 @@ def _setup(shape, rule, dtype, device, seed=0, input_grad=False):
 
 
 def segment_fn(layer, x, readout, state):
-    """A callable doing one forward + backward of `layer` over x from `state`."""
+    """A callable doing one forward + backward of `layer` over x, each call starting from the
+    state the previous call returned: the online-learning loop, in which rule "rtrl" carries
+    its sensitivities in place at the end of each backward (r2ac.rtrl.deferred)."""
+    current = [state]
 
     def run():
-        h, _ = layer(x, state)
+        h, current[0] = layer(x, current[0])
         (h * readout).sum().backward()
         layer.zero_grad(set_to_none=True)
         x.grad = None

@@ -21,6 +21,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from r2ac.rtrl import deferred
 from r2ac.rtrl import elstm_math as em
 from r2ac.rtrl.elstm_math import ELSTMSensitivity, ELSTMState
 from r2ac.rtrl.state import check_rule, check_segment, check_state_tensor, keep_mask
@@ -69,23 +70,39 @@ class _Segment(torch.autograd.Function):
         return d_pre, d_w_f, d_w_z, d_W_o, d_c0, None
 
 
+class _CarryLink:
+    """Hands the segment's pending carry (known only after the recurrence ran) to the backward."""
+
+    pending: deferred.PendingCarry | None = None
+
+
 class _HistoryGradient(torch.autograd.Function):
     """Identity on c(t0); its backward adds d_hat(t0) * (carried sensitivities) to the params.
 
     The gradient to c(t0) itself is not passed on: the state is detached (the segment start is
-    where input gradients are truncated, under both rules).
+    where input gradients are truncated, under both rules). When this segment's carry is still
+    pending and nothing else reads the old sensitivities, the backward also runs the carry, in
+    place over them (r2ac.rtrl.deferred).
     """
 
     @staticmethod
-    def forward(ctx, c0, FZ, wb, F, Z, w_f, w_z, b_f, b_z):
+    def forward(ctx, c0, FZ, wb, F, Z, w_f, w_z, b_f, b_z, link):
         ctx.save_for_backward(FZ, wb)
+        ctx.link, ctx.token = link, deferred.register_reader(FZ)
         return c0.clone()
 
     @staticmethod
     def backward(ctx, d_hat):
         FZ, wb = ctx.saved_tensors
-        d_FZ, d_wb = em.inject_gradients(d_hat, ELSTMSensitivity(FZ, wb))
-        return (None, None, None, d_FZ[0], d_FZ[1], d_wb[0], d_wb[1], d_wb[2], d_wb[3])
+        deferred.release_reader(FZ, ctx.token)
+        sens, pending = ELSTMSensitivity(FZ, wb), ctx.link.pending
+        if pending is not None and not pending.done and deferred.sole_reader(FZ, pending.token):
+            d_FZ, d_wb = em.inject_gradients(d_hat, sens)  # reads FZ(t0) one last time
+            em.carry_segment_in_place(sens, *pending.payload)
+            pending.finish_in_place()
+        else:
+            d_FZ, d_wb = em.inject_gradients(d_hat, sens)
+        return (None, None, None, d_FZ[0], d_FZ[1], d_wb[0], d_wb[1], d_wb[2], d_wb[3], None)
 
 
 class ELSTM(nn.Module):
@@ -102,6 +119,11 @@ class ELSTM(nn.Module):
 
     `fused_step=True` runs the per-step (T = 1) sensitivity update as one compiled kernel
     (torch.compile; a one-off compile of ~15 s per shape on CPU) instead of two eager passes.
+
+    `inplace_carry=True` (rule "rtrl" under autograd): the sensitivity carry of a segment runs
+    at the end of its backward, over the input state's buffers (r2ac.rtrl.deferred). The
+    input state is then consumed: continue from the returned one (reusing the input raises).
+    `False` carries eagerly into new buffers and leaves every input state intact.
     """
 
     def __init__(
@@ -112,6 +134,7 @@ class ELSTM(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
         fused_step: bool = False,
+        inplace_carry: bool = True,
     ):
         super().__init__()
         if input_size < 1 or hidden_size < 1:
@@ -119,6 +142,7 @@ class ELSTM(nn.Module):
         self.input_size, self.hidden_size = input_size, hidden_size
         self.rule = check_rule(rule, RULES, "ELSTM")
         self.fused_step = fused_step  # T = 1 carry through a torch.compile'd kernel
+        self.inplace_carry = inplace_carry  # carry over the input state after the backward
         N, D = hidden_size, input_size
         kw = {"device": device, "dtype": dtype}
         self.F = nn.Parameter(torch.empty(N, D, **kw))
@@ -172,6 +196,7 @@ class ELSTM(nn.Module):
         if state.sens is not None:
             check_state_tensor("sens.FZ", state.sens.FZ, (B, 2, N, D), self.F, "ELSTM")
             check_state_tensor("sens.wb", state.sens.wb, (B, 4, N), self.F, "ELSTM")
+            deferred.settle(state.sens)  # run a carry still pending from the last segment
 
     # forward accepts carry=False: a caller that discards the returned state (an IMPALA
     # learner, whose actors carry the state) skips the O(B*N*D) sensitivity carry.
@@ -197,9 +222,10 @@ class ELSTM(nn.Module):
         keep = keep_mask(reset, x.dtype)  # (T, B, 1) or None
 
         c0 = state.c.detach()
+        link = _CarryLink()
         if tracks_history:
             c0 = _HistoryGradient.apply(
-                c0, sens.FZ, sens.wb, self.F, self.Z, self.w_f, self.w_z, self.b_f, self.b_z
+                c0, sens.FZ, sens.wb, self.F, self.Z, self.w_f, self.w_z, self.b_f, self.b_z, link
             )
         # One GEMM for all three input maps: (T, B, 3N).
         pre = torch.nn.functional.linear(
@@ -209,8 +235,16 @@ class ELSTM(nn.Module):
 
         new_sens = None
         if self.rule != "bptt" and sens is not None and carry:
-            with torch.no_grad():
-                new_sens = self._carry(sens, em.RecurrenceTrace(*trace), x.detach())
+            trace, x = em.RecurrenceTrace(*trace), x.detach()
+            if tracks_history and self.inplace_carry and em.in_place_ready(sens):
+                # Deferred: the backward writes it over sens, unless the new state is read first.
+                link.pending = deferred.PendingCarry(
+                    (sens.FZ, sens.wb), lambda: self._carry(sens, trace, x), payload=(trace, x)
+                )
+                new_sens = ELSTMSensitivity(*link.pending.targets)
+            else:
+                with torch.no_grad():
+                    new_sens = self._carry(sens, trace, x)
         return h, ELSTMState(c_all[-1].detach(), new_sens)
 
     def _carry(self, sens: ELSTMSensitivity, trace: em.RecurrenceTrace, x: Tensor) -> ELSTMSensitivity:

@@ -124,27 +124,66 @@ def carry_factors(a: Tensor) -> tuple[Tensor, Tensor]:
     return g, g[0] * a[0]
 
 
+def _carry_inputs(trace: RecurrenceTrace) -> tuple[Tensor, Tensor]:
+    """u = g(tau) * [fh; zh](tau) (T, B, 2, N) and G (B, N) of a segment (module docstring)."""
+    T, B, N = trace.fh.shape
+    g, G = carry_factors(trace.a)
+    u = g.new_empty(T, B, 2, N)  # written in place (no stack copy)
+    torch.mul(g, trace.fh, out=u[:, :, 0])
+    torch.mul(g, trace.zh, out=u[:, :, 1])
+    return u, G
+
+
+def _wb_increment(u: Tensor, cp: Tensor) -> Tensor:
+    """sum_tau u(tau) * [cp, cp, 1, 1](tau) (B, 4, N); overwrites u to save a temporary."""
+    u_sum = u.sum(0)
+    return torch.cat([u.mul_(cp[:, :, None, :]).sum(0), u_sum], 1)
+
+
+def _outer_sum(x: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """The GEMM operands of sum_tau outer(u(tau), x(tau)) per stream, as (D, 2N) blocks.
+
+    Returns x as (B, D, T) and u as (B, T, 2N): strided views that BLAS takes without a copy.
+    """
+    T, B, _, N = u.shape
+    return x.permute(1, 2, 0), u.view(T, B, 2 * N).transpose(0, 1)
+
+
 def carry_segment(sens: ELSTMSensitivity, trace: RecurrenceTrace, x: Tensor) -> ELSTMSensitivity:
     """Sensitivities at the end of a segment from those at its start, with one batched GEMM.
 
     x: (T, B, D) the segment's inputs. Cost: B*2N*T*D multiply-adds plus one pass over FZ.
+    Writes new tensors; `carry_segment_in_place` is the same carry over the old ones.
     """
     T, B, N = trace.fh.shape
     D = x.shape[-1]
-    g, G = carry_factors(trace.a)
-    u = g.new_empty(T, B, 2, N)  # g(tau) * [fh; zh](tau), written in place (no stack copy)
-    torch.mul(g, trace.fh, out=u[:, :, 0])
-    torch.mul(g, trace.zh, out=u[:, :, 1])
-    del g
-    # Per stream: (D, T) @ (T, 2N) -> (D, 2N), the storage layout of FZ (see zero_FZ). Both
-    # operands are strided views that BLAS takes without a copy.
-    new = torch.bmm(x.permute(1, 2, 0), u.view(T, B, 2 * N).transpose(0, 1)).view(B, D, 2, N)
+    u, G = _carry_inputs(trace)
+    # Per stream: (D, T) @ (T, 2N) -> (D, 2N), the storage layout of FZ (see zero_FZ).
+    new = torch.bmm(*_outer_sum(x, u)).view(B, D, 2, N)
     new.addcmul_(sens.FZ.permute(0, 3, 1, 2), G[:, None, None, :])
-    # w/b part: sum_tau u(tau) * [cp, cp, 1, 1](tau); u is reused in place to save a temporary.
-    u_sum = u.sum(0)
-    inc = torch.cat([u.mul_(trace.cp[:, :, None, :]).sum(0), u_sum], 1)  # (B, 4, N)
-    wb = torch.addcmul(inc, sens.wb, G[:, None, :])
+    wb = torch.addcmul(_wb_increment(u, trace.cp), sens.wb, G[:, None, :])
     return ELSTMSensitivity(new.permute(0, 2, 3, 1), wb)
+
+
+def in_place_ready(sens: ELSTMSensitivity) -> bool:
+    """Whether `carry_segment_in_place` can write over these tensors (the layer's layout)."""
+    return sens.FZ.permute(0, 3, 1, 2).is_contiguous() and sens.wb.is_contiguous()
+
+
+def carry_segment_in_place(sens: ELSTMSensitivity, trace: RecurrenceTrace, x: Tensor) -> None:
+    """`carry_segment` (or `carry_step` for T = 1) written over sens itself.
+
+    The same numbers, to rounding, with one (B, 2, N, D) buffer instead of two: it stays in
+    cache, and the GEMM accumulates into it (beta = 1) instead of a separate pass adding
+    G * FZ(t0). Needs `in_place_ready(sens)`.
+    """
+    T, B, N = trace.fh.shape
+    D = x.shape[-1]
+    stored = sens.FZ.permute(0, 3, 1, 2)  # (B, D, 2, N), contiguous
+    u, G = _carry_inputs(trace)
+    stored.mul_(G[:, None, None, :])
+    stored.view(B, D, 2 * N).baddbmm_(*_outer_sum(x, u))
+    sens.wb.mul_(G[:, None, :]).add_(_wb_increment(u, trace.cp))
 
 
 def scale_and_add_outer(FZ: Tensor, a: Tensor, u: Tensor, x: Tensor) -> Tensor:
