@@ -54,50 +54,50 @@ class PendingCarry:
     """A carry that has not run yet, from `sources` (the input state's sensitivity tensors) to
     `targets` (their aliases, held by the returned state).
 
-    `run_out_of_place` computes fresh tensors and re-points the targets at them; the layer's
-    backward may instead write them over the sources (then `finish_in_place`). Until it has
-    run, the carry counts as a reader of the sources' storage.
+    `out_of_place()` returns fresh tensors, at which the targets are re-pointed; `in_place()`
+    writes the carry over the sources (the layer's backward calls it through `run_in_place`
+    when `in_place_safe()`). Until the carry has run, it counts as a reader of the sources.
     """
 
     def __init__(
         self,
         sources: tuple[torch.Tensor, ...],
-        compute: Callable[[], tuple[torch.Tensor, ...]],
-        payload: Any = None,
+        out_of_place: Callable[[], tuple[torch.Tensor, ...]],
+        in_place: Callable[[], None],
     ):
         self.sources = sources
-        self.payload = payload  # what the core needs to run the carry in place
         self.targets = tuple(alias(s) for s in sources)
-        self._compute = compute
+        self._out_of_place, self._in_place = out_of_place, in_place
         self.done = False
         self.token = register_reader(sources[0])
         for t in self.targets:
             _pending[t] = self
 
+    def in_place_safe(self) -> bool:
+        """Not run yet, and no live graph or other pending carry still reads the sources."""
+        return not self.done and sole_reader(self.sources[0], self.token)
+
     def run_out_of_place(self) -> None:
         if self.done:
             return
         with torch.no_grad():
-            for target, fresh in zip(self.targets, self._compute(), strict=True):
+            for target, fresh in zip(self.targets, self._out_of_place(), strict=True):
                 target.set_(fresh.untyped_storage(), fresh.storage_offset(), fresh.shape, fresh.stride())
         self._finish()
 
-    def finish_in_place(self) -> None:
-        """Record that the caller wrote the carry over the sources: they are now consumed."""
+    def run_in_place(self) -> None:
+        """Write the carry over the sources (the targets alias them); the sources are consumed."""
+        self._in_place()
         mark_consumed(*self.sources)
         self._finish()
 
     def _finish(self) -> None:
         self.done = True
-        self._compute = self.payload = None  # drop the segment's trace and inputs
+        self._out_of_place = self._in_place = None  # drop the segment's trace and inputs
         release_reader(self.sources[0], self.token)
         self.sources = ()
         for t in self.targets:
             _pending.pop(t, None)
-
-
-def is_consumed(t: torch.Tensor) -> bool:
-    return t in _consumed
 
 
 def mark_consumed(*tensors: torch.Tensor) -> None:

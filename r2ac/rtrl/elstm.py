@@ -95,13 +95,10 @@ class _HistoryGradient(torch.autograd.Function):
     def backward(ctx, d_hat):
         FZ, wb = ctx.saved_tensors
         deferred.release_reader(FZ, ctx.token)
-        sens, pending = ELSTMSensitivity(FZ, wb), ctx.link.pending
-        if pending is not None and not pending.done and deferred.sole_reader(FZ, pending.token):
-            d_FZ, d_wb = em.inject_gradients(d_hat, sens)  # reads FZ(t0) one last time
-            em.carry_segment_in_place(sens, *pending.payload)
-            pending.finish_in_place()
-        else:
-            d_FZ, d_wb = em.inject_gradients(d_hat, sens)
+        d_FZ, d_wb = em.inject_gradients(d_hat, ELSTMSensitivity(FZ, wb))
+        pending = ctx.link.pending
+        if pending is not None and pending.in_place_safe():  # FZ(t0) has been read for the last time
+            pending.run_in_place()
         return (None, None, None, d_FZ[0], d_FZ[1], d_wb[0], d_wb[1], d_wb[2], d_wb[3], None)
 
 
@@ -239,7 +236,9 @@ class ELSTM(nn.Module):
             if tracks_history and self.inplace_carry and em.in_place_ready(sens):
                 # Deferred: the backward writes it over sens, unless the new state is read first.
                 link.pending = deferred.PendingCarry(
-                    (sens.FZ, sens.wb), lambda: self._carry(sens, trace, x), payload=(trace, x)
+                    (sens.FZ, sens.wb),
+                    out_of_place=lambda: self._carry(sens, trace, x),
+                    in_place=lambda: em.carry_segment_in_place(sens, trace, x),
                 )
                 new_sens = ELSTMSensitivity(*link.pending.targets)
             else:
