@@ -61,6 +61,8 @@ class TrainConfig:
     """RMSProp epsilon."""
     discount: float = 0.99
     """Discount gamma."""
+    reward_scale: float = 1.0
+    """Multiply the clipped rewards by this in the losses (the value targets scale with it)."""
     baseline_cost: float = 0.5
     """Weight of the baseline loss."""
     entropy_cost: float = 0.003
@@ -177,6 +179,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         )
     if cfg.learning_rate < 0 or not 0.0 <= cfg.discount <= 1.0 or cfg.grad_clip <= 0:
         raise ConfigError("need learning_rate >= 0, 0 <= discount <= 1 and grad_clip > 0")
+    if not cfg.reward_scale > 0:
+        raise ConfigError(f"reward_scale must be positive, got {cfg.reward_scale}")
     if cfg.runtime not in ("serial", "parallel"):
         raise ConfigError(f"unknown runtime {cfg.runtime!r}; choose serial or parallel")
     cfg.env_kwargs()

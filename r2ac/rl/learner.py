@@ -25,17 +25,19 @@ def segment_losses(
     discount: float,
     baseline_cost: float,
     entropy_cost: float,
+    reward_scale: float = 1.0,
 ) -> dict[str, torch.Tensor]:
     """IMPALA losses of a segment from the agent's outputs on its M+1 steps.
 
-    logits ``(M+1, B, A)``, values ``(M+1, B)``. Rewards are clipped to [-1, 1]; episode
+    logits ``(M+1, B, A)``, values ``(M+1, B)``. Rewards are clipped to [-1, 1], then
+    multiplied by `reward_scale` (values learn the scaled returns); episode
     ends cut the bootstrap (`discounts_from`) and time-limit ends add gamma V(final_obs)
     back (`bootstrap_truncation`), so truncation is not treated as termination.
     """
     M = seg.actions.shape[0]
     if logits.shape[0] != M + 1 or values.shape[0] != M + 1:
         raise ValueError(f"expected outputs over M+1={M + 1} steps, got {tuple(logits.shape)}")
-    rewards = seg.rewards.to(values.dtype).clamp(-1.0, 1.0)  # (M, B)
+    rewards = seg.rewards.to(values.dtype).clamp(-1.0, 1.0) * reward_scale  # (M, B)
     rewards = bootstrap_truncation(rewards, seg.truncated, seg.final_values.to(values.dtype),
                                    discount)
     discounts = discounts_from(seg.terminated, seg.truncated, discount, dtype=values.dtype)
@@ -79,7 +81,8 @@ class Learner:
         cfg = self.cfg
         logits, values, _ = self.agent(seg.obs, seg.last_reward, seg.reset, seg.state, carry=False)
         losses = segment_losses(
-            logits, values, seg, cfg.discount, cfg.baseline_cost, cfg.entropy_cost
+            logits, values, seg, cfg.discount, cfg.baseline_cost, cfg.entropy_cost,
+            cfg.reward_scale,
         )
         losses["loss"].backward()
         return losses

@@ -27,6 +27,7 @@ TINY_ARGS = ["--env-options", "delay=3", "--hidden-size", "8", "--stem-features"
     ["--num-envs", "0"],
     ["--batch-size", "5", "--num-envs", "3"],
     ["--env-options", "colour=red"],
+    ["--reward-scale", "0"],
     ["--preset", "nonexistent"],
     ["--preset", "dmlab"],  # needs deepmind_lab, not installed here
 ])

@@ -114,3 +114,22 @@ def test_bptt_learner_gradient_equals_truncated_bptt(case):
     err = _max_rel_error(grads, trunc, list(trunc))
     print(f"bptt/{case}: max rel error vs truncated BPTT {err:.2e}")
     assert err < 1e-10
+
+
+def test_reward_scale_scales_the_value_targets():
+    """V-trace is linear in (rewards, values): with rewards and values both times s, the
+    policy-gradient loss scales by s and the baseline loss by s^2 (entropy is unchanged)."""
+    cfg = tiny(env="builtin/delayed-cue", env_options=("delay=3",), core="elstm-rtrl",
+               learning_rate=0.0, unroll_length=M, num_envs=B, batch_size=B)
+    agent, segments, _ = _run_learner(cfg)
+    seg, s = segments[-1], 0.01
+    with torch.no_grad():
+        logits, values, _ = agent(seg.obs, seg.last_reward, seg.reset, seg.state, carry=False)
+    args = (cfg.discount, cfg.baseline_cost, cfg.entropy_cost)
+    plain = segment_losses(logits, values, seg, *args)
+    scaled = segment_losses(logits, values * s, seg, *args, reward_scale=s)
+    assert plain["pg_loss"].abs() > 1e-3 and plain["baseline_loss"] > 1e-3
+    torch.testing.assert_close(scaled["pg_loss"], s * plain["pg_loss"], rtol=1e-12, atol=0)
+    torch.testing.assert_close(scaled["baseline_loss"], s * s * plain["baseline_loss"],
+                               rtol=1e-12, atol=0)
+    torch.testing.assert_close(scaled["entropy_loss"], plain["entropy_loss"], rtol=0, atol=0)
