@@ -1,4 +1,5 @@
-"""`r2ac experiment NAME [--seeds K] [--jobs J] [--out DIR] [--tasks ...] [--total-frames F]`.
+"""`r2ac experiment NAME [--seeds K] [--jobs J] [--out DIR] [--tasks ...] [--unroll-lengths M ...]
+[--total-frames F]`.
 
 Runs a named grid (r2ac.experiments.grids: memory-m, ablation, reactive) with the trainer,
 evaluates every run with the paper's protocol, and writes OUT/results.md (table: mean +- std
@@ -37,6 +38,8 @@ class ExperimentConfig:
     """Output directory (default runs/experiments/NAME)."""
     tasks: tuple[str, ...] = ()
     """Only these tasks (table columns) of the grid (default: all)."""
+    unroll_lengths: tuple[int, ...] = ()
+    """Only the rows (variants) with these segment lengths M (default: all)."""
     total_frames: int | None = None
     """Override every run's training frames (e.g. a short slice); saved in experiment.json."""
     dry_run: bool = False
@@ -91,6 +94,7 @@ def _save_meta(out: Path, name: str, cfg: ExperimentConfig, seeds: int, argv: li
     """experiment.json: the options; a resumed grid must use the same run settings."""
     meta_path = out / "experiment.json"
     meta = {"experiment": name, "seeds": seeds, "tasks": list(cfg.tasks),
+            "unroll_lengths": list(cfg.unroll_lengths),
             "total_frames": cfg.total_frames, "argv": argv}
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
@@ -103,7 +107,7 @@ def _save_meta(out: Path, name: str, cfg: ExperimentConfig, seeds: int, argv: li
 
 
 def run_experiment(name: str, cfg: ExperimentConfig, argv: list[str]) -> int:
-    g = grids.grid(name)
+    g = grids.select_unroll_lengths(grids.grid(name), cfg.unroll_lengths)
     seeds = cfg.seeds if cfg.seeds is not None else g.default_seeds
     tasks = grids.select_tasks(g, cfg.tasks)
     specs = grids.runs_of(g, seeds, tasks)

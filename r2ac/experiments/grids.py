@@ -14,6 +14,7 @@ are the issue's values; 100 was added when TBPTT at 50 learned in only one seed 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -174,6 +175,17 @@ def select_tasks(g: Grid, names: tuple[str, ...] | None) -> tuple[Task, ...]:
     if unknown:
         raise ConfigError(f"grid {g.name!r} has no task {unknown}; its tasks: {', '.join(known)}")
     return tuple(known[n] for n in names)
+
+
+def select_unroll_lengths(g: Grid, lengths: tuple[int, ...] | None) -> Grid:
+    """The grid with only the rows (variants) of these segment lengths M (all if none given)."""
+    if not lengths:
+        return g
+    known = sorted({v.unroll_length for v in g.variants})
+    unknown = sorted(set(lengths) - set(known))
+    if unknown:
+        raise ConfigError(f"grid {g.name!r} has no rows with M in {unknown}; its M: {known}")
+    return dataclasses.replace(g, variants=tuple(v for v in g.variants if v.unroll_length in lengths))
 
 
 def runs_of(g: Grid, seeds: int, tasks: tuple[Task, ...] | None = None) -> list[RunSpec]:

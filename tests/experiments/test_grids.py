@@ -171,6 +171,22 @@ def test_dry_run_lists_without_training(tiny_grid, tmp_path, capsys):
     assert not out.exists()
 
 
+def test_unroll_lengths_select_rows(tiny_grid, tmp_path, capsys):
+    g = grids.GRIDS["memory-m"]
+    sub = grids.select_unroll_lengths(g, (50, 100))
+    assert {v.unroll_length for v in sub.variants} == {50, 100}
+    assert len(sub.variants) == 4 and sub.tasks == g.tasks
+    assert grids.select_unroll_lengths(g, ()) is g
+    with pytest.raises(ConfigError, match=r"no rows with M in \[7\]"):
+        grids.select_unroll_lengths(g, (7, 50))
+    out = tmp_path / "exp"
+    assert cli.main(["tiny", "--out", str(out), "--dry-run", "--seeds", "1",
+                     "--unroll-lengths", "4"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 2
+    assert cli.main(["tiny", "--out", str(out), "--unroll-lengths", "3"]) == 2
+    assert not out.exists()
+
+
 def test_curve_of_skips_rows_without_episodes(tmp_path):
     (tmp_path / "metrics.csv").write_text("frames,return_mean\n10,\n20,0.5\n")
     frames, returns = report.curve_of(tmp_path)
