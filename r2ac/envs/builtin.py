@@ -188,21 +188,30 @@ class Watermaze(_CounterRNGEnv):
     """Hidden-goal navigation; obs (2*size+1,) float32 = [row one-hot | col one-hot | last reward].
 
     Cells are numbered row * size + col. Moves off the arena leave the agent in place.
+    With `last_action=True` the obs ends with a one-hot of the action just taken (4 more
+    entries, all 0 on an episode's first step): after a find the agent is teleported, and the
+    goal is where its last move led, which it cannot tell from the obs alone.
     """
 
     _task_arrays = ("pos", "goal", "last_reward")
     num_actions = 4
 
-    def __init__(self, num_envs: int, seed: int = 0, size: int = 8, episode_steps: int = 200):
+    def __init__(self, num_envs: int, seed: int = 0, size: int = 8, episode_steps: int = 200,
+                 last_action: bool = False):
         if size < 2:
             raise ConfigError(f"size must be >= 2, got {size}")
         if episode_steps < 1:
             raise ConfigError(f"episode_steps must be >= 1, got {episode_steps}")
-        self.size, self.episode_steps = size, episode_steps
-        self.observation_spec = ArraySpec((2 * size + 1,), np.dtype(np.float32))
+        if not isinstance(last_action, bool):
+            raise ConfigError(f"last_action must be true or false, got {last_action!r}")
+        self.size, self.episode_steps, self.show_last_action = size, episode_steps, last_action
+        width = 2 * size + 1 + (self.num_actions if last_action else 0)
+        self.observation_spec = ArraySpec((width,), np.dtype(np.float32))
         self.pos = np.zeros(num_envs, dtype=np.int64)  # (B,) agent cell
         self.goal = np.zeros(num_envs, dtype=np.int64)  # (B,) goal cell
         self.last_reward = np.zeros(num_envs, dtype=np.float32)  # (B,)
+        # (B,) -1: none yet. Not part of the saved env state: every step sets it before observing.
+        self.last_action = np.full(num_envs, -1, dtype=np.int64)
         super().__init__(num_envs, seed)
 
     @property
@@ -218,13 +227,17 @@ class Watermaze(_CounterRNGEnv):
         self.goal[rows] = self._draw(1, self.num_cells, rows)
         self.pos[rows] = self._random_cell_except(2, self.goal[rows], rows)
         self.last_reward[rows] = 0.0
+        self.last_action[rows] = -1
 
     def _observe(self) -> np.ndarray:
         s, b = self.size, np.arange(self.num_envs)
-        obs = np.zeros((self.num_envs, 2 * s + 1), dtype=np.float32)  # (B, 2S+1)
+        obs = np.zeros((self.num_envs, *self.observation_spec.shape), dtype=np.float32)
         obs[b, self.pos // s] = 1.0
         obs[b, s + self.pos % s] = 1.0
-        obs[:, -1] = self.last_reward
+        obs[:, 2 * s] = self.last_reward
+        if self.show_last_action:
+            acted = self.last_action >= 0
+            obs[b[acted], 2 * s + 1 + self.last_action[acted]] = 1.0
         return obs
 
     def step(self, actions: np.ndarray) -> StepResult:
@@ -233,6 +246,7 @@ class Watermaze(_CounterRNGEnv):
         row = np.clip(self.pos // s + MOVES[actions, 0], 0, s - 1)
         col = np.clip(self.pos % s + MOVES[actions, 1], 0, s - 1)
         self.pos = row * s + col
+        self.last_action = actions.astype(np.int64)
         found = self.pos == self.goal  # (B,)
         self.t += 1
         if found.any():

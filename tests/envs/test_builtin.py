@@ -13,7 +13,8 @@ from r2ac.envs.builtin import DelayedCue, Watermaze
 from r2ac.errors import ConfigError
 
 TASKS = [("builtin/delayed-cue", {}), ("builtin/delayed-cue", {"variant": "nonmatch",
-         "num_cues": 4}), ("builtin/watermaze", {})]
+         "num_cues": 4}), ("builtin/watermaze", {}),
+         ("builtin/watermaze", {"size": 4, "episode_steps": 9, "last_action": True})]
 
 
 def rollout(env, steps, seed=0):
@@ -137,10 +138,29 @@ def test_watermaze_goal_reward_teleport_and_time_limit():
     assert np.isnan(env.step(np.zeros(2, np.int64)).info["episode_return"]).all()
 
 
+def test_watermaze_last_action_is_observed_and_cleared_at_episode_start():
+    env = Watermaze(3, seed=2, size=4, episode_steps=5, last_action=True)
+    plain = Watermaze(3, seed=2, size=4, episode_steps=5)
+    obs, ref = env.reset(), plain.reset()
+    assert obs.shape == (3, 2 * 4 + 1 + 4)
+    np.testing.assert_array_equal(obs[:, :9], ref)  # the same task, four more entries
+    assert not obs[:, 9:].any()  # no action yet
+    for step in range(1, 11):
+        actions = np.array([0, 2, 3]) if step % 2 else np.array([1, 3, 0])
+        result, ref = env.step(actions), plain.step(actions)
+        np.testing.assert_array_equal(result.obs[:, :9], ref.obs)
+        if step % 5:  # inside an episode: one-hot of the action just taken
+            np.testing.assert_array_equal(result.obs[:, 9:], np.eye(4)[actions])
+        else:  # the time limit ended it: the final obs shows the action, the new one none
+            assert result.truncated.all() and not result.obs[:, 9:].any()
+            np.testing.assert_array_equal(result.info["final_obs"][:, 9:], np.eye(4)[actions])
+
+
 def test_bad_names_and_options_raise_config_error():
     for name, options in [("builtin/nope", {}), ("nope/x", {}), ("builtin", {}),
                           ("builtin/delayed-cue", {"delay_steps": 3}),
-                          ("builtin/delayed-cue", {"variant": "x"})]:
+                          ("builtin/delayed-cue", {"variant": "x"}),
+                          ("builtin/watermaze", {"last_action": 1})]:
         with pytest.raises(ConfigError):
             make(name, 2, 0, **options)
     with pytest.raises(ValueError):
