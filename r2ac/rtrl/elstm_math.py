@@ -155,7 +155,7 @@ def carry_segment(sens: ELSTMSensitivity, trace: RecurrenceTrace, x: Tensor) -> 
     x: (T, B, D) the segment's inputs. Cost: B*2N*T*D multiply-adds plus one pass over FZ.
     Writes new tensors; `carry_segment_in_place` is the same carry over the old ones.
     """
-    T, B, N = trace.fh.shape
+    _, B, N = trace.fh.shape
     D = x.shape[-1]
     u, G = _carry_inputs(trace)
     # Per stream: (D, T) @ (T, 2N) -> (D, 2N), the storage layout of FZ (see zero_FZ).
@@ -165,9 +165,16 @@ def carry_segment(sens: ELSTMSensitivity, trace: RecurrenceTrace, x: Tensor) -> 
     return ELSTMSensitivity(new.permute(0, 2, 3, 1), wb)
 
 
+def _stored_blocks(FZ: Tensor) -> Tensor | None:
+    """FZ's storage as per-stream (D, 2, N) blocks, (B, D, 2, N), if it has the layer's layout
+    (`zero_FZ`); None for any other layout."""
+    stored = FZ.permute(0, 3, 1, 2)
+    return stored if stored.is_contiguous() else None
+
+
 def in_place_ready(sens: ELSTMSensitivity) -> bool:
     """Whether `carry_segment_in_place` can write over these tensors (the layer's layout)."""
-    return sens.FZ.permute(0, 3, 1, 2).is_contiguous() and sens.wb.is_contiguous()
+    return _stored_blocks(sens.FZ) is not None and sens.wb.is_contiguous()
 
 
 def carry_segment_in_place(sens: ELSTMSensitivity, trace: RecurrenceTrace, x: Tensor) -> None:
@@ -177,9 +184,9 @@ def carry_segment_in_place(sens: ELSTMSensitivity, trace: RecurrenceTrace, x: Te
     cache, and the GEMM accumulates into it (beta = 1) instead of a separate pass adding
     G * FZ(t0). Needs `in_place_ready(sens)`.
     """
-    T, B, N = trace.fh.shape
+    _, B, N = trace.fh.shape
     D = x.shape[-1]
-    stored = sens.FZ.permute(0, 3, 1, 2)  # (B, D, 2, N), contiguous
+    stored = _stored_blocks(sens.FZ)  # (B, D, 2, N)
     u, G = _carry_inputs(trace)
     stored.mul_(G[:, None, None, :])
     stored.view(B, D, 2 * N).baddbmm_(*_outer_sum(x, u))
@@ -233,8 +240,8 @@ def inject_gradients(d_hat: Tensor, sens: ELSTMSensitivity) -> tuple[Tensor, Ten
     """
     B, _, N, D = sens.FZ.shape
     d_wb = torch.einsum("bn,bkn->kn", d_hat, sens.wb)
-    stored = sens.FZ.permute(0, 3, 1, 2)  # (B, D, 2, N)
-    if stored.is_contiguous():  # the layer's own layout: one streaming multiply-add per stream
+    stored = _stored_blocks(sens.FZ)  # (B, D, 2, N)
+    if stored is not None:  # the layer's own layout: one streaming multiply-add per stream
         acc = stored[0] * d_hat[0]
         for b in range(1, B):
             acc.addcmul_(stored[b], d_hat[b])
