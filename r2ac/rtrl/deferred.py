@@ -63,7 +63,7 @@ class PendingCarry:
         self,
         sources: tuple[torch.Tensor, ...],
         out_of_place: Callable[[], tuple[torch.Tensor, ...]],
-        in_place: Callable[[], None],
+        in_place: Callable[..., Any],
     ):
         self.sources = sources
         self.targets = tuple(alias(s) for s in sources)
@@ -85,11 +85,16 @@ class PendingCarry:
                 target.set_(fresh.untyped_storage(), fresh.storage_offset(), fresh.shape, fresh.stride())
         self._finish()
 
-    def run_in_place(self) -> None:
-        """Write the carry over the sources (the targets alias them); the sources are consumed."""
-        self._in_place()
+    def run_in_place(self, *args: Any) -> Any:
+        """Write the carry over the sources (the targets alias them); the sources are consumed.
+
+        Passes args to `in_place` and returns what it returns (the eLSTM's in-place carry also
+        computes its segment's history gradient, in the same pass over the sources).
+        """
+        result = self._in_place(*args)
         mark_consumed(*self.sources)
         self._finish()
+        return result
 
     def _finish(self) -> None:
         self.done = True

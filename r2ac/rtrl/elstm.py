@@ -95,10 +95,11 @@ class _HistoryGradient(torch.autograd.Function):
     def backward(ctx, d_hat):
         FZ, wb = ctx.saved_tensors
         deferred.release_reader(FZ, ctx.token)
-        d_FZ, d_wb = em.inject_gradients(d_hat, ELSTMSensitivity(FZ, wb))
         pending = ctx.link.pending
-        if pending is not None and pending.in_place_safe():  # FZ(t0) has been read for the last time
-            pending.run_in_place()
+        if pending is not None and pending.in_place_safe():  # FZ(t0) is read for the last time
+            d_FZ, d_wb = pending.run_in_place(d_hat)  # the history term and the carry, fused
+        else:
+            d_FZ, d_wb = em.inject_gradients(d_hat, ELSTMSensitivity(FZ, wb))
         return (None, None, None, d_FZ[0], d_FZ[1], d_wb[0], d_wb[1], d_wb[2], d_wb[3], None)
 
 
@@ -238,7 +239,7 @@ class ELSTM(nn.Module):
                 link.pending = deferred.PendingCarry(
                     (sens.FZ, sens.wb),
                     out_of_place=lambda: self._carry(sens, trace, x),
-                    in_place=lambda: em.carry_segment_in_place(sens, trace, x),
+                    in_place=lambda d_hat: em.history_and_carry_in_place(d_hat, sens, trace, x),
                 )
                 new_sens = ELSTMSensitivity(*link.pending.targets)
             else:

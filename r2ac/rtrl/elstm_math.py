@@ -26,6 +26,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from r2ac.rtrl import native
+
 
 class ELSTMSensitivity(NamedTuple):
     """d c(t) / d theta for the recurrent parameters (only the non-zero, diagonal part).
@@ -191,6 +193,29 @@ def carry_segment_in_place(sens: ELSTMSensitivity, trace: RecurrenceTrace, x: Te
     stored.mul_(G[:, None, None, :])
     stored.view(B, D, 2 * N).baddbmm_(*_outer_sum(x, u))
     sens.wb.mul_(G[:, None, :]).add_(_wb_increment(u, trace.cp))
+
+
+def history_and_carry_in_place(
+    d_hat: Tensor, sens: ELSTMSensitivity, trace: RecurrenceTrace, x: Tensor
+) -> tuple[Tensor, Tensor]:
+    """`inject_gradients(d_hat, sens)`, then `carry_segment_in_place(sens, trace, x)`.
+
+    Both read FZ(t0); in float32 on CPU the native kernel (r2ac.rtrl.native) does the history
+    contraction, the scale by G and the carry GEMM in one pass over it instead of three.
+    Returns the history gradients, as `inject_gradients` does.
+    """
+    stored = _stored_blocks(sens.FZ)  # (B, D, 2, N)
+    if stored is None or not native.supports(stored, x) or native.load() is None:
+        grads = inject_gradients(d_hat, sens)
+        carry_segment_in_place(sens, trace, x)
+        return grads
+    _, _, N = trace.fh.shape
+    D = x.shape[-1]
+    # u (T, B, 2, N); G and d_hat repeated over [f | z] (B, 2N); wb carried in place.
+    u, g2, d2, d_wb = native.carry_inputs(*trace, d_hat, sens.wb)
+    hist = stored.new_zeros(D, 2, N)
+    native.history_scale_gemm(stored, hist, g2, d2, x, u)
+    return hist.permute(1, 2, 0), d_wb
 
 
 def scale_and_add_outer(FZ: Tensor, a: Tensor, u: Tensor, x: Tensor) -> Tensor:
