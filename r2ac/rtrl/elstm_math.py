@@ -209,12 +209,7 @@ def history_and_carry_in_place(
         grads = inject_gradients(d_hat, sens)
         carry_segment_in_place(sens, trace, x)
         return grads
-    _, _, N = trace.fh.shape
-    D = x.shape[-1]
-    # u (T, B, 2, N); G and d_hat repeated over [f | z] (B, 2N); wb carried in place.
-    u, g2, d2, d_wb = native.carry_inputs(*trace, d_hat, sens.wb)
-    hist = stored.new_zeros(D, 2, N)
-    native.history_scale_gemm(stored, hist, g2, d2, x, u)
+    hist, d_wb = native.carry_in_place(stored, sens.wb, *trace, x, d_hat)  # (D, 2, N), (4, N)
     return hist.permute(1, 2, 0), d_wb
 
 

@@ -88,8 +88,8 @@ def test_layer_float32_gradients_with_the_kernel_match_float64_full_bptt(monkeyp
     layer = ELSTM(D, N, "rtrl")
     problem = make_problem(D, N, pattern, batch_size=3, reset_prob=0.15, seed=4)
     calls = []
-    kernel = native.history_scale_gemm
-    monkeypatch.setattr(native, "history_scale_gemm", lambda *a: (calls.append(1), kernel(*a)))
+    kernel = native.carry_in_place
+    monkeypatch.setattr(native, "carry_in_place", lambda *a: (calls.append(1), kernel(*a))[1])
     problem32 = type(problem)(problem.x.float(), problem.reset, problem.readout.float(), pattern)
     got = layer_gradients(layer, problem32)
     assert len(calls) == len(pattern)  # every segment's backward carried through the kernel
@@ -100,10 +100,10 @@ def test_layer_float32_gradients_with_the_kernel_match_float64_full_bptt(monkeyp
 
 
 def test_layouts_the_kernel_does_not_take_fall_back(monkeypatch):
-    sens, trace, x, d_hat = random_segment(4, 2, 6, 5)  # N = 6: 2N not a multiple of 16
+    sens, trace, x, d_hat = random_segment(4, 2, 6, 5)  # N = 6: not a multiple of 8
     assert not native.supports(em._stored_blocks(sens.FZ), x)
     called = []
-    monkeypatch.setattr(native, "history_scale_gemm", lambda *a: called.append(a))
+    monkeypatch.setattr(native, "carry_in_place", lambda *a: called.append(a))
     em.history_and_carry_in_place(d_hat, sens, trace, x)
     assert not called
     s64 = em.ELSTMSensitivity(em.zero_FZ(2, 8, 5, dtype=torch.float64), torch.zeros(2, 4, 8, dtype=torch.float64))

@@ -41,8 +41,7 @@ static inline __attribute__((always_inline)) void tile(
     v16 acc[MR][NR];
     /* Start fetching the same columns of the next row tile: it is used ~C/64 tiles later,
      * and FZ (tens of MB) comes from DRAM, not cache, in a training loop. */
-    for (int r = 0; r < MR; r++)
-        for (int j = 0; j < J; j++) __builtin_prefetch(next + r * ldfz + j * VL, 1, 3);
+
     v16 gv[NR], dv[NR];
     for (int j = 0; j < J; j++) {
         gv[j] = load(g + j * VL);
@@ -55,6 +54,7 @@ static inline __attribute__((always_inline)) void tile(
             acc[r][j] = gv[j] * old;
         }
     for (int64_t t = 0; t < T; t++) {
+        if (t < MR * J) __builtin_prefetch(next + (t / J) * ldfz + (t % J) * VL, 1, 3);
         v16 bv[NR];
         for (int j = 0; j < J; j++) bv[j] = load(u + t * ldu + j * VL);
         for (int r = 0; r < R; r++) {
@@ -66,167 +66,140 @@ static inline __attribute__((always_inline)) void tile(
         for (int j = 0; j < J; j++) store(fz + r * ldfz + j * VL, acc[r][j]);
 }
 
-static void row_tile(int R, int64_t T, int64_t C, float *fz, float *h, const float *g,
-                     const float *dh, const float *a_packed, const float *u, int64_t ldu,
-                     const float *next)
+/* One band of R rows: its columns [0, width) in tiles of 64, then 16 (width % 16 == 0).
+ * fz and h have leading dimension ld; g, dh, u are the band's columns (u: ldu per step). */
+static void row_tile(int R, int64_t T, int64_t width, int64_t ld, float *fz, float *h,
+                     const float *g, const float *dh, const float *a_packed, const float *u,
+                     int64_t ldu, const float *next)
 {
+#define TILE_ROWS(J_)                                                                       \
+    switch (R) {                                                                            \
+    case 6: tile(6, J_, T, fzc, ld, hc, ld, gc, dhc, a_packed, uc, ldu, next + c); break;   \
+    case 5: tile(5, J_, T, fzc, ld, hc, ld, gc, dhc, a_packed, uc, ldu, next + c); break;   \
+    case 4: tile(4, J_, T, fzc, ld, hc, ld, gc, dhc, a_packed, uc, ldu, next + c); break;   \
+    case 3: tile(3, J_, T, fzc, ld, hc, ld, gc, dhc, a_packed, uc, ldu, next + c); break;   \
+    case 2: tile(2, J_, T, fzc, ld, hc, ld, gc, dhc, a_packed, uc, ldu, next + c); break;   \
+    default: tile(1, J_, T, fzc, ld, hc, ld, gc, dhc, a_packed, uc, ldu, next + c); break;  \
+    }
     int64_t c = 0;
-    for (; c + NR * VL <= C; c += NR * VL) {
+    for (; c + NR * VL <= width; c += NR * VL) {
         float *fzc = fz + c, *hc = h + c;
         const float *gc = g + c, *dhc = dh + c, *uc = u + c;
-        switch (R) {
-        case 6: tile(6, NR, T, fzc, C, hc, C, gc, dhc, a_packed, uc, ldu, next + c); break;
-        case 5: tile(5, NR, T, fzc, C, hc, C, gc, dhc, a_packed, uc, ldu, next + c); break;
-        case 4: tile(4, NR, T, fzc, C, hc, C, gc, dhc, a_packed, uc, ldu, next + c); break;
-        case 3: tile(3, NR, T, fzc, C, hc, C, gc, dhc, a_packed, uc, ldu, next + c); break;
-        case 2: tile(2, NR, T, fzc, C, hc, C, gc, dhc, a_packed, uc, ldu, next + c); break;
-        default: tile(1, NR, T, fzc, C, hc, C, gc, dhc, a_packed, uc, ldu, next + c); break;
-        }
+        TILE_ROWS(NR)
     }
-    for (; c + VL <= C; c += VL) { /* column tail, one vector at a time (C % 16 == 0) */
+    for (; c + VL <= width; c += VL) {
         float *fzc = fz + c, *hc = h + c;
         const float *gc = g + c, *dhc = dh + c, *uc = u + c;
-        switch (R) {
-        case 6: tile(6, 1, T, fzc, C, hc, C, gc, dhc, a_packed, uc, ldu, next + c); break;
-        case 5: tile(5, 1, T, fzc, C, hc, C, gc, dhc, a_packed, uc, ldu, next + c); break;
-        case 4: tile(4, 1, T, fzc, C, hc, C, gc, dhc, a_packed, uc, ldu, next + c); break;
-        case 3: tile(3, 1, T, fzc, C, hc, C, gc, dhc, a_packed, uc, ldu, next + c); break;
-        case 2: tile(2, 1, T, fzc, C, hc, C, gc, dhc, a_packed, uc, ldu, next + c); break;
-        default: tile(1, 1, T, fzc, C, hc, C, gc, dhc, a_packed, uc, ldu, next + c); break;
-        }
+        TILE_ROWS(1)
     }
+#undef TILE_ROWS
 }
 
-/* fz: (B, D, C) contiguous, C = 2N, C % 16 == 0, overwritten with G*fz + x^T u per stream.
- * hist: (D, C) contiguous, accumulated into (caller zeroes it).
- * g, dh: (B, C) contiguous, the carry factor G and d_hat(t0), each repeated over [f | z].
- * x: x[t, b, d] at x + t*sxt + b*sxb + d (unit stride over d).
- * u: u[t, b, c] at u + t*sut + b*sub + c (unit stride over c).
- * Threads split the D rows, so each owns its rows of hist and no reduction is needed. */
-int r2ac_history_scale_gemm(int64_t B, int64_t D, int64_t C, int64_t T, float *fz, float *hist,
-                            const float *g, const float *dh, const float *x, int64_t sxt,
-                            int64_t sxb, const float *u, int64_t sut, int64_t sub)
-{
-    if (C % VL != 0 || T < 1) return 1;
-    int64_t n_tiles = (D + MR - 1) / MR;
-    int failed = 0;
-#pragma omp parallel
-    {
-        /* Each thread owns a contiguous range of row tiles (its rows of hist stay in its L2)
-         * and walks the streams in order, so a stream's u (T x C) is reused across its tiles. */
-        int64_t n_threads = omp_get_num_threads(), id = omp_get_thread_num();
-        int64_t lo = n_tiles * id / n_threads, hi = n_tiles * (id + 1) / n_threads;
-        int64_t d_lo = lo * MR, d_hi = hi * MR < D ? hi * MR : D;
-        /* The thread's x rows, packed per (stream, tile) as [t][r]: the broadcast operand of
-         * every tile is then one contiguous run instead of T rows 4*B*D bytes apart. */
-        float *packed = malloc(sizeof(float) * (size_t)((hi - lo) * B * T * MR + 1));
-        if (packed == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp barrier
-        if (!failed) {
-            for (int64_t b = 0; b < B; b++)
-                for (int64_t t = 0; t < T; t++) {
-                    const float *xr = x + t * sxt + b * sxb;
-                    float *dst = packed + (b * (hi - lo) * T + t) * MR;
-                    for (int64_t d0 = d_lo; d0 < hi * MR; d0 += MR, dst += T * MR)
-                        for (int r = 0; r < MR; r++) dst[r] = d0 + r < d_hi ? xr[d0 + r] : 0.0f;
-                }
-            for (int64_t b = 0; b < B; b++) {
-                for (int64_t tile_i = lo; tile_i < hi; tile_i++) {
-                    int64_t d0 = tile_i * MR;
-                    int R = (int)(D - d0 < MR ? D - d0 : MR);
-                    /* the tile after this one: the next rows, or this thread's first rows of
-                     * the next stream (a prefetch past the end is harmless: never faults) */
-                    int64_t nb = tile_i + 1 < hi ? b : b + 1, nd = tile_i + 1 < hi ? d0 + MR : lo * MR;
-                    row_tile(R, T, C, fz + (b * D + d0) * C, hist + d0 * C, g + b * C,
-                             dh + b * C, packed + (b * (hi - lo) + tile_i - lo) * T * MR,
-                             u + b * sub, sut, fz + (nb * D + nd) * C);
-                }
-            }
-        }
-        free(packed);
-    }
-    return failed ? 2 : 0;
-}
-
-/* The segment's carry inputs, in one pass over its trace (fh, zh, a, cp: (T, B, N) contiguous):
- *   g(t) = prod_{s > t} a(s),  u[t, b] = [g*fh | g*zh](t) (T, B, 2N),  G = prod_s a(s),
- * written as g2 (B, 2N) = [G | G] and d2 (B, 2N) = [d_hat | d_hat] for the GEMM kernel;
- * d_wb[k, n] = sum_b d_hat[b, n] * wb[b, k, n] (the history gradient of w_f, w_z, b_f, b_z,
- * read before the update), then wb[b] = G * wb[b] + sum_t [u_f*cp, u_z*cp, u_f, u_z].
- * N % 8 == 0. Threads split the units n in chunks of 8, so the sum over streams stays within
- * a thread; per chunk, g and the four sums live in registers through the backward sweep. */
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v8u __attribute__((vector_size(32), aligned(4)));
 #define LD8(p) (*(const v8u *)(p))
 #define ST8(p, v) (*(v8u *)(p) = (v))
 
-/* Units [n, n + 8*W) of every stream; W is a constant at each call site. */
-static inline __attribute__((always_inline)) void carry_inputs_units(
-    int W, int64_t n, int64_t T, int64_t B, int64_t N, const float *fh, const float *zh,
-    const float *a, const float *cp, const float *d_hat, float *wb, float *u, float *g2,
-    float *d2, float *d_wb)
+/* Carry inputs of one stream b for the columns [c_lo, c_hi) of [f | z] (multiples of 8, so
+ * 8 columns never straddle the halves): u[t][c - c_lo] = g(t) * (fh or zh)[t, b, n] with
+ * g(t) = prod_{s > t} a(s, b, n); G[c - c_lo] = prod_s a(s); d2 = d_hat[b, n].
+ * The owner of column (k, n) also carries wb rows k and k + 2 of unit n: d_wb gets
+ * d_hat * wb_old (the history term), then wb = G * wb + sum_t [u*cp, u]. */
+static void stream_inputs(int64_t T, int64_t B, int64_t N, int64_t b, int64_t c_lo, int64_t c_hi,
+                          const float *fh, const float *zh, const float *a, const float *cp,
+                          const float *d_hat, float *wb, float *d_wb, float *u, float *G,
+                          float *d2)
 {
-    v8 zero = {0, 0, 0, 0, 0, 0, 0, 0}, one = {1, 1, 1, 1, 1, 1, 1, 1};
-    v8 dwb[4][4];
-    for (int k = 0; k < 4; k++)
-        for (int w = 0; w < W; w++) dwb[k][w] = zero;
-    for (int64_t b = 0; b < B; b++) {
-        v8 g[4], s[4][4];
-        for (int w = 0; w < W; w++) {
-            g[w] = one;
-            for (int k = 0; k < 4; k++) s[k][w] = zero;
-        }
+    int64_t width = c_hi - c_lo;
+    for (int64_t c = c_lo; c < c_hi; c += 8) {
+        int64_t k = c >= N, n = c - k * N, off0 = b * N + n;
+        const float *src = k ? zh : fh;
+        v8 zero = {0, 0, 0, 0, 0, 0, 0, 0}, one = {1, 1, 1, 1, 1, 1, 1, 1};
+        v8 g = one, s_cp = zero, s = zero;
+        float *uc = u + (c - c_lo);
         for (int64_t t = T - 1; t >= 0; t--) {
-            int64_t off = (t * B + b) * N + n;
-            float *uf = u + (t * B + b) * 2 * N + n;
-            for (int w = 0; w < W; w++) {
-                v8 f_ = g[w] * LD8(fh + off + 8 * w), z_ = g[w] * LD8(zh + off + 8 * w);
-                v8 c_ = LD8(cp + off + 8 * w);
-                ST8(uf + 8 * w, f_);
-                ST8(uf + N + 8 * w, z_);
-                s[0][w] += f_ * c_;
-                s[1][w] += z_ * c_;
-                s[2][w] += f_;
-                s[3][w] += z_;
-                g[w] *= LD8(a + off + 8 * w);
-            }
+            int64_t off = t * B * N + off0;
+            v8 v = g * LD8(src + off);
+            ST8(uc + t * width, v);
+            s_cp += v * LD8(cp + off);
+            s += v;
+            g *= LD8(a + off);
         }
-        for (int w = 0; w < W; w++) {
-            int64_t m = n + 8 * w;
-            float *wb_b = wb + b * 4 * N + m;
-            v8 dh = LD8(d_hat + b * N + m);
-            for (int k = 0; k < 4; k++) {
-                v8 old = LD8(wb_b + k * N);
-                dwb[k][w] += dh * old;
-                ST8(wb_b + k * N, g[w] * old + s[k][w]);
-            }
-            ST8(g2 + b * 2 * N + m, g[w]);
-            ST8(g2 + b * 2 * N + N + m, g[w]);
-            ST8(d2 + b * 2 * N + m, dh);
-            ST8(d2 + b * 2 * N + N + m, dh);
-        }
+        v8 dh = LD8(d_hat + off0);
+        ST8(G + (c - c_lo), g);
+        ST8(d2 + (c - c_lo), dh);
+        float *w_cp = wb + (b * 4 + k) * N + n, *w = wb + (b * 4 + k + 2) * N + n;
+        v8 old_cp = LD8(w_cp), old = LD8(w);
+        ST8(d_wb + k * N + n, LD8(d_wb + k * N + n) + dh * old_cp);
+        ST8(d_wb + (k + 2) * N + n, LD8(d_wb + (k + 2) * N + n) + dh * old);
+        ST8(w_cp, g * old_cp + s_cp);
+        ST8(w, g * old + s);
     }
-    for (int k = 0; k < 4; k++)
-        for (int w = 0; w < W; w++) ST8(d_wb + k * N + n + 8 * w, dwb[k][w]);
 }
 
-int r2ac_carry_inputs(int64_t T, int64_t B, int64_t N, const float *fh, const float *zh,
-                      const float *a, const float *cp, const float *d_hat, float *wb,
-                      float *u, float *g2, float *d2, float *d_wb)
+/* The whole in-place carry of a segment, with its history gradient, in one pass over FZ:
+ *   fz: (B, D, C) contiguous, C = 2N, N % 8 == 0: per stream the (D, 2N) block of d c / d[F;Z];
+ *       overwritten with G * fz + x_b^T u_b.
+ *   hist: (D, C) contiguous, zeroed by the caller; gets sum_b d_hat[b] * fz_old[b].
+ *   x[t, b, d] at x + t*sxt + b*sxb + d; fh, zh, a, cp: (T, B, N) contiguous (the trace);
+ *   d_hat: (B, N); wb: (B, 4, N), carried in place; d_wb: (4, N), zeroed by the caller.
+ * Threads split the 2N columns: each computes u, G for its columns of one stream at a time
+ * (in its cache), owns its columns of hist and d_wb, and sweeps all rows of the blocks. */
+int r2ac_carry_fused(int64_t B, int64_t D, int64_t N, int64_t T, float *fz, float *hist,
+                     const float *x, int64_t sxt, int64_t sxb, const float *fh, const float *zh,
+                     const float *a, const float *cp, const float *d_hat, float *wb, float *d_wb)
 {
-    if (T < 1 || N % 8 != 0) return 1;
-    /* Blocks of 32 units (whole cache lines), then a tail of 8-unit blocks. */
-    int64_t n_wide = N / 32, n_tail = (N - 32 * n_wide) / 8;
-#pragma omp parallel for schedule(static)
-    for (int64_t blk = 0; blk < n_wide + n_tail; blk++) {
-        if (blk < n_wide)
-            carry_inputs_units(4, 32 * blk, T, B, N, fh, zh, a, cp, d_hat, wb, u, g2, d2, d_wb);
-        else
-            carry_inputs_units(1, 32 * n_wide + 8 * (blk - n_wide), T, B, N, fh, zh, a, cp,
-                               d_hat, wb, u, g2, d2, d_wb);
+    int64_t C = 2 * N;
+    if (N % 8 != 0 || T < 1) return 1;
+    int64_t n_tiles = (D + MR - 1) / MR, n_chunks = C / VL, odd = (C % VL) != 0;
+    int failed = 0;
+#pragma omp parallel
+    {
+        int64_t n_threads = omp_get_num_threads(), id = omp_get_thread_num();
+        /* column range: whole 16-column vectors; an 8-column remainder goes to the last thread */
+        int64_t c_lo = VL * (n_chunks * id / n_threads), c_hi = VL * (n_chunks * (id + 1) / n_threads);
+        if (id == n_threads - 1 && odd) c_hi = C;
+        int64_t width = c_hi - c_lo, vec_width = width - (width % VL);
+        float *buf = malloc(sizeof(float) * (size_t)(T * width + 2 * width + n_tiles * T * MR + 16));
+        if (buf == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp barrier
+        if (!failed && width > 0) {
+            float *u = buf, *G = u + T * width, *d2 = G + width, *packed = d2 + width;
+            for (int64_t b = 0; b < B; b++) {
+                stream_inputs(T, B, N, b, c_lo, c_hi, fh, zh, a, cp, d_hat, wb, d_wb, u, G, d2);
+                for (int64_t t = 0; t < T; t++) { /* x_b packed per row tile as [t][r] */
+                    const float *xr = x + t * sxt + b * sxb;
+                    float *dst = packed + t * MR;
+                    for (int64_t d0 = 0; d0 < D; d0 += MR, dst += T * MR)
+                        for (int r = 0; r < MR; r++) dst[r] = d0 + r < D ? xr[d0 + r] : 0.0f;
+                }
+                float *fz_b = fz + b * D * C + c_lo;
+                for (int64_t tile_i = 0; tile_i < n_tiles; tile_i++) {
+                    int64_t d0 = tile_i * MR;
+                    int R = (int)(D - d0 < MR ? D - d0 : MR);
+                    /* next tile: the next rows, else the next stream's first (prefetch only:
+                     * an address past the end never faults) */
+                    const float *next = tile_i + 1 < n_tiles ? fz_b + (d0 + MR) * C : fz_b + D * C;
+                    row_tile(R, T, vec_width, C, fz_b + d0 * C, hist + d0 * C + c_lo, G, d2,
+                             packed + tile_i * T * MR, u, width, next);
+                }
+                if (vec_width < width) { /* 8 trailing columns (N % 16 == 8): plain loops */
+                    for (int64_t d = 0; d < D; d++) {
+                        float *row = fz_b + d * C, *h = hist + d * C + c_lo;
+                        for (int64_t c = vec_width; c < width; c++) {
+                            float acc = G[c] * row[c];
+                            h[c] += d2[c] * row[c];
+                            for (int64_t t = 0; t < T; t++) acc += x[t * sxt + b * sxb + d] * u[t * width + c];
+                            row[c] = acc;
+                        }
+                    }
+                }
+            }
+        }
+        free(buf);
     }
-    return 0;
+    return failed ? 2 : 0;
 }
