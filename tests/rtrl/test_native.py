@@ -5,8 +5,11 @@ same float32 operands (tight, rounding-level), against full BPTT in float64 thro
 (float32-level), and for its fallbacks (no compiler, layouts it does not take).
 """
 
+import os
 import shutil
+import tempfile
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -135,3 +138,13 @@ def test_build_is_cached_and_atomic(tmp_path):
     stamp = first.stat().st_mtime_ns
     assert native.build(compiler, tmp_path) == first and first.stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temp files left
+
+
+def test_cache_falls_back_to_a_temp_folder_when_home_is_unusable(monkeypatch, tmp_path):
+    monkeypatch.delenv("R2AC_NATIVE_CACHE", raising=False)
+    home = tmp_path / "home"
+    home.write_text("a file, so no folder can be made under it (even as root)")
+    monkeypatch.setattr(native.Path, "home", staticmethod(lambda: home))
+    assert native.cache_dir() == Path(tempfile.gettempdir()) / f"r2ac-native-{os.getuid()}"
+    monkeypatch.setenv("R2AC_NATIVE_CACHE", str(tmp_path / "mine"))
+    assert native.cache_dir() == tmp_path / "mine"

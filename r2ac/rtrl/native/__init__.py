@@ -41,7 +41,17 @@ class NativeKernelError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("R2AC_NATIVE_CACHE", Path.home() / ".cache" / "r2ac" / "native"))
+    """$R2AC_NATIVE_CACHE, else ~/.cache/r2ac/native, else (home not writable) a temp folder."""
+    if "R2AC_NATIVE_CACHE" in os.environ:
+        return Path(os.environ["R2AC_NATIVE_CACHE"])
+    home = Path.home() / ".cache" / "r2ac" / "native"
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        if os.access(home, os.W_OK):
+            return home
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir()) / f"r2ac-native-{os.getuid()}"
 
 
 def enabled() -> bool:
