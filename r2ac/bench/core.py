@@ -24,7 +24,7 @@ import torch
 import tyro
 
 from r2ac.perf import keep_freed_memory, release_freed_memory, rss_bytes
-from r2ac.rtrl import ELSTM, ELSTMSensitivity, ELSTMState
+from r2ac.rtrl import ELSTM, ELSTMSensitivity, ELSTMState, native
 from r2ac.rtrl import elstm_math as em
 from r2ac.rtrl.reference import elstm_reference
 
@@ -267,8 +267,9 @@ def format_rows(rows: list[Row]) -> str:
 
 def machine_line(device: str) -> str:
     name = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or platform.machine()
+    kernel = "on" if native.load() is not None else "off (PyTorch path)"
     return (f"machine: {name}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
-            f"python {platform.python_version()}")
+            f"python {platform.python_version()}, native eLSTM carry kernel {kernel}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -62,10 +63,22 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
+def _cpu_identity() -> str:
+    """The CPU's model and instruction-set flags: -march=native code built on one machine must
+    not be loaded on another (a cache folder shared over NFS would otherwise crash with SIGILL)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            lines = [ln for ln in fh if ln.startswith(("model name", "flags", "Features"))]
+    except OSError:
+        lines = []
+    return platform.machine() + "".join(dict.fromkeys(lines))  # first occurrence of each line
+
+
 def build(compiler: str, out_dir: Path) -> Path:
     """Compile the kernel into out_dir (atomically: temp file + rename) and return its path."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()).hexdigest()
+    parts = (SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode(), _cpu_identity().encode())
+    key = hashlib.sha256(b"\0".join(parts)).hexdigest()
     target = out_dir / f"elstm_carry-{key[:16]}.so"
     if target.exists():
         return target
