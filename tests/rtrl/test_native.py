@@ -50,7 +50,8 @@ def random_segment(T, B, N, D, reset_steps=(), seed=0):
 
 
 def clone_sens(sens):
-    FZ = em.zero_FZ(*sens.FZ.shape[:1], sens.FZ.shape[2], sens.FZ.shape[3])
+    B, _, N, D = sens.FZ.shape
+    FZ = em.zero_FZ(B, N, D)  # the layer's layout, as the kernel needs
     FZ.copy_(sens.FZ)
     return em.ELSTMSensitivity(FZ, sens.wb.clone())
 
@@ -60,7 +61,7 @@ def clone_sens(sens):
     "T, B, N, D, resets",
     [
         (50, 3, 64, 37, ()),  # D not a multiple of the 6-row tile
-        (7, 2, 40, 6, ((0, 1), (4, 0))),  # 2N = 80: one 64-column tile and one 16-column tail
+        (7, 2, 40, 6, ((0, 1), (4, 0))),  # 2N = 80: column ranges ending in 16-column tiles
         (1, 1, 8, 1, ()),  # the per-step case, one stream, the smallest N
         (13, 4, 24, 12, ((12, 3), (6, 2))),  # resets: a = 0 inside the segment and at its end
     ],

@@ -1,12 +1,12 @@
 """Optional native kernel for the eLSTM's in-place RTRL carry (float32, CPU).
 
-`elstm_carry.c` fuses the three passes that the end of a segment's backward makes over the
-O(B*N*D) sensitivities (history contraction, scale by G, the carry GEMM) into one, so the
-tensor is read and written once instead of three times (docs/rules/rtrl.md, "Native kernel").
+`elstm_carry.c` does, in one pass over the O(B*N*D) sensitivities, what the PyTorch path does
+in several at the end of a segment's backward: the carry inputs (u, G), the history
+contraction, the scale by G and the carry GEMM (docs/rules/rtrl.md, "Native kernel").
 
 It is plain C, built on first use with the system C compiler (`cc -O3 -march=native
 -fopenmp`, about a second) and cached under `~/.cache/r2ac/native` (or `$R2AC_NATIVE_CACHE`),
-keyed by a hash of the source, the flags and the compiler's version. The library links
+keyed by a hash of the source, the flags, the compiler's version and the CPU. The library links
 `libgomp.so.1`, which PyTorch has already loaded, so its OpenMP threads are PyTorch's own.
 
 Nothing depends on it: without a compiler, on another OS, or with `R2AC_NATIVE=0`, `load()`
@@ -38,7 +38,8 @@ _tried = False
 
 
 class NativeKernelError(RuntimeError):
-    """The native kernel refused its arguments (a bug in the caller: shapes are checked first)."""
+    """The kernel was called without being loaded, or refused its arguments (a caller's bug:
+    `supports` is checked first)."""
 
 
 def cache_dir() -> Path:
@@ -112,8 +113,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 def load() -> ctypes.CDLL | None:
     """The kernel library, built if needed; None (once with a warning) if it cannot be had."""
     global _lib, _tried
-    if _tried or not enabled():
-        return _lib if enabled() else None
+    if not enabled():
+        return None
+    if _tried:
+        return _lib
     _tried = True
     compiler = _compiler()
     if not sys.platform.startswith("linux") or compiler is None:

@@ -1,16 +1,17 @@
 /* Fused eLSTM RTRL carry (float32, CPU): r2ac/rtrl/native/__init__.py builds and loads it.
  *
  * Per stream b the sensitivities FZ are stored as one (D, 2N) row-major block (zero_FZ in
- * elstm_math.py). At the end of a segment's backward three passes touch that block:
+ * elstm_math.py). At the end of a segment's backward the PyTorch path makes three passes over
+ * that block, after computing the carry inputs u and G from the segment's trace:
  *
  *   history:  H[d, c]     += dh[b, c] * FZ[b, d, c]          (dL/d[F;Z] from before the segment)
  *   scale:    FZ[b, d, c]  = G[b, c]  * FZ[b, d, c]
  *   GEMM:     FZ[b, d, c] += sum_t x[t, b, d] * u[t, b, c]   (the segment's own contribution)
  *
- * with c indexing the 2N columns [f-part | z-part]. `history_scale_gemm` does all three in one
- * pass: each (6 x 64) tile of a block is loaded once, feeds the history sum, is scaled, gets its
- * T rank-1 updates in registers, and is stored once. `carry_inputs` computes u, G and the
- * w/b sensitivity update of the segment in one pass over the trace.
+ * with c indexing the 2N columns [f-part | z-part]. `r2ac_carry_fused` does it all in one pass:
+ * per stream, u and G for a thread's columns are computed into its cache (`stream_inputs`), and
+ * each (6 x 64) tile of the block is loaded once, feeds the history sum, is scaled, gets its T
+ * rank-1 updates in registers, and is stored once (`tile`).
  *
  * Threads come from OpenMP; the library links the libgomp that PyTorch already loaded, so both
  * share one thread team. Written with GCC vector extensions: AVX-512 where -march=native has
@@ -38,11 +39,7 @@ static inline __attribute__((always_inline)) void tile(
     const float *g, const float *dh, const float *a_packed, const float *u, int64_t ldu,
     const float *next)
 {
-    v16 acc[MR][NR];
-    /* Start fetching the same columns of the next row tile: it is used ~C/64 tiles later,
-     * and FZ (tens of MB) comes from DRAM, not cache, in a training loop. */
-
-    v16 gv[NR], dv[NR];
+    v16 acc[MR][NR], gv[NR], dv[NR];
     for (int j = 0; j < J; j++) {
         gv[j] = load(g + j * VL);
         dv[j] = load(dh + j * VL);
@@ -54,6 +51,8 @@ static inline __attribute__((always_inline)) void tile(
             acc[r][j] = gv[j] * old;
         }
     for (int64_t t = 0; t < T; t++) {
+        /* Fetch the next tile a line per step: in a training loop FZ (tens of MB) comes from
+         * DRAM, and these loads are spread out instead of queued at once. */
         if (t < MR * J) __builtin_prefetch(next + (t / J) * ldfz + (t % J) * VL, 1, 3);
         v16 bv[NR];
         for (int j = 0; j < J; j++) bv[j] = load(u + t * ldu + j * VL);
@@ -144,22 +143,21 @@ static void stream_inputs(int64_t T, int64_t B, int64_t N, int64_t b, int64_t c_
  *   x[t, b, d] at x + t*sxt + b*sxb + d; fh, zh, a, cp: (T, B, N) contiguous (the trace);
  *   d_hat: (B, N); wb: (B, 4, N), carried in place; d_wb: (4, N), zeroed by the caller.
  * Threads split the 2N columns: each computes u, G for its columns of one stream at a time
- * (in its cache), owns its columns of hist and d_wb, and sweeps all rows of the blocks. */
+ * (in its cache), owns its columns of hist and d_wb, and sweeps all rows of the blocks.
+ * Returns 0, or 1 for arguments it does not take, 2 if a buffer could not be allocated. */
 int r2ac_carry_fused(int64_t B, int64_t D, int64_t N, int64_t T, float *fz, float *hist,
                      const float *x, int64_t sxt, int64_t sxb, const float *fh, const float *zh,
                      const float *a, const float *cp, const float *d_hat, float *wb, float *d_wb)
 {
-    int64_t C = 2 * N;
+    int64_t C = 2 * N; /* a multiple of 16: whole vectors */
     if (N % 8 != 0 || T < 1) return 1;
-    int64_t n_tiles = (D + MR - 1) / MR, n_chunks = C / VL, odd = (C % VL) != 0;
+    int64_t n_tiles = (D + MR - 1) / MR, n_chunks = C / VL;
     int failed = 0;
 #pragma omp parallel
     {
         int64_t n_threads = omp_get_num_threads(), id = omp_get_thread_num();
-        /* column range: whole 16-column vectors; an 8-column remainder goes to the last thread */
         int64_t c_lo = VL * (n_chunks * id / n_threads), c_hi = VL * (n_chunks * (id + 1) / n_threads);
-        if (id == n_threads - 1 && odd) c_hi = C;
-        int64_t width = c_hi - c_lo, vec_width = width - (width % VL);
+        int64_t width = c_hi - c_lo;
         float *buf = malloc(sizeof(float) * (size_t)(T * width + 2 * width + n_tiles * T * MR + 16));
         if (buf == NULL) {
 #pragma omp atomic write
@@ -183,19 +181,8 @@ int r2ac_carry_fused(int64_t B, int64_t D, int64_t N, int64_t T, float *fz, floa
                     /* next tile: the next rows, else the next stream's first (prefetch only:
                      * an address past the end never faults) */
                     const float *next = tile_i + 1 < n_tiles ? fz_b + (d0 + MR) * C : fz_b + D * C;
-                    row_tile(R, T, vec_width, C, fz_b + d0 * C, hist + d0 * C + c_lo, G, d2,
+                    row_tile(R, T, width, C, fz_b + d0 * C, hist + d0 * C + c_lo, G, d2,
                              packed + tile_i * T * MR, u, width, next);
-                }
-                if (vec_width < width) { /* 8 trailing columns (N % 16 == 8): plain loops */
-                    for (int64_t d = 0; d < D; d++) {
-                        float *row = fz_b + d * C, *h = hist + d * C + c_lo;
-                        for (int64_t c = vec_width; c < width; c++) {
-                            float acc = G[c] * row[c];
-                            h[c] += d2[c] * row[c];
-                            for (int64_t t = 0; t < T; t++) acc += x[t * sxt + b * sxb + d] * u[t * width + c];
-                            row[c] = acc;
-                        }
-                    }
                 }
             }
         }
