@@ -8,10 +8,10 @@ Public contract (DESIGN.md section 3):
 
 How the exact gradient is obtained (docs/rules/rtrl.md): inside a segment, ordinary BPTT
 (a hand-written backward through the element-wise recurrence); for everything before the
-segment, the sensitivities carried in the state, contracted with d_hat(t0) = dL/dc(t0). The
-second part enters through `_HistoryGradient`, an identity on c(t0) whose backward turns
-d_hat(t0) into parameter gradients. So one `loss.backward()` gives the RTRL gradient, and the
-rule "bptt" is the same code without that term.
+segment, the sensitivities carried in the state, contracted with d_hat(t0) = dL/dc(t0). Both
+are in the backward of `_Segment`, one autograd function for the whole layer; the second part
+is added when the segment was given a `_History`. So one `loss.backward()` gives the RTRL
+gradient, and the rule "bptt" is the same code without that term.
 """
 
 from __future__ import annotations
@@ -31,32 +31,55 @@ from r2ac.rtrl.state import check_rule, check_segment, check_state_tensor, keep_
 RULES = ("bptt", "rtrl", "snap1")
 
 
-class _Segment(torch.autograd.Function):
-    """Everything of the layer after its input GEMM, with one hand-written backward.
+class _History:
+    """What a segment's backward needs for the history term of rule "rtrl": the sensitivities
+    carried in the input state, and the segment's pending carry (known only after the
+    recurrence ran, so the layer fills it in after `_Segment.apply`)."""
 
-    Inputs: pre (T, B, 3N) = x [F; Z; O]^T + [b_f; b_z; b_o], the recurrent vectors, W_o,
-    c0 (B, N) and the reset mask. Outputs h (T, B, N), c (T, B, N) and the RTRL trace
-    (non-differentiable). Fusing the output gate here lets the backward write d pre into one
-    buffer, instead of autograd zero-filling a full-size gradient for each slice of pre.
+    def __init__(self, sens: ELSTMSensitivity):
+        self.sens = sens
+        self.pending: deferred.PendingCarry | None = None
+
+
+class _Segment(torch.autograd.Function):
+    """The whole layer over one segment, with one hand-written backward.
+
+    Inputs: x (T, B, D), the nine parameters, c0 (B, N), the reset mask and the `_History`
+    (None for rule "bptt" or without autograd). Outputs h (T, B, N), c (T, B, N) and the RTRL
+    trace (non-differentiable).
+
+    The backward is BPTT inside the segment; with a history it then contracts d_hat(t0) =
+    dL/dc(t0) with the carried sensitivities (the gradient through every earlier segment) and
+    runs the segment's pending carry, in place when nothing else reads them (r2ac.rtrl.deferred).
+    One function instead of autograd's chain saves the graph bookkeeping, and the history term
+    of F and Z becomes the start value (beta = 1) of their weight-gradient GEMM instead of a
+    separate sum.
     """
 
     @staticmethod
-    def forward(ctx, pre, w_f, w_z, W_o, c0, keep):
-        T, B, N3 = pre.shape
-        N = N3 // 3
+    def forward(ctx, x, F, Z, O, b_f, b_z, b_o, w_f, w_z, W_o, c0, keep, history):
+        T, B, _ = x.shape
+        N = F.shape[0]
+        pre = torch.nn.functional.linear(x, torch.cat([F, Z, O]), torch.cat([b_f, b_z, b_o]))
         c_all, trace = em.recurrence_forward(pre[..., :N], pre[..., N : 2 * N], w_f, w_z, c0, keep)
         o_pre = torch.addmm(pre[..., 2 * N :].reshape(T * B, N), c_all.view(T * B, N), W_o.t())
         o = torch.sigmoid_(o_pre).view(T, B, N)
         h = o * c_all
-        ctx.save_for_backward(c_all, o, W_o, *trace)
+        carried = history.sens if history is not None else ()
+        ctx.save_for_backward(x, F, Z, O, W_o, c_all, o, *trace, *carried)
+        ctx.history = history
+        if history is not None:
+            ctx.token = deferred.register_reader(history.sens.FZ)
+            history.sens = None  # ctx holds the tensors now
         ctx.mark_non_differentiable(c_all, *trace)
         return (h, c_all, *trace)
 
     @staticmethod
     def backward(ctx, dh, *_unused):
-        c_all, o, W_o, *trace = ctx.saved_tensors
-        trace = em.RecurrenceTrace(*trace)
+        x, F, Z, O, W_o, c_all, o, *rest = ctx.saved_tensors
+        trace = em.RecurrenceTrace(*rest[:4])
         T, B, N = c_all.shape
+        D = x.shape[-1]
         d_pre = dh.new_empty(T, B, 3 * N)
         d_o_pre = d_pre[..., 2 * N :]  # (T, B, N) view
         torch.mul(dh, c_all, out=d_o_pre)
@@ -64,43 +87,48 @@ class _Segment(torch.autograd.Function):
         d_o_flat = d_o_pre.reshape(T * B, N)
         dc_out = torch.addmm((dh * o).view(T * B, N), d_o_flat, W_o).view(T, B, N)
         d_W_o = d_o_flat.t() @ c_all.view(T * B, N)
-        d_w_f, d_w_z, d_c0 = em.recurrence_backward(
+        d_w_f, d_w_z, d_hat = em.recurrence_backward(
             dc_out, trace, d_pre[..., :N], d_pre[..., N : 2 * N]
         )
-        return d_pre, d_w_f, d_w_z, d_W_o, d_c0, None
+        d_pre_flat, x_flat = d_pre.view(T * B, 3 * N), x.reshape(T * B, D)
+        d_b = d_pre_flat.sum(0)  # (3N,)
+        d_FZ = _history_gradient(ctx, d_hat, rest[4:])  # (2, N, D) and (4, N), or None
+        if d_FZ is None:
+            d_FZ_flat = d_pre_flat[:, : 2 * N].t() @ x_flat  # (2N, D)
+        else:
+            d_FZ, d_wb = d_FZ
+            d_FZ_flat = d_FZ.reshape(2 * N, D)  # a view when contiguous (the native kernel's)
+            d_FZ_flat = d_FZ_flat.addmm_(d_pre_flat[:, : 2 * N].t(), x_flat)
+            d_w_f, d_w_z = d_w_f + d_wb[0], d_w_z + d_wb[1]
+            d_b[:N] += d_wb[2]
+            d_b[N : 2 * N] += d_wb[3]
+        d_O = d_o_flat.t() @ x_flat
+        d_x = None
+        if ctx.needs_input_grad[0]:
+            d_x = (d_pre_flat @ torch.cat([F, Z, O])).view(T, B, D)
+        d_F, d_Z = d_FZ_flat.view(2, N, D)
+        d_b_f, d_b_z, d_b_o = d_b.view(3, N)
+        return (d_x, d_F, d_Z, d_O, d_b_f, d_b_z, d_b_o, d_w_f, d_w_z, d_W_o, None, None, None)
 
 
-class _CarryLink:
-    """Hands the segment's pending carry (known only after the recurrence ran) to the backward."""
-
-    pending: deferred.PendingCarry | None = None
-
-
-class _HistoryGradient(torch.autograd.Function):
-    """Identity on c(t0); its backward adds d_hat(t0) * (carried sensitivities) to the params.
+def _history_gradient(ctx, d_hat, carried):
+    """The history term d_hat(t0) . S(t0) of a segment's gradient, (dL/d[F; Z] (2, N, D),
+    dL/d(w_f, w_z, b_f, b_z) (4, N)), or None without a history (rule "bptt").
 
     The gradient to c(t0) itself is not passed on: the state is detached (the segment start is
-    where input gradients are truncated, under both rules). When this segment's carry is still
-    pending and nothing else reads the old sensitivities, the backward also runs the carry, in
-    place over them (r2ac.rtrl.deferred).
+    where input gradients are truncated, under both rules). When the segment's carry is still
+    pending and nothing else reads S(t0), the carry runs here too, in place over S(t0), fused
+    with this contraction.
     """
-
-    @staticmethod
-    def forward(ctx, c0, FZ, wb, F, Z, w_f, w_z, b_f, b_z, link):
-        ctx.save_for_backward(FZ, wb)
-        ctx.link, ctx.token = link, deferred.register_reader(FZ)
-        return c0.clone()
-
-    @staticmethod
-    def backward(ctx, d_hat):
-        FZ, wb = ctx.saved_tensors
-        deferred.release_reader(FZ, ctx.token)
-        pending = ctx.link.pending
-        if pending is not None and pending.in_place_safe():  # FZ(t0) is read for the last time
-            d_FZ, d_wb = pending.run_in_place(d_hat)  # the history term and the carry, fused
-        else:
-            d_FZ, d_wb = em.inject_gradients(d_hat, ELSTMSensitivity(FZ, wb))
-        return (None, None, None, d_FZ[0], d_FZ[1], d_wb[0], d_wb[1], d_wb[2], d_wb[3], None)
+    history = ctx.history
+    if history is None:
+        return None
+    FZ, wb = carried
+    deferred.release_reader(FZ, ctx.token)
+    pending = history.pending
+    if pending is not None and pending.in_place_safe():  # S(t0) is read for the last time
+        return pending.run_in_place(d_hat)
+    return em.inject_gradients(d_hat, ELSTMSensitivity(FZ, wb))
 
 
 class ELSTM(nn.Module):
@@ -219,29 +247,23 @@ class ELSTM(nn.Module):
             )
         keep = keep_mask(reset, x.dtype)  # (T, B, 1) or None
 
-        c0 = state.c.detach()
-        link = _CarryLink()
-        if tracks_history:
-            c0 = _HistoryGradient.apply(
-                c0, sens.FZ, sens.wb, self.F, self.Z, self.w_f, self.w_z, self.b_f, self.b_z, link
-            )
-        # One GEMM for all three input maps: (T, B, 3N).
-        pre = torch.nn.functional.linear(
-            x, torch.cat([self.F, self.Z, self.O]), torch.cat([self.b_f, self.b_z, self.b_o])
-        )
-        h, c_all, *trace = _Segment.apply(pre, self.w_f, self.w_z, self.W_o, c0, keep)
+        history = _History(sens) if tracks_history else None
+        h, c_all, *trace = _Segment.apply(
+            x, self.F, self.Z, self.O, self.b_f, self.b_z, self.b_o, self.w_f, self.w_z, self.W_o,
+            state.c.detach(), keep, history,
+        )  # fmt: skip
 
         new_sens = None
         if self.rule != "bptt" and sens is not None and carry:
             trace, x = em.RecurrenceTrace(*trace), x.detach()
             if tracks_history and self.inplace_carry and em.in_place_ready(sens):
                 # Deferred: the backward writes it over sens, unless the new state is read first.
-                link.pending = deferred.PendingCarry(
+                history.pending = deferred.PendingCarry(
                     (sens.FZ, sens.wb),
                     out_of_place=lambda: self._carry(sens, trace, x),
                     in_place=lambda d_hat: em.history_and_carry_in_place(d_hat, sens, trace, x),
                 )
-                new_sens = ELSTMSensitivity(*link.pending.targets)
+                new_sens = ELSTMSensitivity(*history.pending.targets)
             else:
                 with torch.no_grad():
                     new_sens = self._carry(sens, trace, x)

@@ -209,8 +209,7 @@ def history_and_carry_in_place(
         grads = inject_gradients(d_hat, sens)
         carry_segment_in_place(sens, trace, x)
         return grads
-    hist, d_wb = native.carry_in_place(stored, sens.wb, *trace, x, d_hat)  # (D, 2, N), (4, N)
-    return hist.permute(1, 2, 0), d_wb
+    return native.carry_in_place(stored, sens.wb, *trace, x, d_hat)  # (2, N, D), (4, N)
 
 
 def scale_and_add_outer(FZ: Tensor, a: Tensor, u: Tensor, x: Tensor) -> Tensor:

@@ -153,7 +153,7 @@ def carry_in_place(
 
     stored: (B, D, 2, N) the FZ blocks and wb: (B, 4, N), both overwritten with their values at
     the segment's end; fh, zh, a, cp: (T, B, N) the segment's trace; x: (T, B, D);
-    d_hat: (B, N) = dL/dc(t0). Returns the history gradients dL/d[F; Z] as (D, 2, N) and
+    d_hat: (B, N) = dL/dc(t0). Returns the history gradients dL/d[F; Z] as (2, N, D) and
     dL/d(w_f, w_z, b_f, b_z) as (4, N), both from the sensitivities at the segment's start.
     """
     if _lib is None:
@@ -162,7 +162,7 @@ def carry_in_place(
         raise NativeKernelError("operands not in the kernel's layout (see supports)")
     B, D, _, N = stored.shape
     fh, zh, a, cp, d_hat = (v.contiguous() for v in (fh, zh, a, cp, d_hat))
-    hist, d_wb = stored.new_zeros(D, 2, N), stored.new_zeros(4, N)
+    hist, d_wb = stored.new_empty(2, N, D), stored.new_zeros(4, N)  # the kernel writes all of hist
     rc = _lib.r2ac_carry_fused(
         B, D, N, x.shape[0],
         stored.data_ptr(), hist.data_ptr(), x.data_ptr(), x.stride(0), x.stride(1),

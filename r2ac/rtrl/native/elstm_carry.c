@@ -27,6 +27,7 @@ typedef float v16u __attribute__((vector_size(64), aligned(4))); /* unaligned ac
 #define MR 6  /* rows (inputs d) per register tile */
 #define NR 4  /* 16-float column vectors per register tile: 64 columns */
 #define VL 16
+#define PS 8  /* packed slot per (tile, step): MR inputs, padded to 8 floats */
 
 static inline v16 load(const float *p) { return *(const v16u *)p; }
 static inline void store(float *p, v16 v) { *(v16u *)p = v; }
@@ -57,7 +58,7 @@ static inline __attribute__((always_inline)) void tile(
         v16 bv[NR];
         for (int j = 0; j < J; j++) bv[j] = load(u + t * ldu + j * VL);
         for (int r = 0; r < R; r++) {
-            v16 av = splat(a_packed[t * MR + r]);
+            v16 av = splat(a_packed[t * PS + r]);
             for (int j = 0; j < J; j++) acc[r][j] += av * bv[j];
         }
     }
@@ -65,33 +66,36 @@ static inline __attribute__((always_inline)) void tile(
         for (int j = 0; j < J; j++) store(fz + r * ldfz + j * VL, acc[r][j]);
 }
 
-/* One band of R rows: its columns [0, width) in tiles of 64, then 16 (width % 16 == 0).
- * fz and h have leading dimension ld; g, dh, u are the band's columns (u: ldu per step). */
-static void row_tile(int R, int64_t T, int64_t width, int64_t ld, float *fz, float *h,
-                     const float *g, const float *dh, const float *a_packed, const float *u,
-                     int64_t ldu, const float *next)
+/* One strip of J vectors (16 J columns) down all D rows, in tiles of MR rows; the strip's
+ * u (T x 16 J floats) stays in L1 from tile to tile. fz has leading dimension ldfz, h ldh;
+ * g, dh and u start at the strip's first column; `after` is prefetched during the last tile. */
+static void column_strip(int J, int64_t T, int64_t D, float *fz, int64_t ldfz, float *h,
+                         int64_t ldh, const float *g, const float *dh, const float *packed,
+                         const float *u, int64_t ldu, const float *after)
 {
-#define TILE_ROWS(J_)                                                                       \
-    switch (R) {                                                                            \
-    case 6: tile(6, J_, T, fzc, ld, hc, ld, gc, dhc, a_packed, uc, ldu, next + c); break;   \
-    case 5: tile(5, J_, T, fzc, ld, hc, ld, gc, dhc, a_packed, uc, ldu, next + c); break;   \
-    case 4: tile(4, J_, T, fzc, ld, hc, ld, gc, dhc, a_packed, uc, ldu, next + c); break;   \
-    case 3: tile(3, J_, T, fzc, ld, hc, ld, gc, dhc, a_packed, uc, ldu, next + c); break;   \
-    case 2: tile(2, J_, T, fzc, ld, hc, ld, gc, dhc, a_packed, uc, ldu, next + c); break;   \
-    default: tile(1, J_, T, fzc, ld, hc, ld, gc, dhc, a_packed, uc, ldu, next + c); break;  \
+    int64_t n_tiles = (D + MR - 1) / MR;
+    for (int64_t tile_i = 0; tile_i < n_tiles; tile_i++) {
+        int64_t d0 = tile_i * MR;
+        int R = (int)(D - d0 < MR ? D - d0 : MR);
+        float *fzr = fz + d0 * ldfz, *hr = h + d0 * ldh;
+        const float *ap = packed + tile_i * T * PS;
+        const float *next = tile_i + 1 < n_tiles ? fzr + MR * ldfz : after;
+#define TILE_J(J_)                                                                        \
+        switch (R) {                                                                      \
+        case 6: tile(6, J_, T, fzr, ldfz, hr, ldh, g, dh, ap, u, ldu, next); break;       \
+        case 5: tile(5, J_, T, fzr, ldfz, hr, ldh, g, dh, ap, u, ldu, next); break;       \
+        case 4: tile(4, J_, T, fzr, ldfz, hr, ldh, g, dh, ap, u, ldu, next); break;       \
+        case 3: tile(3, J_, T, fzr, ldfz, hr, ldh, g, dh, ap, u, ldu, next); break;       \
+        case 2: tile(2, J_, T, fzr, ldfz, hr, ldh, g, dh, ap, u, ldu, next); break;       \
+        default: tile(1, J_, T, fzr, ldfz, hr, ldh, g, dh, ap, u, ldu, next); break;      \
+        }
+        if (J == NR) {
+            TILE_J(NR)
+        } else {
+            TILE_J(1)
+        }
+#undef TILE_J
     }
-    int64_t c = 0;
-    for (; c + NR * VL <= width; c += NR * VL) {
-        float *fzc = fz + c, *hc = h + c;
-        const float *gc = g + c, *dhc = dh + c, *uc = u + c;
-        TILE_ROWS(NR)
-    }
-    for (; c + VL <= width; c += VL) {
-        float *fzc = fz + c, *hc = h + c;
-        const float *gc = g + c, *dhc = dh + c, *uc = u + c;
-        TILE_ROWS(1)
-    }
-#undef TILE_ROWS
 }
 
 typedef float v8 __attribute__((vector_size(32)));
@@ -139,11 +143,14 @@ static void stream_inputs(int64_t T, int64_t B, int64_t N, int64_t b, int64_t c_
 /* The whole in-place carry of a segment, with its history gradient, in one pass over FZ:
  *   fz: (B, D, C) contiguous, C = 2N, N % 8 == 0: per stream the (D, 2N) block of d c / d[F;Z];
  *       overwritten with G * fz + x_b^T u_b.
- *   hist: (D, C) contiguous, zeroed by the caller; gets sum_b d_hat[b] * fz_old[b].
+ *   hist: (C, D) contiguous, written (no need to zero it): sum_b d_hat[b] * fz_old[b],
+ *       transposed, i.e. dL/d[F; Z] in the parameters' own layout.
  *   x[t, b, d] at x + t*sxt + b*sxb + d; fh, zh, a, cp: (T, B, N) contiguous (the trace);
  *   d_hat: (B, N); wb: (B, 4, N), carried in place; d_wb: (4, N), zeroed by the caller.
  * Threads split the 2N columns: each computes u, G for its columns of one stream at a time
- * (in its cache), owns its columns of hist and d_wb, and sweeps all rows of the blocks.
+ * (in its cache), owns its columns of hist and d_wb, and sweeps its columns of every block
+ * in strips of 64 columns, top to bottom. It sums hist in a private (D, width) buffer, in
+ * the blocks' layout, and transposes it once at the end.
  * Returns 0, or 1 for arguments it does not take, 2 if a buffer could not be allocated. */
 int r2ac_carry_fused(int64_t B, int64_t D, int64_t N, int64_t T, float *fz, float *hist,
                      const float *x, int64_t sxt, int64_t sxb, const float *fh, const float *zh,
@@ -158,7 +165,8 @@ int r2ac_carry_fused(int64_t B, int64_t D, int64_t N, int64_t T, float *fz, floa
         int64_t n_threads = omp_get_num_threads(), id = omp_get_thread_num();
         int64_t c_lo = VL * (n_chunks * id / n_threads), c_hi = VL * (n_chunks * (id + 1) / n_threads);
         int64_t width = c_hi - c_lo;
-        float *buf = malloc(sizeof(float) * (size_t)(T * width + 2 * width + n_tiles * T * MR + 16));
+        size_t n_buf = (size_t)(T * width + 2 * width + n_tiles * T * PS + D * width + 16);
+        float *buf = malloc(sizeof(float) * n_buf);
         if (buf == NULL) {
 #pragma omp atomic write
             failed = 1;
@@ -166,25 +174,32 @@ int r2ac_carry_fused(int64_t B, int64_t D, int64_t N, int64_t T, float *fz, floa
 #pragma omp barrier
         if (!failed && width > 0) {
             float *u = buf, *G = u + T * width, *d2 = G + width, *packed = d2 + width;
+            float *h = packed + n_tiles * T * PS; /* (D, width): this thread's columns of hist */
+            for (int64_t i = 0; i < D * width; i++) h[i] = 0.0f;
             for (int64_t b = 0; b < B; b++) {
                 stream_inputs(T, B, N, b, c_lo, c_hi, fh, zh, a, cp, d_hat, wb, d_wb, u, G, d2);
                 for (int64_t t = 0; t < T; t++) { /* x_b packed per row tile as [t][r] */
                     const float *xr = x + t * sxt + b * sxb;
-                    float *dst = packed + t * MR;
-                    for (int64_t d0 = 0; d0 < D; d0 += MR, dst += T * MR)
+                    float *dst = packed + t * PS;
+                    int64_t d0 = 0;
+                    for (; d0 + 8 <= D; d0 += MR, dst += T * PS) ST8(dst, LD8(xr + d0));
+                    for (; d0 < D; d0 += MR, dst += T * PS)
                         for (int r = 0; r < MR; r++) dst[r] = d0 + r < D ? xr[d0 + r] : 0.0f;
                 }
                 float *fz_b = fz + b * D * C + c_lo;
-                for (int64_t tile_i = 0; tile_i < n_tiles; tile_i++) {
-                    int64_t d0 = tile_i * MR;
-                    int R = (int)(D - d0 < MR ? D - d0 : MR);
-                    /* next tile: the next rows, else the next stream's first (prefetch only:
-                     * an address past the end never faults) */
-                    const float *next = tile_i + 1 < n_tiles ? fz_b + (d0 + MR) * C : fz_b + D * C;
-                    row_tile(R, T, width, C, fz_b + d0 * C, hist + d0 * C + c_lo, G, d2,
-                             packed + tile_i * T * MR, u, width, next);
+                for (int64_t c = 0; c < width;) {
+                    int J = c + NR * VL <= width ? NR : 1;
+                    int64_t c_next = c + J * VL;
+                    /* prefetched after this strip: the next strip's top, else the next stream's
+                     * (prefetch only: an address past the end never faults) */
+                    const float *after = c_next < width ? fz_b + c_next : fz_b + D * C;
+                    column_strip(J, T, D, fz_b + c, C, h + c, width, G + c, d2 + c, packed, u + c,
+                                 width, after);
+                    c = c_next;
                 }
             }
+            for (int64_t c = 0; c < width; c++) /* (D, width) -> rows c_lo.. of (C, D) */
+                for (int64_t d = 0; d < D; d++) hist[(c_lo + c) * D + d] = h[d * width + c];
         }
         free(buf);
     }
