@@ -92,21 +92,23 @@ class _Segment(torch.autograd.Function):
         )
         d_pre_flat, x_flat = d_pre.view(T * B, 3 * N), x.reshape(T * B, D)
         d_b = d_pre_flat.sum(0)  # (3N,)
-        d_FZ = _history_gradient(ctx, d_hat, rest[4:])  # (2, N, D) and (4, N), or None
-        if d_FZ is None:
-            d_FZ_flat = d_pre_flat[:, : 2 * N].t() @ x_flat  # (2N, D)
+        # Weight gradients of F and Z: the segment's GEMM, which under rule "rtrl" starts
+        # (beta = 1) from the history term d_hat(t0) . S(t0) instead of adding it afterwards.
+        d_pre_FZ = d_pre_flat[:, : 2 * N].t()  # (2N, T*B)
+        history = _history_gradient(ctx, d_hat, rest[4:])  # ((2, N, D), (4, N)) or None
+        if history is None:
+            d_FZ = d_pre_FZ @ x_flat  # (2N, D)
         else:
-            d_FZ, d_wb = d_FZ
-            d_FZ_flat = d_FZ.reshape(2 * N, D)  # a view when contiguous (the native kernel's)
-            d_FZ_flat = d_FZ_flat.addmm_(d_pre_flat[:, : 2 * N].t(), x_flat)
-            d_w_f, d_w_z = d_w_f + d_wb[0], d_w_z + d_wb[1]
-            d_b[:N] += d_wb[2]
-            d_b[N : 2 * N] += d_wb[3]
+            hist_FZ, hist_wb = history  # fresh tensors, free to overwrite
+            d_FZ = hist_FZ.reshape(2 * N, D).addmm_(d_pre_FZ, x_flat)
+            d_w_f, d_w_z = d_w_f + hist_wb[0], d_w_z + hist_wb[1]
+            d_b[:N] += hist_wb[2]
+            d_b[N : 2 * N] += hist_wb[3]
         d_O = d_o_flat.t() @ x_flat
         d_x = None
         if ctx.needs_input_grad[0]:
             d_x = (d_pre_flat @ torch.cat([F, Z, O])).view(T, B, D)
-        d_F, d_Z = d_FZ_flat.view(2, N, D)
+        d_F, d_Z = d_FZ.view(2, N, D)
         d_b_f, d_b_z, d_b_o = d_b.view(3, N)
         return (d_x, d_F, d_Z, d_O, d_b_f, d_b_z, d_b_o, d_w_f, d_w_z, d_W_o, None, None, None)
 
