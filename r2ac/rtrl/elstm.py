@@ -10,7 +10,7 @@ How the exact gradient is obtained (docs/rules/rtrl.md): inside a segment, ordin
 (a hand-written backward through the element-wise recurrence); for everything before the
 segment, the sensitivities carried in the state, contracted with d_hat(t0) = dL/dc(t0). Both
 are in the backward of `_Segment`, one autograd function for the whole layer; the second part
-is added when the segment was given a `_History`. So one `loss.backward()` gives the RTRL
+is added when the segment was given the carried sensitivities. So one `loss.backward()` gives the RTRL
 gradient, and the rule "bptt" is the same code without that term.
 """
 
@@ -31,22 +31,20 @@ from r2ac.rtrl.state import check_rule, check_segment, check_state_tensor, keep_
 RULES = ("bptt", "rtrl", "snap1")
 
 
-class _History:
-    """What a segment's backward needs for the history term of rule "rtrl": the sensitivities
-    carried in the input state, and the segment's pending carry (known only after the
-    recurrence ran, so the layer fills it in after `_Segment.apply`)."""
+class _CarryLink:
+    """Hands a segment's pending carry (known only after the recurrence ran, so the layer sets
+    it after `_Segment.apply`) to the segment's backward."""
 
-    def __init__(self, sens: ELSTMSensitivity):
-        self.sens = sens
-        self.pending: deferred.PendingCarry | None = None
+    pending: deferred.PendingCarry | None = None
 
 
 class _Segment(torch.autograd.Function):
     """The whole layer over one segment, with one hand-written backward.
 
-    Inputs: x (T, B, D), the nine parameters, c0 (B, N), the reset mask and the `_History`
-    (None for rule "bptt" or without autograd). Outputs h (T, B, N), c (T, B, N) and the RTRL
-    trace (non-differentiable).
+    Inputs: x (T, B, D), the nine parameters, c0 (B, N), the reset mask, and for the history
+    term the carried sensitivities FZ, wb with a `_CarryLink` (all three None for rule "bptt"
+    or without autograd). Outputs h (T, B, N), c (T, B, N) and the RTRL trace
+    (non-differentiable).
 
     The backward is BPTT inside the segment; with a history it then contracts d_hat(t0) =
     dL/dc(t0) with the carried sensitivities (the gradient through every earlier segment) and
@@ -57,7 +55,7 @@ class _Segment(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, F, Z, O, b_f, b_z, b_o, w_f, w_z, W_o, c0, keep, history):
+    def forward(ctx, x, F, Z, O, b_f, b_z, b_o, w_f, w_z, W_o, c0, keep, FZ, wb, link):
         T, B, _ = x.shape
         N = F.shape[0]
         pre = torch.nn.functional.linear(x, torch.cat([F, Z, O]), torch.cat([b_f, b_z, b_o]))
@@ -65,12 +63,11 @@ class _Segment(torch.autograd.Function):
         o_pre = torch.addmm(pre[..., 2 * N :].reshape(T * B, N), c_all.view(T * B, N), W_o.t())
         o = torch.sigmoid_(o_pre).view(T, B, N)
         h = o * c_all
-        carried = history.sens if history is not None else ()
+        carried = (FZ, wb) if FZ is not None else ()
         ctx.save_for_backward(x, F, Z, O, W_o, c_all, o, *trace, *carried)
-        ctx.history = history
-        if history is not None:
-            ctx.token = deferred.register_reader(history.sens.FZ)
-            history.sens = None  # ctx holds the tensors now
+        ctx.link = link
+        if FZ is not None:
+            ctx.token = deferred.register_reader(FZ)
         ctx.mark_non_differentiable(c_all, *trace)
         return (h, c_all, *trace)
 
@@ -110,7 +107,8 @@ class _Segment(torch.autograd.Function):
             d_x = (d_pre_flat @ torch.cat([F, Z, O])).view(T, B, D)
         d_F, d_Z = d_FZ.view(2, N, D)
         d_b_f, d_b_z, d_b_o = d_b.view(3, N)
-        return (d_x, d_F, d_Z, d_O, d_b_f, d_b_z, d_b_o, d_w_f, d_w_z, d_W_o, None, None, None)
+        no_grad = (None,) * 5  # c0 (the state is detached), keep, FZ, wb, link
+        return (d_x, d_F, d_Z, d_O, d_b_f, d_b_z, d_b_o, d_w_f, d_w_z, d_W_o, *no_grad)
 
 
 def _history_gradient(ctx, d_hat, carried):
@@ -122,12 +120,11 @@ def _history_gradient(ctx, d_hat, carried):
     pending and nothing else reads S(t0), the carry runs here too, in place over S(t0), fused
     with this contraction.
     """
-    history = ctx.history
-    if history is None:
+    if not carried:
         return None
     FZ, wb = carried
     deferred.release_reader(FZ, ctx.token)
-    pending = history.pending
+    pending = ctx.link.pending
     if pending is not None and pending.in_place_safe():  # S(t0) is read for the last time
         return pending.run_in_place(d_hat)
     return em.inject_gradients(d_hat, ELSTMSensitivity(FZ, wb))
@@ -249,10 +246,10 @@ class ELSTM(nn.Module):
             )
         keep = keep_mask(reset, x.dtype)  # (T, B, 1) or None
 
-        history = _History(sens) if tracks_history else None
+        FZ, wb, link = (sens.FZ, sens.wb, _CarryLink()) if tracks_history else (None, None, None)
         h, c_all, *trace = _Segment.apply(
             x, self.F, self.Z, self.O, self.b_f, self.b_z, self.b_o, self.w_f, self.w_z, self.W_o,
-            state.c.detach(), keep, history,
+            state.c.detach(), keep, FZ, wb, link,
         )  # fmt: skip
 
         new_sens = None
@@ -260,12 +257,12 @@ class ELSTM(nn.Module):
             trace, x = em.RecurrenceTrace(*trace), x.detach()
             if tracks_history and self.inplace_carry and em.in_place_ready(sens):
                 # Deferred: the backward writes it over sens, unless the new state is read first.
-                history.pending = deferred.PendingCarry(
+                link.pending = deferred.PendingCarry(
                     (sens.FZ, sens.wb),
                     out_of_place=lambda: self._carry(sens, trace, x),
                     in_place=lambda d_hat: em.history_and_carry_in_place(d_hat, sens, trace, x),
                 )
-                new_sens = ELSTMSensitivity(*history.pending.targets)
+                new_sens = ELSTMSensitivity(*link.pending.targets)
             else:
                 with torch.no_grad():
                     new_sens = self._carry(sens, trace, x)
