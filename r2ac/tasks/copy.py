@@ -13,7 +13,8 @@ the target '1' to the index its loss and metric ignore, so an untrained model sc
 there). Here `bit_accuracy` of a model that has learnt nothing is about 0.5.
 
 Model: one-hot input (D = 3) straight into an eLSTM core (whose output h = o * c already has
-the output gate), then a linear readout over {0, 1}. Training: Adam, global gradient-norm
+the output gate), then a linear readout over {0, 1} (as in the paper; `readout_hidden` > 0
+puts one ReLU layer in between, a diagnostic of whether decoding or storage limits the core). Training: Adam, global gradient-norm
 clipping, and one of two schedules (docs/tasks/copy.md):
 
 - per sequence (`sequence_update`): the batch is run in chunks of `segment` steps with the
@@ -98,16 +99,21 @@ class CopyModel(nn.Module):
 
     `core` names a family of r2ac.rtrl.registry (elstm, lstm, fwp, felstm, elman); the layer is
     `<core>-<rule>`. The other families are there as diagnostics against the eLSTM.
+    `readout_hidden` > 0 makes the readout Linear(N, H) -> ReLU -> Linear(H, 2): it is outside
+    the recurrence, so the core's gradient rule (and RTRL's exactness) is unchanged.
     """
 
     def __init__(
         self, hidden_size: int, rule: str = "rtrl", fused_step: bool = False,
-        chrono_span: int | None = None, core: str = "elstm",
+        chrono_span: int | None = None, core: str = "elstm", readout_hidden: int = 0,
     ):
         super().__init__()
         extra = {"fused_step": True} if fused_step else {}  # an eLSTM option (CopyConfig checks)
         self.core = make_core(f"{core}-{rule}", INPUT_SIZE, hidden_size, **extra)
-        self.readout = nn.Linear(hidden_size, 2)
+        self.readout = (
+            nn.Sequential(nn.Linear(hidden_size, readout_hidden), nn.ReLU(), nn.Linear(readout_hidden, 2))
+            if readout_hidden else nn.Linear(hidden_size, 2)
+        )
         if chrono_span is not None:
             chrono_forget_bias_(self.core, chrono_span)
 
@@ -286,6 +292,9 @@ class CopyConfig:
     (bptt; snap1 is approximate), elman. The layer is <core>-<rule>."""
     hidden: int = 256
     """N: hidden units of the core."""
+    readout_hidden: int = 0
+    """0: linear readout of the core's output (the paper's model). H > 0: a diagnostic readout
+    Linear(N, H) -> ReLU -> Linear(H, 2), outside the recurrence."""
     batch_size: int = 64
     """Sequences per batch."""
     lr: float = 3e-3
@@ -338,8 +347,9 @@ class CopyConfig:
         for name in ("hidden", "batch_size", "test_size", "eval_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.train_steps < 0:
-            raise ConfigError(f"--train-steps must be >= 0, got {self.train_steps}")
+        for name in ("train_steps", "readout_hidden"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         self._validate_schedule()
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"--device must be cpu or cuda, got {self.device!r}")
@@ -388,7 +398,7 @@ class RunResult:
 def build_model(cfg: CopyConfig) -> CopyModel:
     torch.manual_seed(cfg.seed)
     span = max(2 * cfg.length, 3) if cfg.chrono_init else None
-    return CopyModel(cfg.hidden, cfg.rule, cfg.fused_step, span, cfg.core).to(cfg.device)
+    return CopyModel(cfg.hidden, cfg.rule, cfg.fused_step, span, cfg.core, cfg.readout_hidden).to(cfg.device)
 
 
 def update(cfg: CopyConfig, model: CopyModel, optimizer, batch: CopyBatch) -> UpdateStats:
@@ -407,16 +417,60 @@ class _Progress:
     solved: int | None = None
 
 
-def _save(path: str, model, optimizer, gen: torch.Generator, progress: _Progress) -> None:
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+# Options a resumed run may change: how long and how fast it trains, and where it runs. Every
+# other option defines the model, its gradient, the data stream or the test set, so changing
+# it would splice two different experiments into one curve.
+RESUMABLE_CHANGES = frozenset({
+    "train_steps", "lr", "lr_final", "clip", "eval_every", "stop_when_solved", "resume",
+    "fused_step", "threads", "device", "out",
+})
+
+
+def resume_mismatch(saved: dict, cfg: CopyConfig) -> list[str]:
+    """The options of `cfg` that differ from the checkpoint's config `saved` and may not.
+
+    An option missing from `saved` (a checkpoint written before it existed) must be at its
+    default value.
+    """
+    defaults = asdict(CopyConfig())
+    return [
+        f"--{name.replace('_', '-')} {saved.get(name, defaults[name])!r} -> {value!r}"
+        for name, value in asdict(cfg).items()
+        if name not in RESUMABLE_CHANGES and saved.get(name, defaults[name]) != value
+    ]
+
+
+def checkpoint_config(path: str) -> dict | None:
+    """The config dict stored in a copy-task checkpoint (None if it predates storing it)."""
+    return torch.load(path, map_location="cpu", weights_only=False).get("config")
+
+
+def check_resumable(path: str, cfg: CopyConfig) -> None:
+    """Raise ConfigError if the checkpoint at `path` cannot be continued under `cfg`."""
+    try:
+        saved = checkpoint_config(path)
+    except Exception as exc:  # noqa: BLE001  (any unreadable file is the same user error)
+        raise ConfigError(f"cannot read checkpoint {path}: {exc}") from exc
+    bad = resume_mismatch(saved, cfg) if saved is not None else []
+    if bad:
+        raise ConfigError(f"--resume: {path} was trained with other options ({'; '.join(bad)}); "
+                          "use the same options or another --out")
+
+
+def _save(path: str, cfg: CopyConfig, model, optimizer, gen: torch.Generator, progress: _Progress) -> None:
+    state = {"config": asdict(cfg), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
              "generator": gen.get_state(), "progress": asdict(progress)}
     torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
+    os.replace(path + ".tmp", path)  # atomic: a crash leaves the previous checkpoint whole
 
 
-def _load(path: str, model, optimizer, gen: torch.Generator, device) -> _Progress:
+def _load(path: str, cfg: CopyConfig, model, optimizer, gen: torch.Generator, device) -> _Progress:
+    check_resumable(path, cfg)
     ck = torch.load(path, map_location=device, weights_only=False)
-    model.load_state_dict(ck["model"])
+    try:
+        model.load_state_dict(ck["model"])
+    except RuntimeError as exc:  # a checkpoint from before the config was stored in it
+        raise ConfigError(f"--resume: {path} holds another model: {exc}") from exc
     optimizer.load_state_dict(ck["optimizer"])
     gen.set_state(ck["generator"])
     return _Progress(**ck["progress"])
@@ -439,7 +493,7 @@ def train(
     gen = torch.Generator().manual_seed(cfg.seed)
     run = _Progress([])
     if cfg.resume and checkpoint and os.path.exists(checkpoint):
-        run = _load(checkpoint, model, optimizer, gen, cfg.device)
+        run = _load(checkpoint, cfg, model, optimizer, gen, cfg.device)
     window: list[UpdateStats] = []
 
     def record() -> dict[str, float]:
@@ -473,7 +527,7 @@ def train(
             if final["sequence_accuracy"] == 1.0 and run.solved is None:
                 run.solved = run.step
             if checkpoint:
-                _save(checkpoint, model, optimizer, gen, run)
+                _save(checkpoint, cfg, model, optimizer, gen, run)
     if not final:  # resumed a run that had already reached its budget
         final = evaluate(model, test_set, cfg.device)
     return model, RunResult(run.curve, final, run.step, run.updates, run.seconds, run.solved)

@@ -55,7 +55,12 @@ def run(cfg: ct.CopyConfig) -> dict:
     os.makedirs(cfg.out, exist_ok=True)
     meta = {"config": asdict(cfg), "schedule": cfg.schedule, "git_revision": git_revision(),
             "machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-    _write_json(os.path.join(cfg.out, "config.json"), meta)
+    config_path = os.path.join(cfg.out, "config.json")
+    if cfg.resume and os.path.exists(config_path):  # keep the record of the earlier invocations
+        with open(config_path) as fh:
+            before = json.load(fh)
+        meta["earlier_invocations"] = [*before.pop("earlier_invocations", []), before]
+    _write_json(config_path, meta)
     bar = tqdm(total=cfg.train_steps, desc=f"copy l={cfg.length} {cfg.core}-{cfg.rule} {cfg.schedule}",
                unit="batch", dynamic_ncols=True, mininterval=2.0)
     last = {}
@@ -82,7 +87,7 @@ def run(cfg: ct.CopyConfig) -> dict:
     results["sequence_accuracy_by_length"] = {str(k): v for k, v in by_length.items()}
     results.update(
         length=cfg.length, core=cfg.core, rule=cfg.rule, schedule=cfg.schedule, hidden=cfg.hidden,
-        batch_size=cfg.batch_size, lr=cfg.lr, train_steps=result.steps, updates=result.updates,
+        readout_hidden=cfg.readout_hidden, batch_size=cfg.batch_size, lr=cfg.lr, train_steps=result.steps, updates=result.updates,
         train_seconds=round(result.train_seconds, 2),
         wall_seconds=round(time.perf_counter() - wall0, 2), solved_at_step=result.solved_at_step,
         git_revision=meta["git_revision"],
@@ -98,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = tyro.cli(ct.CopyConfig, args=argv, prog="r2ac copy", description=__doc__)
     try:
         cfg.validate()
+        checkpoint = os.path.join(cfg.out, "checkpoint.pt")
+        if cfg.resume and os.path.exists(checkpoint):
+            ct.check_resumable(checkpoint, cfg)  # before anything in cfg.out is rewritten
     except ConfigError as exc:
         print(f"r2ac copy: {exc}", file=sys.stderr)
         return 2

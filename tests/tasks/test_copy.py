@@ -1,5 +1,6 @@
 """The copy task: generator properties, the honest metric, both schedules, and the CLI."""
 
+import dataclasses
 import json
 
 import pytest
@@ -246,8 +247,52 @@ def test_cli_resume_continues_from_the_checkpoint(tmp_path):
         assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-6)
 
 
+def test_cli_resume_refuses_a_checkpoint_of_other_options_and_keeps_the_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    common = ["--length", "3", "--batch-size", "4", "--eval-every", "2", "--test-size", "20",
+              "--no-stop-when-solved", "--out", str(out)]
+    assert copy_cli.main([*common, "--hidden", "8", "--train-steps", "2"]) == 0
+    kept = {name: (out / name).read_bytes() for name in ("config.json", "checkpoint.pt", "results.json")}
+    # another width, another readout, another seed: each is a different experiment
+    for change in (["--hidden", "16"], ["--hidden", "8", "--readout-hidden", "4"],
+                   ["--hidden", "8", "--seed", "1"]):
+        assert copy_cli.main([*common, *change, "--train-steps", "4", "--resume"]) == 2
+        err = capsys.readouterr().err
+        assert "trained with other options" in err and change[-2] in err
+        assert {name: (out / name).read_bytes() for name in kept} == kept
+    # a longer budget and a new learning rate are a continuation
+    assert copy_cli.main([*common, "--hidden", "8", "--train-steps", "4", "--lr", "1e-3", "--resume"]) == 0
+    meta = json.loads((out / "config.json").read_text())
+    assert meta["config"]["train_steps"] == 4
+    assert [m["config"]["train_steps"] for m in meta["earlier_invocations"]] == [2]
+
+
+def test_resume_mismatch_treats_options_a_checkpoint_predates_as_defaults():
+    cfg = ct.CopyConfig(length=3, hidden=8)
+    saved = dataclasses.asdict(cfg)
+    del saved["readout_hidden"]
+    assert ct.resume_mismatch(saved, cfg) == []
+    assert ct.resume_mismatch(saved, dataclasses.replace(cfg, readout_hidden=4)) == ["--readout-hidden 0 -> 4"]
+    assert ct.resume_mismatch(saved, dataclasses.replace(cfg, train_steps=9, lr=1.0)) == []
+
+
+def test_mlp_readout_sits_outside_the_recurrence():
+    torch.manual_seed(0)
+    linear = ct.CopyModel(8, "rtrl")
+    mlp = ct.CopyModel(8, "rtrl", readout_hidden=5)
+    mlp.core.load_state_dict(linear.core.state_dict())
+    x = torch.nn.functional.one_hot(torch.randint(0, 3, (6, 2)), 3).float()
+    h_lin, _ = linear.core(x, linear.initial_state(2))
+    h_mlp, _ = mlp.core(x, mlp.initial_state(2))
+    assert torch.equal(h_lin, h_mlp)
+    logits, _ = mlp(x, mlp.initial_state(2))
+    assert logits.shape == (6, 2, 2)
+    assert torch.allclose(logits, mlp.readout[2](torch.relu(mlp.readout[0](h_mlp))))
+    assert sum(p.numel() for p in mlp.readout.parameters()) == 8 * 5 + 5 + 5 * 2 + 2
+
+
 @pytest.mark.parametrize("args", [
-    ["--length", "0"], ["--rule", "snap"], ["--online", "--rule", "bptt"],
+    ["--length", "0"], ["--rule", "snap"], ["--readout-hidden", "-1"], ["--online", "--rule", "bptt"],
     ["--segment", "0"], ["--hidden", "0"], ["--online", "--segment", "5"], ["--lr", "0"],
     ["--lr-final", "-1"], ["--core", "lstm"], ["--core", "gru", "--rule", "bptt"],
     ["--core", "fwp", "--chrono-init"],
