@@ -7,7 +7,9 @@ finish, it resets exactly those at once (`pool.reset(env_ids)`), so the protocol
 normally on the next call (checked by tests/envs/test_envpool.py).
 
 Observations: Atari (4, 84, 84) uint8 (4 stacked grey frames), ProcGen (3, 64, 64) uint8,
-MiniGrid the agent's 7x7 view as (3, 7, 7) uint8 (direction and mission are dropped).
+MiniGrid the agent's 7x7 view (direction and mission are dropped) as a one-hot float32 vector
+of 20 * 7 * 7 = 980 (object, colour and state codes of every cell; `obs_encoding="image"`
+gives the raw (3, 7, 7) uint8 codes instead).
 Rewards are raw. `get_state`/`set_state` are not supported (envpool cannot snapshot).
 """
 
@@ -152,19 +154,79 @@ def make_procgen(game: str, num_envs: int, seed: int = 0, mode: str = "hard",
                       **options)
 
 
-def make_minigrid(name: str, num_envs: int, seed: int = 0, **options: Any) -> BatchedEnv:
+# MiniGrid's symbolic cell codes (minigrid.core.constants; envpool's port uses the same):
+# object type 0..10 (unseen, empty, wall, floor, door, key, ball, box, goal, lava, agent),
+# colour 0..5, door state 0..2.
+MINIGRID_CODES = (11, 6, 3)
+MINIGRID_ENCODINGS = ("onehot", "image")
+
+
+def one_hot_grid(codes: np.ndarray, sizes: tuple[int, ...] = MINIGRID_CODES) -> np.ndarray:
+    """(B, C, H, W) integer codes, channel c in [0, sizes[c]) -> (B, sum(sizes) * H * W) float32.
+
+    The codes are categories, not intensities: as uint8 pixels scaled by 1/255 they would reach
+    the network as values below 0.05 with a meaningless order.
+    """
+    b, c, h, w = codes.shape
+    if c != len(sizes):
+        raise ValueError(f"expected {len(sizes)} code channels, got {c}")
+    out = np.zeros((b, sum(sizes), h, w), np.float32)
+    offset = 0
+    for channel, size in enumerate(sizes):
+        plane = codes[:, channel].astype(np.int64)  # (B, H, W)
+        if plane.size and (plane.min() < 0 or plane.max() >= size):
+            raise ValueError(f"code channel {channel} out of range [0, {size}): {plane.min()}..{plane.max()}")
+        np.put_along_axis(out[:, offset:offset + size], plane[:, None], 1.0, axis=1)
+        offset += size
+    return out.reshape(b, -1)
+
+
+class OneHotGrid(BatchedEnv):
+    """Wraps a batched env of (C, H, W) symbolic grid codes; observations become one-hot vectors."""
+
+    def __init__(self, env: BatchedEnv, sizes: tuple[int, ...] = MINIGRID_CODES):
+        c, h, w = env.observation_spec.shape
+        self.env, self.sizes, self.num_envs, self.num_actions = env, sizes, env.num_envs, env.num_actions
+        self.observation_spec = ArraySpec((sum(sizes) * h * w,), np.dtype(np.float32))
+
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        return one_hot_grid(self.env.reset(seed), self.sizes)
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        r = self.env.step(actions)
+        obs, info = one_hot_grid(r.obs, self.sizes), dict(r.info)
+        final = info.get("final_obs")
+        if final is not None:  # the same array as obs when no stream finished
+            info["final_obs"] = obs if final is r.obs else one_hot_grid(final, self.sizes)
+        return r._replace(obs=obs, info=info)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def make_minigrid(name: str, num_envs: int, seed: int = 0, obs_encoding: str = "onehot",
+                  **options: Any) -> BatchedEnv:
     """`minigrid/MemoryS13Random` etc.: envpool's MiniGrid; falls back to the `minigrid`
-    Gymnasium package through the gym adapter when envpool lacks it."""
+    Gymnasium package through the gym adapter when envpool lacks it.
+
+    `obs_encoding`: "onehot" (default; a float vector for the MLP stem) or "image" (the raw
+    (3, 7, 7) uint8 codes, which the image stem would scale by 1/255 like pixels).
+    """
+    if obs_encoding not in MINIGRID_ENCODINGS:
+        raise ConfigError(f"minigrid obs_encoding must be one of {list(MINIGRID_ENCODINGS)}, "
+                          f"got {obs_encoding!r}")
     task_id = name if name.startswith("MiniGrid-") else f"MiniGrid-{name}-v0"
     try:
         has_task = task_id in _envpool().list_all_envs()
     except ImportError:
         has_task = False
     if has_task:
-        return EnvpoolEnv(task_id, num_envs, seed, **options)
-    from r2ac.envs.gym_adapter import GymEnv
+        env: BatchedEnv = EnvpoolEnv(task_id, num_envs, seed, **options)
+    else:
+        from r2ac.envs.gym_adapter import GymEnv
 
-    return GymEnv(task_id, num_envs, seed, obs_key="image", **options)
+        env = GymEnv(task_id, num_envs, seed, obs_key="image", **options)
+    return OneHotGrid(env) if obs_encoding == "onehot" else env
 
 
 def make_envpool(task_id: str, num_envs: int, seed: int = 0, **options: Any) -> EnvpoolEnv:

@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 
 from r2ac.envs import make
+from r2ac.envs.envpool_adapter import one_hot_grid
+from r2ac.errors import ConfigError
 
 envpool = pytest.importorskip("envpool")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -103,10 +105,40 @@ def test_procgen_chaser_hard_train_and_test_levels():
 def test_minigrid_memory(name):
     env = make(name, 3, seed=2, max_episode_steps=30)
     obs = env.reset()
-    assert obs.shape == (3, 3, 7, 7) and obs.dtype == np.uint8 and env.num_actions == 7
+    assert obs.shape == (3, 980) and obs.dtype == np.float32 and env.num_actions == 7
+    cells = obs.reshape(3, 20, 49)
+    # one object, one colour and one state code per cell of the 7x7 view
+    for lo, hi in ((0, 11), (11, 17), (17, 20)):
+        assert np.array_equal(cells[:, lo:hi].sum(axis=1), np.ones((3, 49)))
     data, results = run(env, np.random.default_rng(0).integers(0, 3, (70, 3)))
     done = data["terminated"] | data["truncated"]
     assert done.sum(axis=0).min() >= 2  # episodes end by success, failure or the time limit
     assert data["reward"].min() >= 0 and data["reward"].max() <= 1
     lengths = np.stack([r.info["episode_length"] for r in results])[done]
     assert lengths.max() <= 30 and lengths.min() >= 1
+
+
+def test_minigrid_one_hot_encodes_the_raw_codes():
+    onehot = make("minigrid/MemoryS11", 2, seed=5)
+    image = make("minigrid/MemoryS11", 2, seed=5, obs_encoding="image")
+    assert image.observation_spec.shape == (3, 7, 7) and image.observation_spec.dtype == np.uint8
+    actions = np.random.default_rng(1).integers(0, 7, (40, 2))
+    a, b = onehot.reset(), image.reset()
+    for step in range(len(actions) + 1):
+        assert np.array_equal(a, one_hot_grid(b))
+        codes = a.reshape(2, 20, 7, 7)
+        assert np.array_equal(codes[:, :11].argmax(1), b[:, 0])  # object type of every cell
+        assert np.array_equal(codes[:, 11:17].argmax(1), b[:, 1]) and np.array_equal(codes[:, 17:].argmax(1), b[:, 2])
+        if step < len(actions):
+            ra, rb = onehot.step(actions[step]), image.step(actions[step])
+            assert np.array_equal(ra.info["final_obs"], one_hot_grid(rb.info["final_obs"]))
+            a, b = ra.obs, rb.obs
+
+
+def test_one_hot_grid_rejects_codes_out_of_range():
+    codes = np.zeros((1, 3, 2, 2), np.uint8)
+    codes[0, 2, 1, 1] = 3  # the state channel has 3 values
+    with pytest.raises(ValueError, match="channel 2"):
+        one_hot_grid(codes)
+    with pytest.raises(ConfigError, match="obs_encoding"):
+        make("minigrid/MemoryS7", 1, obs_encoding="pixels")
