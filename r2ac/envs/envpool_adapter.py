@@ -186,6 +186,8 @@ class OneHotGrid(BatchedEnv):
 
     def __init__(self, env: BatchedEnv, sizes: tuple[int, ...] = MINIGRID_CODES):
         c, h, w = env.observation_spec.shape
+        if c != len(sizes):
+            raise ConfigError(f"expected {len(sizes)} code channels, got observations of shape {(c, h, w)}")
         self.env, self.sizes, self.num_envs, self.num_actions = env, sizes, env.num_envs, env.num_actions
         self.observation_spec = ArraySpec((sum(sizes) * h * w,), np.dtype(np.float32))
 

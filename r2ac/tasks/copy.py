@@ -14,8 +14,8 @@ there). Here `bit_accuracy` of a model that has learnt nothing is about 0.5.
 
 Model: one-hot input (D = 3) straight into an eLSTM core (whose output h = o * c already has
 the output gate), then a linear readout over {0, 1} (as in the paper; `readout_hidden` > 0
-puts one ReLU layer in between, a diagnostic of whether decoding or storage limits the core). Training: Adam, global gradient-norm
-clipping, and one of two schedules (docs/tasks/copy.md):
+puts one ReLU layer in between, a diagnostic of whether decoding or storage limits the core).
+Training: Adam, global gradient-norm clipping, and one of two schedules (docs/tasks/copy.md):
 
 - per sequence (`sequence_update`): the batch is run in chunks of `segment` steps with the
   state carried; every chunk that has outputs calls its own `loss.backward()` and .grad
@@ -442,15 +442,15 @@ def resume_mismatch(saved: dict, cfg: CopyConfig) -> list[str]:
 
 def checkpoint_config(path: str) -> dict | None:
     """The config dict stored in a copy-task checkpoint (None if it predates storing it)."""
-    return torch.load(path, map_location="cpu", weights_only=False).get("config")
-
-
-def check_resumable(path: str, cfg: CopyConfig) -> None:
-    """Raise ConfigError if the checkpoint at `path` cannot be continued under `cfg`."""
     try:
-        saved = checkpoint_config(path)
+        return torch.load(path, map_location="cpu", weights_only=False).get("config")
     except Exception as exc:  # noqa: BLE001  (any unreadable file is the same user error)
         raise ConfigError(f"cannot read checkpoint {path}: {exc}") from exc
+
+
+def check_resumable(saved: dict | None, cfg: CopyConfig, path: str) -> None:
+    """Raise ConfigError if a checkpoint (at `path`, with config `saved`) cannot be continued
+    under `cfg`. A checkpoint without a config predates storing it: only loading can tell."""
     bad = resume_mismatch(saved, cfg) if saved is not None else []
     if bad:
         raise ConfigError(f"--resume: {path} was trained with other options ({'; '.join(bad)}); "
@@ -465,8 +465,8 @@ def _save(path: str, cfg: CopyConfig, model, optimizer, gen: torch.Generator, pr
 
 
 def _load(path: str, cfg: CopyConfig, model, optimizer, gen: torch.Generator, device) -> _Progress:
-    check_resumable(path, cfg)
     ck = torch.load(path, map_location=device, weights_only=False)
+    check_resumable(ck.get("config"), cfg, path)
     try:
         model.load_state_dict(ck["model"])
     except RuntimeError as exc:  # a checkpoint from before the config was stored in it

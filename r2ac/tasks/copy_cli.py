@@ -87,7 +87,8 @@ def run(cfg: ct.CopyConfig) -> dict:
     results["sequence_accuracy_by_length"] = {str(k): v for k, v in by_length.items()}
     results.update(
         length=cfg.length, core=cfg.core, rule=cfg.rule, schedule=cfg.schedule, hidden=cfg.hidden,
-        readout_hidden=cfg.readout_hidden, batch_size=cfg.batch_size, lr=cfg.lr, train_steps=result.steps, updates=result.updates,
+        readout_hidden=cfg.readout_hidden, batch_size=cfg.batch_size, lr=cfg.lr,
+        train_steps=result.steps, updates=result.updates,
         train_seconds=round(result.train_seconds, 2),
         wall_seconds=round(time.perf_counter() - wall0, 2), solved_at_step=result.solved_at_step,
         git_revision=meta["git_revision"],
@@ -105,12 +106,17 @@ def main(argv: list[str] | None = None) -> int:
         cfg.validate()
         checkpoint = os.path.join(cfg.out, "checkpoint.pt")
         if cfg.resume and os.path.exists(checkpoint):
-            ct.check_resumable(checkpoint, cfg)  # before anything in cfg.out is rewritten
+            # before anything in cfg.out is rewritten
+            ct.check_resumable(ct.checkpoint_config(checkpoint), cfg, checkpoint)
     except ConfigError as exc:
         print(f"r2ac copy: {exc}", file=sys.stderr)
         return 2
     keep_freed_memory()
-    results = run(cfg)
+    try:
+        results = run(cfg)
+    except ConfigError as exc:  # e.g. a checkpoint from before configs were stored in it
+        print(f"r2ac copy: {exc}", file=sys.stderr)
+        return 2
     print(f"bit_accuracy {results['bit_accuracy']:.4f}  sequence_accuracy "
           f"{results['sequence_accuracy']:.4f}  ({results['train_steps']} batches, "
           f"{results['updates']} updates, {results['train_seconds']:.0f} s training)  -> {cfg.out}")
