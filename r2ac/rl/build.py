@@ -46,6 +46,7 @@ def make_agent(
     stem = make_stem(
         observation_shape, observation_dtype, out_features=cfg.stem_features,
         channels=cfg.conv_channels, mlp_hidden=cfg.mlp_hidden,
+        image_stem=cfg.image_stem,
     )
     core = make_core(cfg.core, cfg.stem_features + 1, cfg.hidden_size)
     if cfg.forget_bias is not None and hasattr(core, "b_f"):

@@ -39,6 +39,9 @@ class TrainConfig:
     """Hidden layer sizes of the MLP stem (vector observations)."""
     conv_channels: tuple[int, ...] = (16, 32, 32)
     """Channels of the three ResNet stages (image observations)."""
+    image_stem: str = "resnet"
+    """Stem for image observations: `resnet` (IMPALA's deep one, the paper's) or `shallow`
+    (IMPALA's two-conv one, cheap enough for Atari on a CPU)."""
     load_stem: str | None = None
     """Weights-only agent checkpoint (e.g. RUN/checkpoints/agent.pt) to load the stem from."""
     freeze_stem: bool = True
@@ -173,6 +176,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"sizes must be positive: {', '.join(bad)}")
     if cfg.core not in core_choices():
         raise ConfigError(f"unknown core {cfg.core!r}; choose one of {', '.join(core_choices())}")
+    from r2ac.rl.nets import IMAGE_STEMS
+
+    if cfg.image_stem not in IMAGE_STEMS:
+        raise ConfigError(f"unknown image stem {cfg.image_stem!r}; choose one of {', '.join(IMAGE_STEMS)}")
     if cfg.batch_size % cfg.num_envs:
         raise ConfigError(
             f"batch_size ({cfg.batch_size}) must be a multiple of num_envs ({cfg.num_envs})"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
+from r2ac.errors import ConfigError
 from r2ac.rl import checkpoint, evaluate, train_cli
 from r2ac.rl.config import PRESETS, validate
 
@@ -28,6 +30,7 @@ TINY_ARGS = ["--env-options", "delay=3", "--hidden-size", "8", "--stem-features"
     ["--batch-size", "5", "--num-envs", "3"],
     ["--env-options", "colour=red"],
     ["--reward-scale", "0"],
+    ["--image-stem", "vgg"],
     ["--preset", "nonexistent"],
     ["--preset", "dmlab"],  # needs deepmind_lab, not installed here
 ])
@@ -51,6 +54,8 @@ def test_existing_run_dir_is_not_overwritten(tmp_path):
 def test_presets_validate_and_follow_the_paper():
     for cfg in PRESETS.values():
         validate(cfg)
+    with pytest.raises(ConfigError, match="image stem"):
+        validate(dataclasses.replace(PRESETS["atari"], image_stem="vgg"))
     for name in ("dmlab", "atari", "procgen"):
         cfg = PRESETS[name]
         assert (cfg.learning_rate, cfg.batch_size, cfg.discount, cfg.grad_clip) == (

@@ -11,6 +11,7 @@ from r2ac.rl.nets import (
     ImpalaResNetStem,
     MLPStem,
     PolicyValueHeads,
+    ShallowConvStem,
     make_stem,
 )
 
@@ -57,6 +58,52 @@ def test_resnet_stem_rejects_bad_input():
         stem(torch.zeros(2, 3, 12, 16, dtype=torch.uint8))
     with pytest.raises(ValueError, match="dtype"):
         stem(torch.zeros(2, 3, 16, 12))
+
+
+def test_shallow_stem_matches_its_written_out_layers():
+    torch.manual_seed(0)
+    stem = ShallowConvStem(4, 84, 84, out_features=12)
+    assert stem.fc.in_features == 32 * 9 * 9  # 84 -> (84 - 8) // 4 + 1 = 20 -> (20 - 4) // 2 + 1 = 9
+    obs = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
+    with torch.no_grad():
+        x = obs.float() / 255.0
+        x = torch.nn.functional.conv2d(x, stem.conv0.weight, stem.conv0.bias, stride=4).relu()
+        x = torch.nn.functional.conv2d(x, stem.conv1.weight, stem.conv1.bias, stride=2).relu()
+        expected = torch.relu(x.flatten(1) @ stem.fc.weight.T + stem.fc.bias)
+        torch.testing.assert_close(stem(obs), expected, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="shape"):
+        stem(torch.zeros(2, 4, 64, 64, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="dtype"):
+        stem(torch.zeros(2, 4, 84, 84))
+    with pytest.raises(ConfigError, match="too small"):
+        ShallowConvStem(3, 10, 10)
+
+
+def _conv_multiply_adds(stem: torch.nn.Module, obs: torch.Tensor) -> int:
+    total = 0
+
+    def count(module, _inputs, output):
+        nonlocal total
+        total += output[0].numel() * module.in_channels * module.kernel_size[0] * module.kernel_size[1]
+
+    hooks = [m.register_forward_hook(count) for m in stem.modules() if isinstance(m, torch.nn.Conv2d)]
+    with torch.no_grad():
+        stem(obs)
+    for hook in hooks:
+        hook.remove()
+    return total
+
+
+def test_make_stem_picks_the_image_stem_by_name_and_shallow_is_cheap():
+    shallow, resnet = make_stem((4, 84, 84), torch.uint8, image_stem="shallow"), make_stem(
+        (4, 84, 84), torch.uint8, image_stem="resnet")
+    assert isinstance(shallow, ShallowConvStem) and isinstance(resnet, ImpalaResNetStem)
+    obs = torch.zeros(1, 4, 84, 84, dtype=torch.uint8)
+    # Its reason to exist: 16*4*64*400 + 32*16*16*81 = 2.3 M conv multiply-adds vs 53 M.
+    assert _conv_multiply_adds(shallow, obs) == 16 * 4 * 64 * 400 + 32 * 16 * 16 * 81
+    assert _conv_multiply_adds(resnet, obs) > 20 * _conv_multiply_adds(shallow, obs)
+    with pytest.raises(ConfigError, match="image stem"):
+        make_stem((4, 84, 84), torch.uint8, image_stem="vgg")
 
 
 def test_mlp_stem():
