@@ -127,7 +127,7 @@ BREAKOUT = Task(
 )
 BREAKOUT_CPU = Task(
     "breakout-cpu", "atari",
-    {"image_stem": "shallow", "runtime": "serial", "num_envs": 16, "batch_size": 16,
+    {"image_stem": "shallow", "runtime": "serial", "num_envs": 16, "batch_size": 16, "learning_rate": 2e-3,
      "total_frames": 1_000_000, "hidden_size": 256, "num_threads": 1, "checkpoint_every": 200,
      "log_every": 10, "eval_greedy": False, "eval_sets": 3, "eval_episodes": 16},
     note="Atari Breakout (envpool) with IMPALA's shallow two-conv stem instead of the ResNet, so "
