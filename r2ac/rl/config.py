@@ -176,10 +176,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"sizes must be positive: {', '.join(bad)}")
     if cfg.core not in core_choices():
         raise ConfigError(f"unknown core {cfg.core!r}; choose one of {', '.join(core_choices())}")
-    from r2ac.rl.nets import IMAGE_STEMS
+    from r2ac.rl.nets import check_image_stem
 
-    if cfg.image_stem not in IMAGE_STEMS:
-        raise ConfigError(f"unknown image stem {cfg.image_stem!r}; choose one of {', '.join(IMAGE_STEMS)}")
+    check_image_stem(cfg.image_stem)
     if cfg.batch_size % cfg.num_envs:
         raise ConfigError(
             f"batch_size ({cfg.batch_size}) must be a multiple of num_envs ({cfg.num_envs})"

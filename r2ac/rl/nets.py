@@ -109,7 +109,7 @@ class ShallowConvStem(nn.Module):
         self.out_features = out_features
         self.conv0 = nn.Conv2d(in_channels, 16, kernel_size=8, stride=4)
         self.conv1 = nn.Conv2d(16, 32, kernel_size=4, stride=2)
-        out_h, out_w = _conv_size(_conv_size(height, 8, 4), 4, 2), _conv_size(_conv_size(width, 8, 4), 4, 2)
+        out_h, out_w = (_conv_size(_conv_size(n, 8, 4), 4, 2) for n in (height, width))
         if out_h < 1 or out_w < 1:
             raise ConfigError(f"images of {height}x{width} are too small for the shallow stem")
         self.fc = nn.Linear(32 * out_h * out_w, out_features)
@@ -149,6 +149,11 @@ def _numpy_dtype(dtype) -> np.dtype:
 IMAGE_STEMS = ("resnet", "shallow")
 
 
+def check_image_stem(name: str) -> None:
+    if name not in IMAGE_STEMS:
+        raise ConfigError(f"unknown image stem {name!r}; choose one of {', '.join(IMAGE_STEMS)}")
+
+
 def make_stem(
     observation_shape: Sequence[int],
     dtype,
@@ -163,8 +168,7 @@ def make_stem(
     IMPALA's cheap one). ``dtype`` is a torch or numpy dtype (or its name). Anything else
     raises ConfigError.
     """
-    if image_stem not in IMAGE_STEMS:
-        raise ConfigError(f"unknown image stem {image_stem!r}; choose one of {', '.join(IMAGE_STEMS)}")
+    check_image_stem(image_stem)
     shape = tuple(int(n) for n in observation_shape)
     try:
         np_dtype = _numpy_dtype(dtype)
