@@ -11,6 +11,12 @@ MiniGrid the agent's 7x7 view (direction and mission are dropped) as a one-hot f
 of 20 * 7 * 7 = 980 (object, colour and state codes of every cell; `obs_encoding="image"`
 gives the raw (3, 7, 7) uint8 codes instead).
 Rewards are raw. `get_state`/`set_state` are not supported (envpool cannot snapshot).
+
+Atari `episodic_life=True` is the DeepMind/torchbeast wrapper's meaning, implemented here:
+losing a life is `terminated` for the learner (value 0 after it, core state reset), but the
+game goes on, and `episode_return`/`episode_length` count whole games. envpool's own flag
+cannot be passed through: under the explicit resets above it restarts the whole game at
+every lost life, which would turn Breakout into a one-life game.
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from r2ac.errors import ConfigError, require
 
 ATARI_GAMES = ("Breakout", "Gravitar", "MsPacman", "Qbert", "Seaquest", "Solaris", "Skiing")
 
-# The paper's Atari preprocessing; reward clipping is left to the learner.
+# The paper's Atari preprocessing; reward clipping is left to the learner. envpool's own
+# episodic_life stays off (see the module doc; make_atari's `episodic_life` replaces it).
 ATARI_DEFAULTS = dict(
     img_height=84, img_width=84, gray_scale=True, stack_num=4, frame_skip=4, noop_max=30,
     reward_clip=False, episodic_life=False, repeat_action_probability=0.0,
@@ -63,7 +70,8 @@ def _channel_first(obs: np.ndarray) -> np.ndarray:
 class EnvpoolEnv(BatchedEnv):
     """A synchronous envpool pool (batch_size == num_envs) behind the batched protocol."""
 
-    def __init__(self, task_id: str, num_envs: int, seed: int = 0, **config: Any):
+    def __init__(self, task_id: str, num_envs: int, seed: int = 0, life_loss_terminal: bool = False,
+                 **config: Any):
         envpool = _envpool()
         _check_task(task_id)
         fields = envpool.make_spec(task_id).config._fields
@@ -75,6 +83,8 @@ class EnvpoolEnv(BatchedEnv):
         self._all_ids = np.arange(num_envs, dtype=np.int32)
         self.stats = EpisodeStats(num_envs)
         self._pool = self._make_pool(seed)
+        self.life_loss_terminal = life_loss_terminal
+        self._lives = np.zeros(num_envs, dtype=np.int64)  # (B,) lives left, per stream
         space = self._pool.observation_space
         self._obs_key = "image" if hasattr(space, "spaces") else None
         image_space = space[self._obs_key] if self._obs_key else space
@@ -103,7 +113,10 @@ class EnvpoolEnv(BatchedEnv):
             self._pool = self._make_pool(seed)
         obs, info = self._pool.reset()
         self.stats.reset()
-        return self._in_stream_order(obs, info)[0]
+        obs, order = self._in_stream_order(obs, info)
+        if self.life_loss_terminal:
+            self._lives[:] = np.asarray(info["lives"])[order]
+        return obs
 
     def step(self, actions: np.ndarray) -> StepResult:
         actions = self._check_actions(actions).astype(np.int32)
@@ -112,14 +125,21 @@ class EnvpoolEnv(BatchedEnv):
         reward = np.asarray(reward, dtype=np.float32)[order]
         terminated = np.asarray(terminated, dtype=bool)[order]
         truncated = np.asarray(truncated, dtype=bool)[order] & ~terminated
-        done = terminated | truncated
+        done = terminated | truncated  # (B,) the game is over
         stats = self.stats.update(reward, done)
         reset_obs = None
         if done.any():
             finished = self._all_ids[done]
             raw, reset_info = self._pool.reset(finished)
-            reset_obs = self._in_stream_order(raw, reset_info)[0]
+            reset_obs, reset_order = self._in_stream_order(raw, reset_info)
+            if self.life_loss_terminal:
+                self._lives[done] = np.asarray(reset_info["lives"])[reset_order]
         obs, final_obs = merge_final_obs(obs, reset_obs, done)
+        if self.life_loss_terminal:
+            lives = np.asarray(info["lives"])[order]
+            life_lost = (lives < self._lives) & ~done  # (B,) the game goes on without a reset
+            self._lives[~done] = lives[~done]
+            terminated = terminated | life_lost
         return StepResult(obs, reward, terminated, truncated, {**stats, "final_obs": final_obs})
 
     def close(self) -> None:
@@ -130,9 +150,14 @@ def _game_id(name: str, suffix: str) -> str:
     return name if name.endswith(suffix) else f"{name}{suffix}"
 
 
-def make_atari(game: str, num_envs: int, seed: int = 0, **options: Any) -> EnvpoolEnv:
-    """`atari/<Game>`: 84x84 grey, 4-frame stack, action repeat 4, up to 30 no-op starts."""
-    return EnvpoolEnv(_game_id(game, "-v5"), num_envs, seed, **{**ATARI_DEFAULTS, **options})
+def make_atari(game: str, num_envs: int, seed: int = 0, episodic_life: bool = False,
+               **options: Any) -> EnvpoolEnv:
+    """`atari/<Game>`: 84x84 grey, 4-frame stack, action repeat 4, up to 30 no-op starts.
+
+    episodic_life: a lost life is terminal for the learner, the game goes on (module doc).
+    """
+    return EnvpoolEnv(_game_id(game, "-v5"), num_envs, seed, life_loss_terminal=bool(episodic_life),
+                      **{**ATARI_DEFAULTS, **options})
 
 
 def make_procgen(game: str, num_envs: int, seed: int = 0, mode: str = "hard",

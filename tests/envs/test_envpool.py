@@ -142,3 +142,23 @@ def test_one_hot_grid_rejects_codes_out_of_range():
         one_hot_grid(codes)
     with pytest.raises(ConfigError, match="obs_encoding"):
         make("minigrid/MemoryS7", 1, obs_encoding="pixels")
+
+
+def test_atari_episodic_life_ends_lives_for_the_learner_not_games():
+    """episodic_life=True: a lost life is `terminated` without a reset (the next frame is the
+    same game, one life fewer), and episode stats count whole games. Without it the same
+    seed and actions give the same frames, with `terminated` only at game over."""
+    actions = np.random.default_rng(0).integers(0, 4, (900, 2))
+    plain, life = make("atari/Breakout", 2, seed=3), make("atari/Breakout", 2, seed=3,
+                                                         episodic_life=True)
+    np.testing.assert_array_equal(plain.reset(), life.reset())
+    (a, ra), (b, rb) = run(plain, actions), run(life, actions)
+    np.testing.assert_array_equal(a["obs"], b["obs"])  # the game is not restarted at a life
+    np.testing.assert_array_equal(a["reward"], b["reward"])
+    assert (b["terminated"] & ~a["terminated"]).sum() >= 4 * 2  # lost lives, 5 per game
+    assert not (a["terminated"] & ~b["terminated"]).any()
+    for x, y in zip(ra, rb):  # whole-game returns and lengths in both
+        np.testing.assert_array_equal(x.info["episode_return"], y.info["episode_return"])
+        np.testing.assert_array_equal(x.info["episode_length"], y.info["episode_length"])
+    assert a["terminated"].sum() >= 1  # at least one game over inside the window
+
