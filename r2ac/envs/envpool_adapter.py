@@ -127,19 +127,18 @@ class EnvpoolEnv(BatchedEnv):
         truncated = np.asarray(truncated, dtype=bool)[order] & ~terminated
         done = terminated | truncated  # (B,) the game is over
         stats = self.stats.update(reward, done)
-        reset_obs = None
+        reset_obs = reset_info = None
         if done.any():
             finished = self._all_ids[done]
             raw, reset_info = self._pool.reset(finished)
             reset_obs, reset_order = self._in_stream_order(raw, reset_info)
-            if self.life_loss_terminal:
-                self._lives[done] = np.asarray(reset_info["lives"])[reset_order]
         obs, final_obs = merge_final_obs(obs, reset_obs, done)
         if self.life_loss_terminal:
-            lives = np.asarray(info["lives"])[order]
-            life_lost = (lives < self._lives) & ~done  # (B,) the game goes on without a reset
-            self._lives[~done] = lives[~done]
-            terminated = terminated | life_lost
+            lives = np.asarray(info["lives"])[order]  # (B,)
+            terminated = terminated | ((lives < self._lives) & ~done)  # the game goes on
+            if reset_info is not None:
+                lives[done] = np.asarray(reset_info["lives"])[reset_order]
+            self._lives = lives
         return StepResult(obs, reward, terminated, truncated, {**stats, "final_obs": final_obs})
 
     def close(self) -> None:

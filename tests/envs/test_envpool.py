@@ -161,4 +161,3 @@ def test_atari_episodic_life_ends_lives_for_the_learner_not_games():
         np.testing.assert_array_equal(x.info["episode_return"], y.info["episode_return"])
         np.testing.assert_array_equal(x.info["episode_length"], y.info["episode_length"])
     assert a["terminated"].sum() >= 1  # at least one game over inside the window
-
