@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from r2ac.experiments.grids import Grid, RunSpec, Task
+from r2ac.experiments.runner import check_overrides
 from r2ac.experiments.runner import read_eval as eval_score
 from r2ac.rl.run_dir import read_metrics
 
@@ -125,6 +126,13 @@ def plot_curves(grid: Grid, tasks: tuple[Task, ...], specs: list[RunSpec], out: 
     return written
 
 
+def eval_protocol(task: Task) -> str:
+    """How a column's runs are evaluated, e.g. "seaquest-cpu: 5 sets x 30 episodes, sampled"."""
+    cfg = check_overrides(task.preset, task.overrides)
+    mode = "greedy" if cfg.eval_greedy else "sampled"
+    return f"{task.name}: {cfg.eval_sets} sets x {cfg.eval_episodes} episodes, {mode}"
+
+
 def write_report(grid: Grid, tasks: tuple[Task, ...], specs: list[RunSpec], out: Path,
                  seeds: int, header: str) -> tuple[Path, str]:
     """OUT/results.md (the tables, notes, curves) and OUT/results.json (every run's scores).
@@ -133,7 +141,8 @@ def write_report(grid: Grid, tasks: tuple[Task, ...], specs: list[RunSpec], out:
     train = markdown_table(grid, tasks, specs, out, seeds, final_train_return, notes=False)
     images = plot_curves(grid, tasks, specs, out)
     body = [f"# {grid.name}", "", grid.description, "", header, "",
-            "Evaluation (K sets x E episodes, greedy by default; mean ± std over seeds):", "", table, "",
+            "Evaluation (mean ± std over seeds of each run's mean score; per column: "
+            + "; ".join(eval_protocol(t) for t in tasks) + "):", "", table, "",
             "Training return over the last 10% of each run (sampled actions):", "", train, ""]
     body += [f"![{p.stem}]({p.name})" for p in images]
     path = out / "results.md"

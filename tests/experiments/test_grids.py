@@ -88,6 +88,12 @@ def test_format_cell_reports_population_std_and_partial_seeds():
     assert report.format_cell([], 3) == "-"
 
 
+def test_eval_protocol_names_each_columns_episodes_and_mode():
+    reactive = {t.name: t for t in grids.grid("reactive").tasks}
+    assert report.eval_protocol(reactive["cartpole"]) == "cartpole: 3 sets x 100 episodes, greedy"
+    assert report.eval_protocol(reactive["seaquest-cpu"]) == "seaquest-cpu: 5 sets x 30 episodes, sampled"
+
+
 @pytest.fixture
 def tiny_grid(monkeypatch):
     monkeypatch.setitem(grids.GRIDS, "tiny", TINY)
@@ -105,6 +111,7 @@ def test_grid_trains_reports_and_resumes(tiny_grid, tmp_path, capsys):
         assert isinstance(cfg, TrainConfig) and cfg.seed == spec.seed
         assert (cfg.core, cfg.unroll_length, cfg.total_frames) == (spec.variant.core, 4, 256)
     md = (out / "results.md").read_text()
+    assert "per column: " + report.eval_protocol(TINY.tasks[0]) in md
     scores = json.loads((out / "results.json").read_text())["runs"]
     assert len(scores) == 4 and all(-1.0 <= r["eval_mean"] <= 1.0 for r in scores.values())
     # The table cell is the mean +- std of the two seeds' eval scores.
