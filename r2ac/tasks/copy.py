@@ -47,6 +47,7 @@ SYMBOLS = ("0", "1", "#")  # input vocabulary, one-hot; padding is the all-zero 
 INPUT_SIZE = len(SYMBOLS)
 BLANK = 2
 RULES = ("bptt", "rtrl")
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 class CopyBatch(NamedTuple):
@@ -90,8 +91,14 @@ def make_test_set(max_len: int, size: int, seed: int, batch_size: int = 500) -> 
     return [make_batch(n, max_len, gen) for n in sizes]
 
 
-def batch_to(batch: CopyBatch, device: torch.device | str) -> CopyBatch:
-    return CopyBatch(*(v.to(device) for v in batch))
+def batch_to(batch: CopyBatch, device: torch.device | str, dtype: torch.dtype | None = None) -> CopyBatch:
+    """The batch on `device`, its one-hot input in `dtype` (the model's; None: unchanged)."""
+    return CopyBatch(batch.x.to(device, dtype), *(v.to(device) for v in batch[1:]))
+
+
+def _dtype_of(model: nn.Module) -> torch.dtype | None:
+    first = next(model.parameters(), None)
+    return None if first is None else first.dtype
 
 
 class CopyModel(nn.Module):
@@ -236,7 +243,7 @@ def evaluate(model: CopyModel, test_set: Iterable[CopyBatch], device="cpu") -> d
     by_value = {0: [0, 0], 1: [0, 0]}
     long_right = long_n = 0
     loss = 0.0
-    batches = [batch_to(b, device) for b in test_set]
+    batches = [batch_to(b, device, _dtype_of(model)) for b in test_set]
     k_max = max(int(b.pattern_len.max()) for b in batches)
     for batch in batches:
         B = batch.mask.shape[1]
@@ -271,7 +278,7 @@ def evaluate(model: CopyModel, test_set: Iterable[CopyBatch], device="cpu") -> d
 def sequence_accuracy_by_length(model: CopyModel, test_set: Iterable[CopyBatch], device="cpu") -> dict[int, float]:
     """Fraction of test sequences with every output bit right, per pattern length k."""
     right: dict[int, list[int]] = {}
-    for batch in (batch_to(b, device) for b in test_set):
+    for batch in (batch_to(b, device, _dtype_of(model)) for b in test_set):
         logits, _ = model(batch.x, model.initial_state(batch.mask.shape[1], with_sensitivities=False))
         seq_ok = ((logits.argmax(-1) == batch.target) | ~batch.mask).all(0)  # (B,)
         for k, ok in zip(batch.pattern_len.tolist(), seq_ok.tolist()):
@@ -324,6 +331,8 @@ class CopyConfig:
     """Spread the forget-gate biases over memory time scales 2..2l (chrono init) instead of b_f = 1."""
     resume: bool = False
     """Continue from DIR/checkpoint.pt (saved at every evaluation) up to --train-steps in total."""
+    dtype: str = "float32"
+    """float32, or float64 as a diagnostic (does float32 precision limit what the core holds?)."""
     fused_step: bool = False
     """Online mode: run the per-step RTRL carry as a torch.compile'd kernel."""
     threads: int = 0
@@ -351,6 +360,8 @@ class CopyConfig:
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         self._validate_schedule()
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"--device must be cpu or cuda, got {self.device!r}")
         return self
@@ -398,7 +409,8 @@ class RunResult:
 def build_model(cfg: CopyConfig) -> CopyModel:
     torch.manual_seed(cfg.seed)
     span = max(2 * cfg.length, 3) if cfg.chrono_init else None
-    return CopyModel(cfg.hidden, cfg.rule, cfg.fused_step, span, cfg.core, cfg.readout_hidden).to(cfg.device)
+    return CopyModel(cfg.hidden, cfg.rule, cfg.fused_step, span, cfg.core, cfg.readout_hidden).to(
+        cfg.device, DTYPES[cfg.dtype])
 
 
 def update(cfg: CopyConfig, model: CopyModel, optimizer, batch: CopyBatch) -> UpdateStats:
@@ -511,7 +523,7 @@ def train(
 
     final = record() if not run.curve else {}
     while run.step < cfg.train_steps and not (run.solved is not None and cfg.stop_when_solved):
-        batch = batch_to(make_batch(cfg.batch_size, cfg.length, gen), cfg.device)
+        batch = batch_to(make_batch(cfg.batch_size, cfg.length, gen), cfg.device, DTYPES[cfg.dtype])
         for group in optimizer.param_groups:
             group["lr"] = cfg.learning_rate(run.step)
         t0 = time.perf_counter()

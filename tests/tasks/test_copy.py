@@ -295,13 +295,25 @@ def test_mlp_readout_sits_outside_the_recurrence():
     ["--length", "0"], ["--rule", "snap"], ["--readout-hidden", "-1"], ["--online", "--rule", "bptt"],
     ["--segment", "0"], ["--hidden", "0"], ["--online", "--segment", "5"], ["--lr", "0"],
     ["--lr-final", "-1"], ["--core", "lstm"], ["--core", "gru", "--rule", "bptt"],
-    ["--core", "fwp", "--chrono-init"],
+    ["--core", "fwp", "--chrono-init"], ["--dtype", "float16"],
 ])
 def test_cli_rejects_bad_options_and_writes_nothing(tmp_path, capsys, args):
     out = tmp_path / "run"
     assert copy_cli.main([*args, "--out", str(out)]) == 2
     assert "r2ac copy:" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("core", ["elstm", "lstm"])
+def test_float64_runs_train_and_evaluate_in_float64(core):
+    cfg = ct.CopyConfig(length=3, hidden=6, batch_size=4, train_steps=2, eval_every=2, segment=2,
+                        test_size=10, dtype="float64", core=core, rule="rtrl" if core == "elstm" else "bptt")
+    model, result = ct.train(cfg)
+    assert {p.dtype for p in model.parameters()} == {torch.float64}
+    # the same seed in float32 starts from the same weights and scores the same untrained model
+    model32, result32 = ct.train(dataclasses.replace(cfg, dtype="float32", train_steps=0))
+    assert result.curve[0]["test_loss"] == pytest.approx(result32.curve[0]["test_loss"], rel=1e-5)
+    assert result.steps == 2 and 0.0 <= result.final["bit_accuracy"] <= 1.0
 
 
 @pytest.mark.parametrize("core, rule", [("lstm", "bptt"), ("fwp", "rtrl"), ("elman", "rtrl")])
