@@ -26,7 +26,13 @@ def load(run_dirs: list[str]) -> list[dict]:
             print(f"skipping {d}: no results.json (unfinished run?)", file=sys.stderr)
             continue
         with open(path) as fh:
-            runs.append({"dir": d, **json.load(fh)})
+            result = json.load(fh)
+        config = {}  # the options results.json does not repeat (lr_final, chrono_init, dtype)
+        config_path = os.path.join(d, "config.json")
+        if os.path.isfile(config_path):
+            with open(config_path) as fh:
+                config = json.load(fh)["config"]
+        runs.append({"dir": d, **config, **result})
     if not runs:
         raise SystemExit("no finished runs among the given directories")
     return runs
@@ -34,7 +40,11 @@ def load(run_dirs: list[str]) -> list[dict]:
 
 def group_label(r: dict) -> str:
     readout = f"MLP readout {r['readout_hidden']}" if r.get("readout_hidden") else "linear readout"
-    return f"{r['core']}-{r['rule']}, {readout}, {r['train_steps']:,} batches, l = {r['length']}"
+    lr = f"lr {r['lr']:g}" + (f" -> {r['lr_final']:g}" if r.get("lr_final") is not None else "")
+    extras = [name for name, on in (("chrono init", r.get("chrono_init")),
+                                    ("float64", r.get("dtype") == "float64")) if on]
+    return ", ".join([f"{r['core']}-{r['rule']}", readout, *extras, f"B = {r['batch_size']}", lr,
+                      f"{r['train_steps']:,} batches", f"l = {r['length']}"])
 
 
 def table(runs: list[dict]) -> str:

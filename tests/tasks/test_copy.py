@@ -336,3 +336,26 @@ def test_other_cores_as_diagnostics(tmp_path, core, rule):
             grads[r] = _grads(model)
         for n, g in grads["bptt"].items():
             torch.testing.assert_close(grads[rule][n], g, rtol=1e-9, atol=1e-11)
+
+
+def test_capacity_script_tabulates_runs_with_their_recipe(tmp_path):
+    """scripts/copy_capacity.py: one row per run, labelled with the options read from config.json."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    dirs = []
+    for hidden, dtype in ((8, "float32"), (16, "float64")):
+        out = tmp_path / f"n{hidden}"
+        assert copy_cli.main(["--length", "4", "--hidden", str(hidden), "--train-steps", "0", "--test-size", "20",
+                              "--lr", "1e-2", "--lr-final", "1e-3", "--dtype", dtype, "--out", str(out)]) == 0
+        dirs.append(str(out))
+    script = Path(__file__).resolve().parents[2] / "scripts" / "copy_capacity.py"
+    png = tmp_path / "cap.png"
+    proc = subprocess.run([sys.executable, str(script), *dirs, "--png", str(png)],
+                          capture_output=True, text=True, check=True)
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| elstm")]
+    assert len(rows) == 2
+    assert "float64" not in rows[0] and "| 8 |" in rows[0]
+    assert "float64, B = 64, lr 0.01 -> 0.001, 0 batches, l = 4 | 16 |" in rows[1]
+    assert png.stat().st_size > 1000
