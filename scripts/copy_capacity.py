@@ -65,7 +65,7 @@ def plot(runs: list[dict], path: str) -> None:
     groups: dict[str, list[dict]] = defaultdict(list)
     for r in runs:
         groups[group_label(r)].append(r)
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(7, 4.2 + 0.2 * len(groups)))
     markers = "osD^vP"  # distinct shapes, shrinking, so that coinciding points stay visible
     for i, (label, rs) in enumerate(sorted(groups.items())):
         rs.sort(key=lambda r: r["hidden"])
@@ -76,7 +76,7 @@ def plot(runs: list[dict], path: str) -> None:
     ax.set_ylabel("every test pattern right up to k bits")
     ax.set_title("copy task: bits held and written back, against width")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15))  # below: lines stay visible
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
