@@ -2,6 +2,9 @@
 
 import dataclasses
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -311,7 +314,7 @@ def test_float64_runs_train_and_evaluate_in_float64(core):
     model, result = ct.train(cfg)
     assert {p.dtype for p in model.parameters()} == {torch.float64}
     # the same seed in float32 starts from the same weights and scores the same untrained model
-    model32, result32 = ct.train(dataclasses.replace(cfg, dtype="float32", train_steps=0))
+    _, result32 = ct.train(dataclasses.replace(cfg, dtype="float32", train_steps=0))
     assert result.curve[0]["test_loss"] == pytest.approx(result32.curve[0]["test_loss"], rel=1e-5)
     assert result.steps == 2 and 0.0 <= result.final["bit_accuracy"] <= 1.0
 
@@ -340,10 +343,6 @@ def test_other_cores_as_diagnostics(tmp_path, core, rule):
 
 def test_capacity_script_tabulates_runs_with_their_recipe(tmp_path):
     """scripts/copy_capacity.py: one row per run, labelled with the options read from config.json."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     dirs = []
     for hidden, dtype in ((8, "float32"), (16, "float64")):
         out = tmp_path / f"n{hidden}"
