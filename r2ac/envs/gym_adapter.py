@@ -16,6 +16,9 @@ then continues its own random sequence. `get_state`/`set_state` are not supporte
 
 from __future__ import annotations
 
+import difflib
+import inspect
+import warnings
 from typing import Any
 
 import numpy as np
@@ -42,17 +45,62 @@ def _gymnasium():
     return require("gymnasium", "gymnasium", "gym")
 
 
-def _make_one(env_id: str, **kwargs: Any):
+def _register(env_id: str):
+    """Import the package that registers `env_id` (POPGym, MiniGrid, MinAtar) if needed."""
     gym = _gymnasium()
     for prefix, (module, package, extra) in _REGISTERING_PACKAGES.items():
         if env_id.startswith(prefix):
             registering = require(module, package, extra)
             if env_id not in gym.registry and hasattr(registering, "register_envs"):
                 registering.register_envs()  # MinAtar registers only on request
+    return gym
+
+
+def registered_ids(prefix: str) -> list[str]:
+    """Every registered Gymnasium id starting with `prefix` (registering its package first);
+    [] when gymnasium or the package is missing."""
+    try:
+        gym = _register(prefix)
+    except (ImportError, ConfigError):
+        return []
+    return sorted(i for i in gym.registry if i.startswith(prefix))
+
+
+def _accepted_options(gym, env_id: str) -> list[str]:
+    """Keyword arguments the env's constructor takes (for the error message)."""
+    entry = gym.registry[env_id].entry_point
+    try:
+        target = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
+        params = inspect.signature(target).parameters.values()
+    except (AttributeError, ImportError, TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def _make_one(env_id: str, **kwargs: Any):
+    gym = _register(env_id)
+    if env_id not in gym.registry:
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ConfigError(f"gymnasium has no env {env_id!r}{hint} (`r2ac envs --ids` lists them)")
+    _quiet_checker_warnings()
     try:
         return gym.make(env_id, **kwargs)
+    except TypeError as exc:  # an option the env's constructor does not take
+        accepted = _accepted_options(gym, env_id)
+        raise ConfigError(
+            f"{env_id} does not take env options {sorted(kwargs)}; it accepts "
+            f"{accepted or 'none'} (pass a bare --env-options for none)"
+        ) from exc
     except gym.error.Error as exc:
         raise ConfigError(f"gymnasium cannot make {env_id!r}: {exc}") from exc
+
+
+def _quiet_checker_warnings() -> None:
+    """Show each of gymnasium's env-checker warnings once per process, not once per step
+    (CountRecall's observations trip the PassiveEnvChecker on every step)."""
+    warnings.filterwarnings("once", module=r"gymnasium\.utils\.passive_env_checker")
+    warnings.filterwarnings("once", category=UserWarning, module=r"gymnasium\..*")
 
 
 class _ObsConverter:

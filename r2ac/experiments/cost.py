@@ -172,6 +172,7 @@ def random_segment(
         truncated=no_end.clone(),
         behaviour_logits=torch.randn(M, B, num_actions, generator=g),  # (M, B, A)
         final_values=torch.zeros(M, B),  # (M, B)
+        last_action=torch.randint(0, num_actions, (M + 1, B), generator=g),  # (M+1, B)
         state=None,
     )
     return Segment(*(t.to(device) for t in seg[:-1]), state)

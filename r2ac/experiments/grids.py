@@ -21,6 +21,10 @@ from typing import Any
 
 from r2ac.errors import ConfigError
 
+# A variant's segment length that means "the task's longest episode": full BPTT for a
+# truncated-BPTT core on tasks whose episodes all have that length and start together.
+FULL_EPISODE = 0
+
 
 @dataclass(frozen=True)
 class Task:
@@ -31,6 +35,8 @@ class Task:
     overrides: dict[str, Any] = field(default_factory=dict)
     note: str = ""
     """Reference scores (random / memoryless / scripted), printed under the table."""
+    episode_steps: int | None = None
+    """Longest episode (steps): the M of FULL_EPISODE variants."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +49,8 @@ class Variant:
 
     @property
     def label(self) -> str:
-        return f"{self.core} M={self.unroll_length}"
+        m = "episode" if self.unroll_length == FULL_EPISODE else self.unroll_length
+        return f"{self.core} M={m}"
 
 
 @dataclass(frozen=True)
@@ -66,12 +73,22 @@ class RunSpec:
     @property
     def run_id(self) -> str:
         """Directory name: readable and unique within the grid."""
-        return _slug(f"{self.task.name}__{self.variant.core}__M{self.variant.unroll_length}__s{self.seed}")
+        m = "ep" if self.variant.unroll_length == FULL_EPISODE else self.variant.unroll_length
+        return _slug(f"{self.task.name}__{self.variant.core}__M{m}__s{self.seed}")
+
+    @property
+    def unroll_length(self) -> int:
+        """The variant's M, or the task's longest episode for FULL_EPISODE variants."""
+        if self.variant.unroll_length != FULL_EPISODE:
+            return self.variant.unroll_length
+        if not self.task.episode_steps:
+            raise ConfigError(f"task {self.task.name!r} has no episode_steps for M=episode")
+        return self.task.episode_steps
 
     def overrides(self, total_frames: int | None = None) -> dict[str, Any]:
         """The TrainConfig fields this run sets on top of the task's preset."""
         out = dict(self.task.overrides)
-        out.update(core=self.variant.core, unroll_length=self.variant.unroll_length, seed=self.seed)
+        out.update(core=self.variant.core, unroll_length=self.unroll_length, seed=self.seed)
         out.update(self.variant.overrides)
         if total_frames is not None:
             out["total_frames"] = total_frames
@@ -146,6 +163,36 @@ SEAQUEST_CPU = Task(
 
 _MEMORY_M = (5, 10, 50, 100)
 
+
+def _popgym(name: str, env_id: str, episode_steps: int, note: str) -> Task:
+    """A POPGym Easy env on the popgym preset. Every POPGym return lies in [-1, 1] with the
+    optimum at +1 (Morad et al. 2023); random scores: `python scripts/popgym_scores.py`."""
+    return Task(name, "popgym", {"env": f"gym/popgym-{env_id}-v0"}, note=note,
+                episode_steps=episode_steps)
+
+
+POPGYM_TASKS = (
+    _popgym("repeat-first", "RepeatFirstEasy", 51,
+            "RepeatFirst (say the first card's suit at every step; span 51): random -0.50, "
+            "oracle 1.00"),
+    _popgym("repeat-previous", "RepeatPreviousEasy", 51,
+            "RepeatPrevious (say the suit of the card 4 steps back; span 4): random -0.50, "
+            "oracle 1.00"),
+    _popgym("count-recall", "CountRecallEasy", 51,
+            "CountRecall (how often was this card's value seen; span 51): random -0.93"),
+    _popgym("autoencode", "AutoencodeEasy", 103,
+            "Autoencode (watch 52 suits, then say them back; span 103): random -0.52"),
+    _popgym("higher-lower", "HigherLowerEasy", 51,
+            "HigherLower (will the next card be higher; card counting helps; span 51): random 0.01"),
+    _popgym("concentration", "ConcentrationEasy", 104,
+            "Concentration (flip matching pairs; span 104): random -0.21"),
+    _popgym("position-cartpole", "PositionOnlyCartPoleEasy", 200,
+            "CartPole seeing positions only (velocities must be inferred; span 2+): random 0.11"),
+    _popgym("velocity-cartpole", "VelocityOnlyCartpoleEasy", 200,
+            "CartPole seeing velocities only (positions must be integrated; span up to 200): "
+            "random 0.11"),
+)
+
 GRIDS: dict[str, Grid] = {
     "memory-m": Grid(
         "memory-m",
@@ -172,6 +219,17 @@ GRIDS: dict[str, Grid] = {
         (Variant("feedforward", 20), Variant("elstm-bptt", 20), Variant("elstm-rtrl", 20)),
     ),
 }
+
+GRIDS["popgym"] = Grid(
+    "popgym",
+    "POPGym (Morad et al. 2023), someone else's memory benchmark: exact RTRL at a short M "
+    "against truncated BPTT at the same M and against full BPTT (LSTM and GRU with M as long as "
+    "the episode), plus a memoryless agent; the same frame budget on every env.",
+    POPGYM_TASKS,
+    (Variant("elstm-rtrl", 4), Variant("elstm-bptt", 4), Variant("lstm-bptt", 4),
+     Variant("gru-bptt", 4), Variant("lstm-bptt", FULL_EPISODE), Variant("gru-bptt", FULL_EPISODE),
+     Variant("feedforward", 4)),
+)
 
 # Studies that are measurements, not grids of training runs (r2ac.experiments.cli dispatches).
 STUDIES = {"cost": "r2ac.experiments.cost"}

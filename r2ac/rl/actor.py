@@ -4,6 +4,7 @@ Segment layout (time-major, M steps, B streams; see docs/rl.md):
 
     obs              (M+1, B, ...)  obs[t] is what action t was taken on; obs[M] bootstraps
     last_reward      (M+1, B)       raw reward received before obs[t]; 0 where reset[t]
+    last_action      (M+1, B) int64 action taken before obs[t]; 0 where reset[t]
     reset            (M+1, B) bool  obs[t] is the first observation of an episode
     actions          (M, B) int64
     rewards          (M, B)         raw (the learner clips)
@@ -37,6 +38,7 @@ from r2ac.rtrl.state import cat_streams
 class Segment(NamedTuple):
     obs: torch.Tensor
     last_reward: torch.Tensor
+    last_action: torch.Tensor
     reset: torch.Tensor
     actions: torch.Tensor
     rewards: torch.Tensor
@@ -81,6 +83,7 @@ class Actor:
         B = env.num_envs
         self.obs = torch.from_numpy(env.reset(seed=seed))  # (B, ...)
         self.last_reward = torch.zeros(B, dtype=self.dtype)  # (B,)
+        self.last_action = torch.zeros(B, dtype=torch.int64)  # (B,)
         self.reset = torch.ones(B, dtype=torch.bool)  # (B,)
         self.state = agent.initial_state(B)
 
@@ -90,6 +93,7 @@ class Actor:
         return {
             "obs": torch.empty((M + 1, *self.obs.shape), dtype=self.obs.dtype),
             "last_reward": torch.empty(M + 1, B, **f),
+            "last_action": torch.empty(M + 1, B, dtype=torch.int64),
             "reset": torch.empty(M + 1, B, dtype=torch.bool),
             "actions": torch.empty(M, B, dtype=torch.int64),
             "rewards": torch.empty(M, B, **f),
@@ -103,6 +107,7 @@ class Actor:
         buf["obs"][t], buf["last_reward"][t], buf["reset"][t] = (
             self.obs, self.last_reward, self.reset,
         )
+        buf["last_action"][t] = self.last_action
 
     @torch.no_grad()
     def collect(self) -> tuple[Segment, EpisodeLog]:
@@ -115,7 +120,8 @@ class Actor:
         for t in range(self.unroll_length):
             self._record_input(buf, t)
             reset = self.reset.unsqueeze(0)  # (1, B)
-            x = agent.core_input(self.obs.unsqueeze(0), self.last_reward.unsqueeze(0), reset)
+            x = agent.core_input(self.obs.unsqueeze(0), self.last_reward.unsqueeze(0), reset,
+                                 self.last_action.unsqueeze(0))
             inputs.append(x)
             h, state = agent.core(x, state, reset=reset)
             logits = agent.heads(h)[0][0]  # (B, A)
@@ -130,11 +136,13 @@ class Actor:
                 reward, terminated, truncated,
             )
             if bool(truncated.any()):
-                buf["final_values"][t] = self._final_values(result.info["final_obs"], reward, state)
+                buf["final_values"][t] = self._final_values(
+                    result.info["final_obs"], reward, action, state)
             self._log_episodes(result.info, log)
             done = terminated | truncated
             self.obs = torch.from_numpy(np.asarray(result.obs))
             self.last_reward = reward.masked_fill(done, 0.0)
+            self.last_action = action.masked_fill(done, 0)
             self.reset = done
         self._record_input(buf, self.unroll_length)
         if light is None:
@@ -148,10 +156,11 @@ class Actor:
                 _, self.state = agent.core(x_seg, start, reset=reset_seg)
         return Segment(**buf, state=start), log
 
-    def _final_values(self, final_obs, reward: torch.Tensor, state: Any) -> torch.Tensor:
+    def _final_values(self, final_obs, reward: torch.Tensor, action: torch.Tensor,
+                      state: Any) -> torch.Tensor:
         """V(final_obs) from the state after the step (the state of the ended episode)."""
         obs = torch.from_numpy(np.asarray(final_obs)).unsqueeze(0)
-        x = self.agent.core_input(obs, reward.unsqueeze(0), None)
+        x = self.agent.core_input(obs, reward.unsqueeze(0), None, action.unsqueeze(0))
         h, _ = self.agent.core(x, state, reset=None)
         return self.agent.heads(h)[1][0]  # (B,)
 
@@ -171,6 +180,7 @@ class Actor:
             env_state = None
         return {
             "obs": self.obs.clone(), "last_reward": self.last_reward.clone(),
+            "last_action": self.last_action.clone(),
             "reset": self.reset.clone(), "state": self.state,
             "generator": self.generator.get_state(), "env": env_state,
         }
@@ -182,5 +192,8 @@ class Actor:
             return False
         self.env.set_state(saved["env"])
         self.obs, self.last_reward = saved["obs"], saved["last_reward"]
+        # checkpoints written before the previous action was tracked: an agent without
+        # prev_action ignores it, so zeros continue such a run exactly
+        self.last_action = saved.get("last_action", torch.zeros_like(self.last_action))
         self.reset, self.state = saved["reset"], saved["state"]
         return True

@@ -1,4 +1,10 @@
-"""The R2AC agent: stem -> core([features, clipped last reward]) -> policy and value heads."""
+"""The R2AC agent: stem -> core([features, last reward, previous action]) -> policy and value heads.
+
+The core input per step is the stem's features, the clipped last reward (times the reward
+scale) and, with ``prev_action``, a one-hot code of the previous action (zeros at an
+episode start), as POPGym's baselines feed it. With ``value_norm`` the value head is
+PopArt-normalised (``r2ac.rl.nets.PolicyValueHeads``).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from r2ac.errors import ConfigError
@@ -15,6 +22,11 @@ from r2ac.rl import checkpoint
 from r2ac.rl.nets import PolicyValueHeads
 
 STEM_PREFIX = "stem."
+
+
+def core_input_size(stem_features: int, num_actions: int, prev_action: bool) -> int:
+    """Width of the core input: features, the last reward, the previous action's code."""
+    return stem_features + 1 + (num_actions if prev_action else 0)
 
 
 def _core_size(core: nn.Module, name: str) -> int | None:
@@ -26,27 +38,34 @@ class Agent(nn.Module):
     """Actor-critic network around any core obeying the core contract.
 
     ``stem`` maps ``(N, *obs_shape)`` to ``(N, stem.out_features)``; ``core`` maps
-    ``(T, B, stem.out_features + 1)`` to ``(T, B, core.hidden_size)`` with
+    ``(T, B, core_input_size(...))`` to ``(T, B, core.hidden_size)`` with
     ``initial_state(B)`` and ``forward(x, state, reset)``. With ``freeze_stem`` the stem gets
-    no gradients (its parameters are frozen and it runs under ``no_grad``).
+    no gradients (its parameters are frozen and it runs under ``no_grad``). ``reward_scale``
+    multiplies the clipped last reward of the input (the losses see the same scale).
     """
 
     def __init__(
-        self, stem: nn.Module, core: nn.Module, num_actions: int, freeze_stem: bool = False
+        self, stem: nn.Module, core: nn.Module, num_actions: int, freeze_stem: bool = False,
+        prev_action: bool = False, value_norm: bool = False, reward_scale: float = 1.0,
     ):
         super().__init__()
         hidden_size = _core_size(core, "hidden_size")
         if hidden_size is None:
             raise ConfigError(f"core {type(core).__name__} has no hidden_size attribute")
         input_size = _core_size(core, "input_size")
-        if input_size is not None and input_size != stem.out_features + 1:
+        expected = core_input_size(stem.out_features, num_actions, prev_action)
+        if input_size is not None and input_size != expected:
             raise ConfigError(
-                f"core input_size {input_size} != stem features {stem.out_features} + 1 "
-                "(the clipped last reward)"
+                f"core input_size {input_size} != {expected} (stem features "
+                f"{stem.out_features} + 1 last reward"
+                + (f" + {num_actions} previous-action codes)" if prev_action else ")")
             )
         self.stem = stem
         self.core = core
-        self.heads = PolicyValueHeads(hidden_size, num_actions)
+        self.heads = PolicyValueHeads(hidden_size, num_actions, value_norm=value_norm)
+        self.num_actions = num_actions
+        self.prev_action = prev_action
+        self.reward_scale = reward_scale
         self.freeze_stem = freeze_stem
         if freeze_stem:
             self.stem.requires_grad_(False)
@@ -61,16 +80,18 @@ class Agent(nn.Module):
         reset: torch.Tensor | None,
         state: Any,
         carry: bool = True,
+        last_action: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        """obs ``(T, B, *obs_shape)``, last_reward ``(T, B)``, reset ``(T, B)`` bool or None.
+        """obs ``(T, B, *obs_shape)``, last_reward ``(T, B)``, reset ``(T, B)`` bool or None,
+        last_action ``(T, B)`` int64 (the action taken before obs[t]; needed with prev_action).
 
         Returns logits ``(T, B, A)``, values ``(T, B)`` and the core's new state. The last
-        reward is clipped to [-1, 1] and zeroed where ``reset`` is set (a new episode has no
-        previous reward), so a reset stream sees exactly what a fresh stream sees.
+        reward and action are zeroed where ``reset`` is set (a new episode has neither), so a
+        reset stream sees exactly what a fresh stream sees.
         `carry=False` tells the core the returned state will not be used (cores that support
         it skip their sensitivity carry; the returned state is then incomplete).
         """
-        x = self.core_input(obs, last_reward, reset)  # (T, B, F + 1)
+        x = self.core_input(obs, last_reward, reset, last_action)  # (T, B, D)
         if not carry and getattr(self.core, "supports_skip_carry", False):
             h, state = self.core(x, state, reset=reset, carry=False)  # (T, B, N)
         else:
@@ -79,9 +100,11 @@ class Agent(nn.Module):
         return logits, values, state
 
     def core_input(
-        self, obs: torch.Tensor, last_reward: torch.Tensor, reset: torch.Tensor | None
+        self, obs: torch.Tensor, last_reward: torch.Tensor, reset: torch.Tensor | None,
+        last_action: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The core's input ``(T, B, F + 1)``: stem features and the clipped last reward.
+        """The core's input ``(T, B, D)``: stem features, the clipped and scaled last reward
+        and, with prev_action, the previous action's one-hot code (D = F + 1 [+ A]).
 
         Actors record it to recompute the carried core state of a segment in one call.
         """
@@ -92,15 +115,31 @@ class Agent(nn.Module):
             )
         if reset is not None and reset.shape != last_reward.shape:
             raise ValueError(f"reset must be (T, B); got {tuple(reset.shape)}")
+        if last_action is not None and last_action.shape != last_reward.shape:
+            raise ValueError(f"last_action must be (T, B); got {tuple(last_action.shape)}")
         n_steps, batch_size = last_reward.shape
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze_stem):
             features = self.stem(obs.flatten(0, 1))  # (T * B, F)
         features = features.reshape(n_steps, batch_size, -1)  # (T, B, F)
-        r_tm1 = last_reward.to(features.dtype).clamp(-1.0, 1.0)  # (T, B)
+        r_tm1 = last_reward.to(features.dtype).clamp(-1.0, 1.0) * self.reward_scale  # (T, B)
         if reset is not None:
             r_tm1 = r_tm1.masked_fill(reset.bool(), 0.0)
-        x = torch.cat([features, r_tm1.unsqueeze(-1)], dim=-1)  # (T, B, F + 1)
-        return x
+        parts = [features, r_tm1.unsqueeze(-1)]
+        if self.prev_action:
+            parts.append(self._action_code(last_action, reset, features.dtype))
+        return torch.cat(parts, dim=-1)  # (T, B, D)
+
+    def _action_code(
+        self, last_action: torch.Tensor | None, reset: torch.Tensor | None, dtype
+    ) -> torch.Tensor:
+        """One-hot ``(T, B, A)`` of the previous action, zeros where an episode starts."""
+        if last_action is None:
+            raise ValueError("this agent feeds the previous action: pass last_action (T, B)")
+        code = F.one_hot(last_action.long().clamp(0, self.num_actions - 1), self.num_actions)
+        code = code.to(dtype)  # (T, B, A)
+        if reset is not None:
+            code = code.masked_fill(reset.bool().unsqueeze(-1), 0.0)
+        return code
 
     def load_stem(self, path: str | os.PathLike) -> None:
         """Load the stem's weights from a checkpoint of an agent (e.g. a pre-trained one).

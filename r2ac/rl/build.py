@@ -9,7 +9,7 @@ import torch
 
 from r2ac import envs
 from r2ac.envs.base import BatchedEnv
-from r2ac.rl.agent import Agent
+from r2ac.rl.agent import Agent, core_input_size
 from r2ac.rl.config import FEEDFORWARD, TrainConfig
 from r2ac.rl.nets import Feedforward, make_stem
 
@@ -48,11 +48,15 @@ def make_agent(
         channels=cfg.conv_channels, mlp_hidden=cfg.mlp_hidden,
         image_stem=cfg.image_stem,
     )
-    core = make_core(cfg.core, cfg.stem_features + 1, cfg.hidden_size)
+    input_size = core_input_size(cfg.stem_features, num_actions, cfg.prev_action)
+    core = make_core(cfg.core, input_size, cfg.hidden_size)
     if cfg.forget_bias is not None and hasattr(core, "b_f"):
         with torch.no_grad():
             core.b_f.fill_(cfg.forget_bias)
-    agent = Agent(stem, core, num_actions, freeze_stem=cfg.freeze_stem).to(dtype)
+    agent = Agent(
+        stem, core, num_actions, freeze_stem=cfg.freeze_stem, prev_action=cfg.prev_action,
+        value_norm=cfg.popart, reward_scale=cfg.reward_scale,
+    ).to(dtype)
     if load_stem and cfg.load_stem:
         agent.load_stem(cfg.load_stem)
     return agent

@@ -58,6 +58,8 @@ class TrainConfig:
     """RMSProp learning rate."""
     lr_decay: bool = True
     """Decay the learning rate linearly to 0 over total_frames (--no-lr-decay: constant)."""
+    lr_warmup_updates: int = 0
+    """Ramp the learning rate linearly from 0 over this many updates (0: none)."""
     rms_alpha: float = 0.99
     """RMSProp smoothing constant."""
     rms_eps: float = 0.01
@@ -65,7 +67,20 @@ class TrainConfig:
     discount: float = 0.99
     """Discount gamma."""
     reward_scale: float = 1.0
-    """Multiply the clipped rewards by this in the losses (the value targets scale with it)."""
+    """Multiply the clipped rewards by this, in the losses (the value targets scale with it)
+    and in the core's last-reward input."""
+    prev_action: bool = False
+    """Feed the previous action (one-hot, zeros at an episode start) to the core with the last
+    reward, as POPGym's baselines do."""
+    popart: bool = False
+    """PopArt value normalisation: the value head learns normalised returns and the losses
+    divide value errors and advantages by the running std of the V-trace targets, so that
+    tasks with tiny rewards (POPGym: +-1/51 per step) train like tasks with unit rewards."""
+    popart_beta: float = 1e-3
+    """Step size of PopArt's running target mean and second moment (one move per update)."""
+    advantage_norm: bool = False
+    """Standardise the policy-gradient advantages over each batch (mean 0, std 1), PPO-style:
+    the policy's step no longer depends on the reward scale."""
     baseline_cost: float = 0.5
     """Weight of the baseline loss."""
     entropy_cost: float = 0.003
@@ -95,7 +110,10 @@ class TrainConfig:
     eval_at_end: bool = True
     """Run the evaluation at the end of training and write eval.json."""
     progress: bool = True
-    """Show a progress bar (frames, frames/s, recent return, time left) on a terminal."""
+    """Show a progress bar (frames, frames/s, recent return, time left) on a terminal; when
+    stderr is not a terminal, one such line every progress_every_s seconds."""
+    progress_every_s: float = 30.0
+    """Seconds between progress lines when stderr is not a terminal (a job, a log file)."""
 
     @property
     def updates_total(self) -> int:
@@ -133,6 +151,17 @@ PRESETS: dict[str, TrainConfig] = {
         unroll_length=20, total_frames=5_000_000, learning_rate=2e-3, forget_bias=3.0,
         entropy_cost=0.01,
     ),
+    # POPGym (Morad et al. 2023): card games and CartPoles with returns in [-1, 1] and
+    # per-step rewards of 1/51 .. 1/200. PopArt makes the losses scale-free, the previous
+    # action disambiguates the observations (and marks an episode's first step), and a
+    # trainable stem learns what of the tiny one-hot observations to keep.
+    "popgym": TrainConfig(
+        env="gym/popgym-RepeatFirstEasy-v0", env_options=(), hidden_size=128,
+        forget_bias=None, freeze_stem=False, unroll_length=4, total_frames=2_000_000,
+        learning_rate=5e-4, lr_decay=False, entropy_cost=0.01, prev_action=True, popart=True,
+        advantage_norm=True,
+        eval_sets=3, eval_episodes=100,
+    ),
     "dmlab": _paper(
         env="dmlab/rooms_watermaze", env_options=(), hidden_size=512, unroll_length=100,
         total_frames=30_000_000, eval_sets=3, eval_episodes=100,
@@ -169,7 +198,8 @@ _POSITIVE = (
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Raise ConfigError for bad sizes, names or combinations; return cfg unchanged."""
     bad = [f"{name}={getattr(cfg, name)}" for name in _POSITIVE if getattr(cfg, name) < 1]
-    bad += [f"{n}={getattr(cfg, n)}" for n in ("num_actors", "num_threads") if getattr(cfg, n) < 0]
+    bad += [f"{n}={getattr(cfg, n)}" for n in ("num_actors", "num_threads", "lr_warmup_updates")
+            if getattr(cfg, n) < 0]
     bad += [f"mlp_hidden={cfg.mlp_hidden}"] if any(n < 1 for n in cfg.mlp_hidden) else []
     bad += [f"conv_channels={cfg.conv_channels}"] if any(n < 1 for n in cfg.conv_channels) else []
     if bad:
@@ -187,6 +217,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError("need learning_rate >= 0, 0 <= discount <= 1 and grad_clip > 0")
     if not cfg.reward_scale > 0:
         raise ConfigError(f"reward_scale must be positive, got {cfg.reward_scale}")
+    if not 0.0 < cfg.popart_beta <= 1.0:
+        raise ConfigError(f"popart_beta must be in (0, 1], got {cfg.popart_beta}")
+    if not cfg.progress_every_s > 0:
+        raise ConfigError(f"progress_every_s must be positive, got {cfg.progress_every_s}")
     if cfg.runtime not in ("serial", "parallel"):
         raise ConfigError(f"unknown runtime {cfg.runtime!r}; choose serial or parallel")
     cfg.env_kwargs()

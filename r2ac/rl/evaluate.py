@@ -40,11 +40,13 @@ def play_episodes(agent: Agent, env, episodes: int, greedy: bool, seed: int) -> 
     obs = torch.from_numpy(env.reset(seed=seed))
     dtype = next(agent.parameters()).dtype
     last_reward, reset = torch.zeros(n, dtype=dtype), torch.ones(n, dtype=torch.bool)
+    last_action = torch.zeros(n, dtype=torch.int64)
     full = agent.initial_state(n)
     state = light_state(full) or full
     steps = 0
     while any(len(r) < q for r, q in zip(returns, quota)):
-        logits, _, state = agent(obs[None], last_reward[None], reset[None], state)
+        logits, _, state = agent(obs[None], last_reward[None], reset[None], state,
+                                 last_action=last_action[None])
         logits = logits[0]
         if greedy:
             action = logits.argmax(-1)
@@ -58,6 +60,7 @@ def play_episodes(agent: Agent, env, episodes: int, greedy: bool, seed: int) -> 
                 returns[b].append(float(res.info["episode_return"][b]))
         obs = torch.from_numpy(np.asarray(res.obs))
         last_reward = torch.from_numpy(np.asarray(res.reward)).to(dtype).masked_fill(done, 0.0)
+        last_action = action.masked_fill(done, 0)
         reset = done
     return [x for r in returns for x in r], steps
 

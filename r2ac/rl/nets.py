@@ -187,16 +187,55 @@ def make_stem(
 
 
 class PolicyValueHeads(nn.Module):
-    """Linear policy logits and a linear baseline on core outputs ``(..., in_features)``."""
+    """Linear policy logits and a linear baseline on core outputs ``(..., in_features)``.
 
-    def __init__(self, in_features: int, num_actions: int):
+    With ``value_norm`` the baseline is PopArt-normalised (van Hasselt et al. 2016; Hessel et
+    al. 2019, "Multi-task deep RL with PopArt"): the linear layer predicts a normalised value
+    n, and ``forward`` returns ``V = sigma * n + mu`` with running statistics of the value
+    targets kept as buffers (so they travel with the weights and the checkpoints).
+    ``update_value_stats`` moves the statistics and rescales the layer so that V is unchanged
+    ("preserving outputs precisely"); the learner divides the value error and the advantages
+    by ``value_scale()``, which makes the losses invariant to the reward scale.
+    """
+
+    SIGMA_RANGE = (1e-4, 1e6)
+
+    def __init__(self, in_features: int, num_actions: int, value_norm: bool = False):
         super().__init__()
         self.policy = nn.Linear(in_features, num_actions)
         self.baseline = nn.Linear(in_features, 1)
+        self.value_norm = value_norm
+        if value_norm:
+            self.register_buffer("value_mean", torch.zeros(()))  # mu: E[target]
+            self.register_buffer("value_sq_mean", torch.ones(()))  # nu: E[target^2]
+
+    def value_scale(self) -> torch.Tensor:
+        """sigma = sqrt(nu - mu^2), clipped; 1 without value normalisation."""
+        if not self.value_norm:
+            return torch.ones((), dtype=self.baseline.weight.dtype)
+        variance = self.value_sq_mean - self.value_mean**2
+        return variance.clamp(min=self.SIGMA_RANGE[0] ** 2).sqrt().clamp(*self.SIGMA_RANGE)
 
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns logits ``(..., num_actions)`` and values ``(...)``."""
-        return self.policy(h), self.baseline(h).squeeze(-1)
+        """Returns logits ``(..., num_actions)`` and values ``(...)`` (unnormalised)."""
+        values = self.baseline(h).squeeze(-1)  # (...)
+        if self.value_norm:
+            values = values * self.value_scale() + self.value_mean
+        return self.policy(h), values
+
+    @torch.no_grad()
+    def update_value_stats(self, targets: torch.Tensor, beta: float) -> None:
+        """Move mu, nu toward the moments of `targets` (any shape) by step `beta`, then
+        rescale the baseline layer so that every value it outputs stays the same."""
+        if not self.value_norm:
+            raise RuntimeError("update_value_stats needs value_norm=True")
+        targets = targets.to(self.value_mean.dtype)
+        sigma, mu = self.value_scale(), self.value_mean.clone()
+        self.value_mean.lerp_(targets.mean(), beta)
+        self.value_sq_mean.lerp_((targets**2).mean(), beta)
+        new_sigma = self.value_scale()
+        self.baseline.weight.mul_(sigma / new_sigma)
+        self.baseline.bias.mul_(sigma).add_(mu - self.value_mean).div_(new_sigma)
 
 
 class FeedforwardState(NamedTuple):

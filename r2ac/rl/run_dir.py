@@ -26,7 +26,7 @@ from r2ac.rl.config import TrainConfig, from_dict, to_dict
 COLUMNS = (
     "update", "frames", "time_s", "fps", "return_mean", "episode_length_mean", "episodes",
     "loss", "pg_loss", "baseline_loss", "entropy_loss", "entropy", "grad_norm", "lr",
-    "policy_lag",
+    "policy_lag", "value_mean", "value_scale",
 )
 
 

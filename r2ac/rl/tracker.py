@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections import deque
 from typing import Any
@@ -16,6 +17,38 @@ RECENT = 100  # episodes in the "recent return" average
 
 def _mean(values) -> float:
     return sum(values) / len(values) if values else math.nan
+
+
+class ProgressLines:
+    """The progress bar's information as plain lines, at most one every `every_s` seconds:
+    frames, frames/s since the last line, recent return, estimated time left."""
+
+    def __init__(self, total: int, initial: int, every_s: float, stream=None):
+        self.total, self.frames, self.every_s = total, initial, every_s
+        self.stream = stream if stream is not None else sys.stderr
+        self._last = (initial, time.perf_counter())
+        self._ret = ""
+
+    def update(self, frames: int) -> None:
+        self.frames += frames
+        now = time.perf_counter()
+        if now - self._last[1] >= self.every_s or self.frames >= self.total:
+            self._print(now)
+
+    def set_postfix(self, ret: str = "", refresh: bool = False) -> None:
+        self._ret = ret
+
+    def _print(self, now: float) -> None:
+        fps = (self.frames - self._last[0]) / max(now - self._last[1], 1e-9)
+        left = (self.total - self.frames) / fps if fps > 0 else math.inf
+        eta = f"{left / 60:.1f} min" if math.isfinite(left) else "?"
+        print(f"[progress] {self.frames}/{self.total} frames ({100 * self.frames / self.total:.0f}%)"
+              f"  {fps:.0f} frames/s  return {self._ret or 'nan'}  left {eta}",
+              file=self.stream, flush=True)
+        self._last = (self.frames, now)
+
+    def close(self) -> None:
+        pass
 
 
 class Tracker:
@@ -37,12 +70,16 @@ class Tracker:
         self.bar = self._make_bar()
 
     def _make_bar(self):
+        """A tqdm bar on a terminal; one progress line every `progress_every_s` seconds when
+        stderr is a file or a pipe (a job's log), where a bar would print nothing useful."""
         if not self.cfg.progress:
             return None
+        if not sys.stderr.isatty():
+            return ProgressLines(self.cfg.total_frames, self.frames, self.cfg.progress_every_s)
         from tqdm import tqdm
 
         return tqdm(total=self.cfg.total_frames, initial=self.frames, unit="frame",
-                    unit_scale=True, dynamic_ncols=True, disable=None, smoothing=0.1)
+                    unit_scale=True, dynamic_ncols=True, smoothing=0.1)
 
     @property
     def elapsed(self) -> float:

@@ -41,8 +41,19 @@ def parse_config(argv: list[str]) -> TrainConfig:
 
     description = (f"Train R2AC. --preset {{{','.join(PRESETS)}}} picks the defaults "
                    "(default delayed-cue); --resume RUN_DIR continues a run.")
-    return tyro.cli(TrainConfig, default=default, args=argv, prog="r2ac train",
-                    description=description)
+    cfg = tyro.cli(TrainConfig, default=default, args=argv, prog="r2ac train",
+                   description=description)
+    return _own_env_options(cfg, default, argv)
+
+
+def _own_env_options(cfg: TrainConfig, default: TrainConfig, argv: list[str]) -> TrainConfig:
+    """A preset's env options belong to the preset's env: with another `--env` and no
+    `--env-options` the new env gets none (the delayed cue's delay=64 must not reach
+    POPGym)."""
+    given = any(a == "--env-options" or a.startswith("--env-options=") for a in argv)
+    if cfg.env != default.env and not given:
+        return dataclasses.replace(cfg, env_options=())
+    return cfg
 
 
 def make_runtime(cfg: TrainConfig, run: RunDir | None):

@@ -9,11 +9,12 @@ from r2ac.rtrl.elstm import ELSTM
 from r2ac.rtrl.elstm_math import ELSTMSensitivity, ELSTMState
 from r2ac.rtrl.felstm import FeLSTM, FeLSTMSensitivity, FeLSTMState
 from r2ac.rtrl.fwp import FWP, FWPSensitivity, FWPState
+from r2ac.rtrl.gru import GRU, GRUState
 from r2ac.rtrl.lstm import LSTM, LSTMState
 
 __all__ = [
     "ELSTM", "ELSTMSensitivity", "ELSTMState", "Elman", "ElmanState", "FWP", "FWPSensitivity",
-    "FWPState", "FeLSTM", "FeLSTMSensitivity", "FeLSTMState", "LSTM", "LSTMState",
+    "FWPState", "FeLSTM", "GRU", "GRUState", "FeLSTMSensitivity", "FeLSTMState", "LSTM", "LSTMState",
 ]
 
 from r2ac.rtrl.registry import CORES, core_names, make_core  # noqa: E402

@@ -106,3 +106,26 @@ def lstm_reference(
         h = torch.sigmoid(o) * torch.tanh(c)
         hs.append(h)
     return torch.stack(hs), (h, c)
+
+
+def gru_reference(
+    params: dict[str, Tensor],
+    x: Tensor,
+    reset: Tensor,
+    state0: tuple[Tensor] | None = None,
+) -> tuple[Tensor, tuple[Tensor]]:
+    """GRU (PyTorch's form), gates stacked (r, z, n) in W_ih (3N, D), W_hh (3N, N), b_ih, b_hh."""
+    W_ih, W_hh, b_ih, b_hh = params["W_ih"], params["W_hh"], params["b_ih"], params["b_hh"]
+    T, B, _ = x.shape
+    N = W_hh.shape[1]
+    h = x.new_zeros(B, N) if state0 is None else state0[0]
+    hs = []
+    for t in range(T):
+        h = torch.where(reset[t, :, None], torch.zeros_like(h), h)
+        r_x, z_x, n_x = (x[t] @ W_ih.T + b_ih).chunk(3, -1)
+        r_h, z_h, n_h = (h @ W_hh.T + b_hh).chunk(3, -1)
+        r, z = torch.sigmoid(r_x + r_h), torch.sigmoid(z_x + z_h)
+        n = torch.tanh(n_x + r * n_h)
+        h = (1 - z) * n + z * h
+        hs.append(h)
+    return torch.stack(hs), (h,)

@@ -16,6 +16,7 @@ from r2ac.rtrl.elman import Elman
 from r2ac.rtrl.elstm import ELSTM
 from r2ac.rtrl.felstm import FeLSTM
 from r2ac.rtrl.fwp import FWP
+from r2ac.rtrl.gru import GRU
 from r2ac.rtrl.lstm import LSTM
 
 CoreFactory = Callable[..., nn.Module]
@@ -28,6 +29,7 @@ CORES: dict[str, tuple[CoreFactory, str]] = {
     "felstm-bptt": (lambda d, n, **kw: FeLSTM(d, n, "bptt", **kw), "feLSTM (full W_f, W_z), truncated BPTT"),
     "felstm-snap1": (lambda d, n, **kw: FeLSTM(d, n, "snap1", **kw), "feLSTM, BPTT in segments + SnAp-1 across them (approximate)"),
     "lstm-bptt": (lambda d, n, **kw: LSTM(d, n, "bptt", **kw), "standard LSTM, truncated BPTT"),
+    "gru-bptt": (lambda d, n, **kw: GRU(d, n, "bptt", **kw), "GRU, truncated BPTT"),
     "fwp-rtrl": (lambda d, n, **kw: FWP(d, n, "rtrl", **kw), "fast weight programmer, exact RTRL"),
     "fwp-bptt": (lambda d, n, **kw: FWP(d, n, "bptt", **kw), "fast weight programmer, truncated BPTT"),
     "elman-rtrl": (lambda d, n, **kw: Elman(d, n, "rtrl", **kw), "Elman RNN, full RTRL (hybrid per segment), O(N^4)"),

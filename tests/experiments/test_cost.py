@@ -98,14 +98,14 @@ def test_command_line_reproduces_the_config():
     assert tyro.cli(cost.CostConfig, args=shlex.split(command)[3:]) == TINY
 
 
-@pytest.mark.parametrize("bad", [{"cores": ("gru-bptt",)}, {"spans": (0, 6)}, {"spans": ()},
+@pytest.mark.parametrize("bad", [{"cores": ("gru-rtrl",)}, {"spans": (0, 6)}, {"spans": ()},
                                  {"input_size": 1}, {"cores": ()}])
 def test_bad_config_raises(bad):
     with pytest.raises(ConfigError):
         cost.measure(dataclasses.replace(TINY, **bad))
 
 
-@pytest.mark.parametrize("argv", [["--cores", "gru-bptt"], ["--spans", "0", "10"]])
+@pytest.mark.parametrize("argv", [["--cores", "gru-rtrl"], ["--spans", "0", "10"]])
 def test_cli_bad_input_exits_2_with_one_line(argv, tmp_path, capsys):
     out = tmp_path / "never"
     assert cost.main([*argv, "--out", str(out)]) == 2

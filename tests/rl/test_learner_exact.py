@@ -57,7 +57,8 @@ def _full_bptt(cfg, ref, segments):
         return torch.cat([getattr(s, name)[:M] for s in segments]
                          + [getattr(segments[-1], name)[M:]])
 
-    logits, values, _ = ref(cat("obs"), cat("last_reward"), cat("reset"), ref.initial_state(B))
+    logits, values, _ = ref(cat("obs"), cat("last_reward"), cat("reset"), ref.initial_state(B),
+                            last_action=cat("last_action"))
     loss = sum(_losses(cfg, logits[k * M: k * M + M + 1], values[k * M: k * M + M + 1], s)
                for k, s in enumerate(segments))
     ref.zero_grad()
@@ -68,10 +69,12 @@ def _full_bptt(cfg, ref, segments):
 def _truncated_bptt(cfg, ref, segments):
     state, loss = ref.initial_state(B), 0.0
     for seg in segments:
-        logits, values, _ = ref(seg.obs, seg.last_reward, seg.reset, state)
+        logits, values, _ = ref(seg.obs, seg.last_reward, seg.reset, state,
+                                last_action=seg.last_action)
         loss = loss + _losses(cfg, logits, values, seg)
         with torch.no_grad():
-            _, _, state = ref(seg.obs[:M], seg.last_reward[:M], seg.reset[:M], state)
+            _, _, state = ref(seg.obs[:M], seg.last_reward[:M], seg.reset[:M], state,
+                              last_action=seg.last_action[:M])
     ref.zero_grad()
     loss.backward()
     return {n: p.grad for n, p in ref.named_parameters()}
@@ -81,11 +84,13 @@ def _max_rel_error(grads, ref_grads, names):
     return max(float((grads[n] - ref_grads[n]).norm() / ref_grads[n].norm()) for n in names)
 
 
+@pytest.mark.parametrize("prev_action", [False, True], ids=["reward-input", "prev-action-input"])
 @pytest.mark.parametrize("case", sorted(ENVS))
-def test_rtrl_learner_gradient_equals_full_bptt(case):
+def test_rtrl_learner_gradient_equals_full_bptt(case, prev_action):
     env, options = ENVS[case]
     cfg = tiny(env=env, env_options=options, core="elstm-rtrl", learning_rate=0.0,
-               grad_clip=1e12, unroll_length=M, num_envs=B, batch_size=B)
+               grad_clip=1e12, unroll_length=M, num_envs=B, batch_size=B,
+               prev_action=prev_action)
     agent, segments, grads = _run_learner(cfg)
     resets = torch.stack([s.reset[1:M] for s in segments]).sum()  # episode ends inside
     ends = torch.stack([s.terminated | s.truncated for s in segments]).sum()

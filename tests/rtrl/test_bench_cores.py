@@ -24,7 +24,7 @@ def test_bench_cores_smoke(tmp_path):
     assert elman[8] == (8 * 8 * (8 + 8 + 1) + 8) * 4 / 1024  # N^2 (N + D + 1) and h, float32
     assert [(r["n"], r["t"]) for r in result["hybrid"]] == [(4, 3)]
     assert (tmp_path / "p.png").stat().st_size > 0
-    assert cores.main(["--cores", "gru-bptt"]) == 2
+    assert cores.main(["--cores", "gru-rtrl"]) == 2
     assert torch.get_num_threads() == threads  # the bench's thread setting does not leak
 
 

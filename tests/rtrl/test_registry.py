@@ -13,6 +13,7 @@ from r2ac.rtrl.reference import (
     elstm_reference,
     felstm_reference,
     fwp_reference,
+    gru_reference,
     lstm_reference,
 )
 from r2ac.rtrl.state import cat_streams, select_streams
@@ -21,7 +22,7 @@ F64 = torch.float64
 NAMES = core_names()
 REFERENCES = {
     "elstm": elstm_reference, "felstm": felstm_reference, "fwp": fwp_reference,
-    "elman": elman_reference, "lstm": lstm_reference,
+    "elman": elman_reference, "lstm": lstm_reference, "gru": gru_reference,
 }
 D, N = 5, 4
 
@@ -38,11 +39,11 @@ def leaves(state):
 def test_names():
     assert set(NAMES) == {
         "elstm-rtrl", "elstm-bptt", "elstm-snap1", "felstm-bptt", "felstm-snap1", "lstm-bptt",
-        "fwp-rtrl", "fwp-bptt", "elman-rtrl", "elman-bptt",
+        "gru-bptt", "fwp-rtrl", "fwp-bptt", "elman-rtrl", "elman-bptt",
     }
     assert all(desc for _, desc in CORES.values())
-    with pytest.raises(ConfigError, match="unknown core 'gru-bptt'"):
-        make_core("gru-bptt", D, N)
+    with pytest.raises(ConfigError, match="unknown core 'gru-rtrl'"):
+        make_core("gru-rtrl", D, N)
     with pytest.raises(ConfigError, match="must be positive"):
         make_core("fwp-rtrl", 0, N)
 

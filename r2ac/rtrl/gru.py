@@ -1,0 +1,99 @@
+"""The GRU (Cho et al. 2014, PyTorch's form) trained by BPTT truncated at segment starts:
+the baseline POPGym's users know best.
+
+    [r, z, n]_x = W_ih x(t) + b_ih,   [r, z, n]_h = W_hh hp(t) + b_hh    gates stacked (r, z, n)
+    r = sigmoid(r_x + r_h),  z = sigmoid(z_x + z_h),  n = tanh(n_x + r * n_h)
+    h(t) = (1 - z) * n + z * hp(t)                     hp: h(t-1), zeroed on reset
+
+The segment runs on PyTorch's fused GRU kernel (the one nn.GRU uses), split into chunks at
+the steps where some stream restarts, exactly like r2ac.rtrl.lstm. With a segment as long as
+the episode it is full BPTT, the reference exact RTRL should match at short M.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from r2ac.rtrl.state import check_rule, check_segment, check_state_tensor
+
+RULES = ("bptt",)
+
+
+class GRUState(NamedTuple):
+    h: Tensor  # (B, N)
+
+
+def _fused_gru(x: Tensor, h0: Tensor, weights: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """PyTorch's GRU kernel on x (T, B, D) from h0 (B, N); returns y (T, B, N) and h (B, N)."""
+    y, h = torch._VF.gru(x, h0[None], weights, True, 1, 0.0, True, False, False)
+    return y, h[0]
+
+
+class GRU(nn.Module):
+    """GRU core, rule "bptt" only. Parameters W_ih (3N, D), W_hh (3N, N), b_ih, b_hh (3N,).
+
+    Initialisation as nn.GRU: every parameter ~ U(+-1/sqrt(N)).
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        rule: str = "bptt",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__()
+        if input_size < 1 or hidden_size < 1:
+            raise ValueError(f"GRU: sizes must be positive, got D={input_size}, N={hidden_size}")
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.rule = check_rule(rule, RULES, "GRU")
+        N, D = hidden_size, input_size
+        kw = {"device": device, "dtype": dtype}
+        self.W_ih = nn.Parameter(torch.empty(3 * N, D, **kw))
+        self.W_hh = nn.Parameter(torch.empty(3 * N, N, **kw))
+        self.b_ih = nn.Parameter(torch.empty(3 * N, **kw))
+        self.b_hh = nn.Parameter(torch.empty(3 * N, **kw))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        bound = 1 / math.sqrt(self.hidden_size)
+        for p in self.parameters():
+            p.uniform_(-bound, bound)
+
+    def extra_repr(self) -> str:
+        return f"input_size={self.input_size}, hidden_size={self.hidden_size}, rule={self.rule!r}"
+
+    def initial_state(self, batch_size: int, with_sensitivities: bool | None = None) -> GRUState:
+        """Zero h; `with_sensitivities` is accepted for a uniform interface (none carried)."""
+        if batch_size < 1:
+            raise ValueError(f"GRU: batch_size must be >= 1, got {batch_size}")
+        kw = {"device": self.W_ih.device, "dtype": self.W_ih.dtype}
+        return GRUState(torch.zeros(batch_size, self.hidden_size, **kw))
+
+    def forward(
+        self, x: Tensor, state: GRUState, reset: Tensor | None = None
+    ) -> tuple[Tensor, GRUState]:
+        T, B = check_segment(x, reset, self.input_size, self.W_ih, "GRU")
+        if not isinstance(state, GRUState):
+            raise TypeError(f"GRU: state must be a GRUState, got {type(state).__name__}")
+        check_state_tensor("h", state.h, (B, self.hidden_size), self.W_ih, "GRU")
+        weights = [self.W_ih, self.W_hh, self.b_ih, self.b_hh]
+        h = state.h.detach()
+        # chunk boundaries: the segment start and every step where some stream restarts
+        starts = (
+            [0] if reset is None else sorted({0, *torch.nonzero(reset.any(1)).flatten().tolist()})
+        )
+        ys = []
+        for start, end in zip(starts, starts[1:] + [T]):
+            if reset is not None:
+                h = h * (~reset[start]).to(x.dtype)[:, None]  # (B, N)
+            y, h = _fused_gru(x[start:end], h, weights)
+            ys.append(y)
+        y = ys[0] if len(ys) == 1 else torch.cat(ys)  # (T, B, N)
+        return y, GRUState(h.detach())

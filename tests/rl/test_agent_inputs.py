@@ -1,0 +1,132 @@
+"""Agent inputs for standard memory benchmarks (previous action, reward scale) and PopArt."""
+
+import pytest
+import torch
+
+from r2ac.errors import ConfigError
+from r2ac.rl.actor import Actor
+from r2ac.rl.agent import Agent, core_input_size
+from r2ac.rl.build import agent_for_env, make_env
+from r2ac.rl.learner import Learner, segment_losses
+from r2ac.rl.nets import Feedforward, MLPStem, PolicyValueHeads
+
+from .rl_helpers import tiny
+
+T, B, OBS, FEATURES, HIDDEN, ACTIONS = 5, 4, 3, 6, 7, 3
+
+
+def _agent(prev_action=True, reward_scale=1.0):
+    torch.manual_seed(0)
+    stem = MLPStem(OBS, hidden=(5,), out_features=FEATURES)
+    core = Feedforward(core_input_size(FEATURES, ACTIONS, prev_action), HIDDEN)
+    return Agent(stem, core, ACTIONS, prev_action=prev_action, reward_scale=reward_scale)
+
+
+def test_previous_action_is_one_hot_and_zero_at_episode_starts():
+    agent = _agent()
+    g = torch.Generator().manual_seed(0)
+    obs = torch.randn(T, B, OBS, generator=g)
+    last_reward = torch.randn(T, B, generator=g)
+    last_action = torch.randint(0, ACTIONS, (T, B), generator=g)
+    reset = torch.rand(T, B, generator=g) < 0.3
+    x = agent.core_input(obs, last_reward, reset, last_action)  # (T, B, F + 1 + A)
+    assert x.shape == (T, B, FEATURES + 1 + ACTIONS)
+    code = x[..., FEATURES + 1 :]
+    expected = torch.nn.functional.one_hot(last_action, ACTIONS).float()
+    expected[reset] = 0.0
+    torch.testing.assert_close(code, expected, rtol=0, atol=0)
+    assert reset.any() and (~reset).any()
+
+
+def test_previous_action_is_required_and_sizes_are_checked():
+    agent = _agent()
+    obs, last_reward = torch.zeros(T, B, OBS), torch.zeros(T, B)
+    with pytest.raises(ValueError, match="last_action"):
+        agent.core_input(obs, last_reward, None)
+    with pytest.raises(ValueError, match=r"last_action must be \(T, B\)"):
+        agent.core_input(obs, last_reward, None, torch.zeros(T, B + 1, dtype=torch.long))
+    stem = MLPStem(OBS, hidden=(5,), out_features=FEATURES)
+    with pytest.raises(ConfigError, match="previous-action"):
+        Agent(stem, Feedforward(FEATURES + 1, HIDDEN), ACTIONS, prev_action=True)
+
+
+def test_reward_input_is_clipped_then_scaled():
+    agent = _agent(prev_action=False, reward_scale=20.0)
+    last_reward = torch.tensor([[0.02, -0.05, 3.0, -3.0]])  # (1, 4)
+    x = agent.core_input(torch.zeros(1, 4, OBS), last_reward, None)
+    torch.testing.assert_close(x[0, :, FEATURES], torch.tensor([0.4, -1.0, 20.0, -20.0]))
+
+
+def test_popart_update_preserves_every_output():
+    torch.manual_seed(0)
+    heads = PolicyValueHeads(HIDDEN, ACTIONS, value_norm=True).double()
+    h = torch.randn(50, HIDDEN, dtype=torch.float64)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        before = heads(h)[1]
+        targets = 3.0 + 2.0 * torch.randn(64, generator=g, dtype=torch.float64)
+        heads.update_value_stats(targets, beta=0.2)
+        torch.testing.assert_close(heads(h)[1], before, rtol=1e-12, atol=1e-12)
+    # the statistics track the targets: mean 3, std 2 (within sampling error)
+    assert abs(float(heads.value_mean) - 3.0) < 0.4
+    assert abs(float(heads.value_scale()) - 2.0) < 0.4
+
+
+def test_popart_losses_are_invariant_to_the_reward_scale():
+    """V-trace is linear in (rewards, values): rewards and values times s with value_scale s
+    give exactly the losses of the unscaled problem (what makes tiny rewards train)."""
+    cfg = tiny(learning_rate=0.0, prev_action=True)
+    env = make_env(cfg, cfg.num_envs, seed=3)
+    torch.manual_seed(0)
+    agent = agent_for_env(cfg, env, dtype=torch.float64)
+    seg, _ = Actor(agent, env, seed=3, unroll_length=cfg.unroll_length).collect()
+    with torch.no_grad():
+        logits, values, _ = agent(
+            seg.obs, seg.last_reward, seg.reset, seg.state, last_action=seg.last_action
+        )
+    args = (cfg.discount, cfg.baseline_cost, cfg.entropy_cost)
+    plain = segment_losses(logits, values, seg, *args)
+    s = 0.02
+    scaled = segment_losses(logits, values * s, seg, *args, reward_scale=s, value_scale=s)
+    assert plain["pg_loss"].abs() > 1e-3 and plain["baseline_loss"] > 1e-3
+    for key in ("pg_loss", "baseline_loss", "entropy_loss"):
+        torch.testing.assert_close(scaled[key], plain[key], rtol=1e-12, atol=1e-14)
+
+
+def test_learner_moves_popart_statistics_and_actor_records_previous_actions():
+    cfg = tiny(prev_action=True, popart=True, popart_beta=0.5)
+    env = make_env(cfg, cfg.num_envs, seed=5)
+    torch.manual_seed(0)
+    agent = agent_for_env(cfg, env)
+    actor, learner = Actor(agent, env, seed=5, unroll_length=cfg.unroll_length), None
+    learner = Learner(agent, cfg)
+    seg, _ = actor.collect()
+    metrics = learner.update(seg)
+    assert metrics["value_scale"] != 1.0 and metrics["value_mean"] != 0.0
+    assert float(agent.heads.value_scale()) == pytest.approx(metrics["value_scale"])
+    # last_action[t + 1] is actions[t] unless obs[t + 1] starts an episode (then 0)
+    expected = seg.actions.masked_fill(seg.reset[1:], 0)
+    assert torch.equal(seg.last_action[1:], expected)
+    assert torch.equal(seg.last_action[0], torch.zeros_like(seg.last_action[0]))
+
+
+def test_progress_lines_when_not_on_a_terminal():
+    import io
+    import time as _time
+
+    from r2ac.rl.tracker import ProgressLines
+
+    out = io.StringIO()
+    lines = ProgressLines(total=1000, initial=0, every_s=0.05, stream=out)
+    lines.set_postfix(ret="0.250")
+    lines.update(100)  # too soon for a line
+    assert out.getvalue() == ""
+    _time.sleep(0.06)
+    lines.update(100)
+    lines.update(800)  # the last frames always print
+    printed = out.getvalue().splitlines()
+    assert len(printed) == 2
+    assert (
+        printed[0].startswith("[progress] 200/1000 frames (20%)") and "return 0.250" in printed[0]
+    )
+    assert printed[1].startswith("[progress] 1000/1000 frames (100%)")
