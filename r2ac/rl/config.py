@@ -184,6 +184,22 @@ def preset(name: str) -> TrainConfig:
     return PRESETS[name]
 
 
+def preset_overrides(name: str) -> dict:
+    """The fields in which preset `name` differs from TrainConfig's defaults."""
+    base, chosen = to_dict(TrainConfig()), to_dict(preset(name))
+    return {k: v for k, v in chosen.items() if v != base[k]}
+
+
+def preset_table() -> str:
+    """Markdown table of every preset's values that differ from the defaults (docs/rl.md
+    shows it verbatim; a test keeps the two equal)."""
+    lines = ["| preset | values (beyond TrainConfig's defaults) |", "|---|---|"]
+    for name in PRESETS:
+        values = ", ".join(f"`{k}={v}`" for k, v in preset_overrides(name).items())
+        lines.append(f"| {name} | {values or '(the defaults)'} |")
+    return "\n".join(lines)
+
+
 def core_choices() -> list[str]:
     from r2ac.rtrl.registry import core_names
 

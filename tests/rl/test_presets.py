@@ -1,0 +1,29 @@
+"""Presets: their documented values are their values."""
+
+from pathlib import Path
+
+from r2ac.rl.config import PRESETS, preset_overrides, preset_table, validate
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "rl.md"
+
+
+def test_docs_show_every_preset_as_defined():
+    text = DOCS.read_text()
+    start, end = text.index("<!-- preset-table -->\n"), text.index("<!-- /preset-table -->")
+    shown = text[start + len("<!-- preset-table -->\n") : end].strip()
+    assert shown == preset_table(), "docs/rl.md's preset table is stale: paste preset_table()"
+
+
+def test_popgym_preset_is_the_measured_recipe():
+    assert preset_overrides("popgym") == {
+        "env": "gym/popgym-RepeatFirstEasy-v0", "env_options": (), "hidden_size": 128,
+        "forget_bias": None, "freeze_stem": False, "unroll_length": 4,
+        "total_frames": 1_000_000, "learning_rate": 2e-3, "lr_decay": False,
+        "lr_warmup_updates": 200, "reward_scale": 50.0, "prev_action": True,
+        "entropy_cost": 0.01,
+    }
+
+
+def test_every_preset_is_valid():
+    for name in PRESETS:
+        validate(PRESETS[name])
