@@ -37,7 +37,18 @@ def test_every_grid_run_has_a_valid_config(name):
     for spec in specs:
         cfg = runner.check_overrides(spec.task.preset, spec.overrides())
         assert (cfg.core, cfg.unroll_length, cfg.seed) == (
-            spec.variant.core, spec.variant.unroll_length, spec.seed)
+            spec.variant.core, spec.unroll_length, spec.seed)
+
+
+def test_popgym_grid_full_episode_rows_use_each_task_s_episode_length():
+    g = grids.GRIDS["popgym"]
+    assert len(g.tasks) >= 8
+    for spec in grids.runs_of(g, 1):
+        if spec.variant.unroll_length == grids.FULL_EPISODE:
+            assert spec.unroll_length == spec.task.episode_steps >= 51
+            assert spec.variant.label.endswith("M=episode") and "__Mep__" in spec.run_id
+        else:
+            assert spec.unroll_length == spec.variant.unroll_length == 4
 
 
 def test_memory_m_spans_short_and_long_segments_against_the_cue_delay():

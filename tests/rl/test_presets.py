@@ -15,12 +15,22 @@ def test_docs_show_every_preset_as_defined():
 
 
 def test_popgym_preset_is_the_measured_recipe():
-    assert preset_overrides("popgym") == {
+    pinned = {
         "env": "gym/popgym-RepeatFirstEasy-v0", "env_options": (), "hidden_size": 128,
         "forget_bias": None, "freeze_stem": False, "unroll_length": 4,
         "total_frames": 1_000_000, "learning_rate": 2e-3, "lr_decay": False,
         "lr_warmup_updates": 200, "reward_scale": 50.0, "prev_action": True,
-        "entropy_cost": 0.01,
+        "entropy_cost": 0.01, "popart": False, "advantage_norm": False,
+    }
+    chosen = PRESETS["popgym"]
+    assert {k: getattr(chosen, k) for k in pinned} == pinned
+
+
+def test_defaults_are_task_neutral_and_the_delayed_cue_is_a_preset():
+    """The delayed cue's tuning lives in its preset, not in TrainConfig's defaults."""
+    assert preset_overrides("delayed-cue") == {
+        "env_options": ("delay=64",), "forget_bias": 4.5, "freeze_stem": True,
+        "learning_rate": 5e-3, "lr_decay": True, "entropy_cost": 0.003,
     }
 
 
