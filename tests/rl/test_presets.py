@@ -18,7 +18,7 @@ def test_popgym_preset_is_the_measured_recipe():
     pinned = {
         "env": "gym/popgym-RepeatFirstEasy-v0", "env_options": (), "hidden_size": 128,
         "forget_bias": None, "freeze_stem": False, "unroll_length": 4,
-        "total_frames": 1_000_000, "learning_rate": 2e-3, "lr_decay": False,
+        "total_frames": 1_000_000, "learning_rate": 2e-3, "lr_decay": True,
         "lr_warmup_updates": 200, "reward_scale": 50.0, "prev_action": True,
         "entropy_cost": 0.01, "popart": False, "advantage_norm": False,
     }
