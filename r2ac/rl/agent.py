@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import pickle
 from collections.abc import Mapping
 from typing import Any
 
@@ -112,7 +111,7 @@ class Agent(nn.Module):
         """
         try:
             obj = checkpoint.load(path)
-        except (FileNotFoundError, pickle.UnpicklingError) as exc:
+        except (FileNotFoundError, checkpoint.CheckpointError) as exc:
             raise ConfigError(f"cannot load stem weights from {path}: {exc}") from exc
         if isinstance(obj, Mapping) and isinstance(obj.get("agent"), Mapping):
             obj = obj["agent"]

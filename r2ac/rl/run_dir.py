@@ -96,8 +96,8 @@ class RunDir:
     def load_checkpoint(self) -> dict[str, Any]:
         if not self.checkpoint_path.is_file():
             raise ConfigError(f"{self.path}: no checkpoint at {self.checkpoint_path}")
-        # Our own file: it holds numpy env states and state NamedTuples (not weights-only).
-        return checkpoint.load(self.checkpoint_path, weights_only=False)
+        # Weights-only and checksummed: a run directory may come from someone else.
+        return checkpoint.load(self.checkpoint_path)
 
 
 class MetricsLog:
