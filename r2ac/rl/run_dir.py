@@ -12,8 +12,10 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -73,7 +75,7 @@ class RunDir:
         run.path.mkdir(parents=True, exist_ok=True)
         meta = {"config": to_dict(cfg), "git_revision": git_revision(),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        run.config_path.write_text(json.dumps(meta, indent=2) + "\n")
+        checkpoint.write_atomic((json.dumps(meta, indent=2) + "\n").encode(), run.config_path)
         return run
 
     @classmethod
@@ -101,26 +103,37 @@ class RunDir:
 
 
 class MetricsLog:
-    """CSV rows + TensorBoard scalars. On resume, rows after `resume_update` are dropped."""
+    """CSV rows + TensorBoard scalars, appended. On resume from `resume_update` (at
+    `resume_frames`), rows written after it are dropped: the CSV is rewritten atomically
+    (temp file + rename) only if it holds such rows, and TensorBoard is told to hide the
+    scalars logged after `resume_frames` (its steps are frame counts), keeping all before."""
 
-    def __init__(self, run: RunDir, resume_update: int | None = None):
+    def __init__(self, run: RunDir, resume_update: int | None = None,
+                 resume_frames: int | None = None):
         self.run = run
-        rows = []
-        if resume_update is not None and run.metrics_path.is_file():
-            with run.metrics_path.open() as f:
-                rows = [r for r in csv.DictReader(f) if int(r["update"]) <= resume_update]
-        self._file = run.metrics_path.open("w", newline="")
+        if resume_update is not None:
+            drop_rows_after(run.metrics_path, resume_update)
+        new = not run.metrics_path.is_file() or run.metrics_path.stat().st_size == 0
+        self._file = run.metrics_path.open("a", newline="")
         self._csv = csv.DictWriter(self._file, fieldnames=COLUMNS, extrasaction="ignore")
-        self._csv.writeheader()
-        self._csv.writerows(rows)
+        if new:
+            self._csv.writeheader()
         self._file.flush()
         self._tb = None
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(run.tb_path), purge_step=resume_update)
+            # TensorBoard discards events at steps >= purge_step from the earlier files.
+            purge = None if resume_frames is None else resume_frames + 1
+            self._tb = SummaryWriter(str(run.tb_path), purge_step=purge)
         except ImportError:  # tensorboard is a dependency, but keep the CSV working without
             pass
+
+    def flush(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        if self._tb is not None:
+            self._tb.flush()
 
     def write(self, row: dict[str, float]) -> None:
         self._csv.writerow({k: row.get(k, "") for k in COLUMNS})
@@ -130,11 +143,41 @@ class MetricsLog:
             for key, value in row.items():
                 if key not in ("update", "frames") and value is not None and math.isfinite(value):
                     self._tb.add_scalar(key, value, step)
+            self._tb.flush()  # like the CSV row: on disk now, not minutes later
 
     def close(self) -> None:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def _complete_rows(text: str) -> list[dict[str, str]]:
+    """Rows of a metrics CSV, without a last line cut short by a kill (no newline, or
+    missing columns)."""
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+    rows = []
+    for row in csv.DictReader(io.StringIO(text)):
+        if row.get(COLUMNS[-1]) is not None and str(row.get("update", "")).isdigit():
+            rows.append(row)
+    return rows
+
+
+def drop_rows_after(path: Path, update: int) -> None:
+    """Remove the rows after `update` (logged after the checkpoint a resume starts from),
+    atomically; the file is left untouched when there are none."""
+    if not path.is_file():
+        return
+    text = path.read_text()
+    rows = _complete_rows(text)
+    kept = [r for r in rows if int(r["update"]) <= update]
+    if len(kept) == len(rows) and text.endswith("\n"):
+        return
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(kept)
+    checkpoint.write_atomic(out.getvalue().encode(), path)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, float]]:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 import sys
 
 from r2ac.errors import ConfigError, MissingDependencyError
 from r2ac.perf import keep_freed_memory
 from r2ac.rl.config import PRESETS, TrainConfig, preset, validate
 from r2ac.rl.run_dir import RunDir, default_out_dir, plot_curve
+from r2ac.rl.stop import TrainingInterrupted
 
 
 def _pop_option(argv: list[str], name: str) -> str | None:
@@ -99,7 +101,18 @@ def main(argv: list[str]) -> int:
         run = RunDir.create(new_dir, cfg)
         runtime.run = run
     print(f"run directory: {run.path}", file=sys.stderr)
-    tracker = runtime.train()
-    print(tracker.summary())
-    finish(cfg, run, runtime)
+    try:
+        tracker = runtime.train()
+        print(tracker.summary())
+        finish(cfg, run, runtime)
+    except TrainingInterrupted as stop:
+        print(f"r2ac train: stopped by {signal.Signals(stop.signum).name} after update "
+              f"{stop.update} of {cfg.updates_total}; checkpoint written; continue with "
+              f"`r2ac train --resume {run.path}`", file=sys.stderr)
+        return stop.exit_code
+    except KeyboardInterrupt:  # a second Ctrl-C, or one during the final evaluation
+        print(f"r2ac train: interrupted; the last checkpoint is in {run.path} (`r2ac train "
+              f"--resume {run.path}`, or `r2ac eval {run.path}` if training had finished)",
+              file=sys.stderr)
+        return 130
     return 0

@@ -61,11 +61,24 @@ def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
     return [ln for ln in proc.stderr.splitlines() if ln.strip()]
 
 
+def r2ac_inline(capsys, *args: str) -> tuple[int, list[str]]:
+    """`r2ac ARGS` in this process (no interpreter start-up): exit code, stderr lines."""
+    from r2ac.cli import main
+
+    capsys.readouterr()
+    code = main(list(args))
+    return code, [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+
+
+UPDATES = 120  # ~20 ms each on a loaded 2-core machine: a signal lands mid-run
+
+
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory) -> Path:
-    """A finished tiny run (10 updates, evaluated): copy it, do not modify it."""
+    """A finished tiny run (UPDATES updates, evaluated), never interrupted: copy it, do not
+    modify it. The signal tests compare their final weights with its."""
     out = tmp_path_factory.mktemp("finished") / "run"
-    proc = r2ac("train", *tiny_args(10), "--out-dir", str(out))
+    proc = r2ac("train", *tiny_args(UPDATES), "--out-dir", str(out))
     assert proc.returncode == 0, proc.stderr
     return out
 

@@ -22,7 +22,7 @@ from r2ac.rl import checkpoint, train_cli
 from r2ac.rl.run_dir import RunDir
 from r2ac.tasks import copy_cli
 
-from .conftest import error_lines, r2ac, tiny_args
+from .conftest import error_lines, r2ac, r2ac_inline, tiny_args
 
 
 class _Payload:
@@ -58,14 +58,22 @@ def garble(path: Path, count: int = 8000) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("planter", [plant, plant_checksummed])
-def test_planted_checkpoint_does_not_run_on_resume(run_copy, tmp_path, planter):
+def test_planted_checkpoint_does_not_run_on_resume(run_copy, tmp_path):
     marker = tmp_path / "marker"
-    planter(run_copy / "checkpoints" / "latest.pt", marker)
+    plant(run_copy / "checkpoints" / "latest.pt", marker)
     proc = r2ac("train", "--resume", str(run_copy))
     assert proc.returncode == 2, proc.stderr
     assert not marker.exists()
     lines = error_lines(proc)
+    assert len(lines) == 1 and "latest.pt" in lines[0] and "refused" in lines[0], lines
+
+
+def test_planted_checksummed_checkpoint_does_not_run(run_copy, tmp_path, capsys):
+    """A correct digest does not make a pickle safe: the body is still loaded weights-only."""
+    marker = tmp_path / "marker"
+    plant_checksummed(run_copy / "checkpoints" / "latest.pt", marker)
+    code, lines = r2ac_inline(capsys, "train", "--resume", str(run_copy))
+    assert code == 2 and not marker.exists()
     assert len(lines) == 1 and "latest.pt" in lines[0] and "refused" in lines[0], lines
 
 
@@ -113,13 +121,19 @@ def test_experiment_runner_does_not_run_a_planted_checkpoint(finished_run, tmp_p
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("name,command", [("latest.pt", "train"), ("agent.pt", "eval")])
-def test_garbled_checkpoint_is_refused(run_copy, name, command):
-    garble(run_copy / "checkpoints" / name)
-    args = ["train", "--resume", str(run_copy)] if command == "train" else ["eval", str(run_copy)]
-    proc = r2ac(*args)
+def test_garbled_checkpoint_is_refused_on_resume(run_copy):
+    garble(run_copy / "checkpoints" / "latest.pt")
+    proc = r2ac("train", "--resume", str(run_copy))
     assert proc.returncode == 2
     lines = error_lines(proc)
+    assert len(lines) == 1 and "latest.pt" in lines[0] and "checksum mismatch" in lines[0], lines
+
+
+def test_garbled_weights_are_refused_by_eval(run_copy, capsys):
+    garble(run_copy / "checkpoints" / "agent.pt")
+    code, lines = r2ac_inline(capsys, "eval", str(run_copy))
+    assert code == 2
+    name = "agent.pt"
     assert len(lines) == 1 and name in lines[0] and "checksum mismatch" in lines[0], lines
     assert not (run_copy / "eval.json").exists()
 
