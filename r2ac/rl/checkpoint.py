@@ -240,6 +240,31 @@ def remove_stale_temps(directory: str | os.PathLike) -> list[Path]:
     return stale
 
 
+LOCK_NAME = ".lock"
+
+
+def lock_directory(directory: str | os.PathLike) -> int:
+    """Hold an exclusive lock on ``directory/.lock`` for the life of this process (or until
+    ``os.close`` of the returned descriptor); ConfigError if another process holds it.
+
+    ``fcntl.flock`` locks die with their process, so a killed run never leaves a stale lock.
+    """
+    import fcntl
+
+    path = Path(directory) / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ConfigError(f"{directory} is in use by another process (pid {holder}); "
+                          "wait for it to finish or stop it") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
 def convert(path: str | os.PathLike) -> Path:
     """Rewrite an old (bare torch.save) checkpoint in the checksummed format.
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from r2ac.errors import ConfigError, MissingDependencyError
+from r2ac.errors import ConfigError, MissingDependencyError, check_writable
 from r2ac.rl import checkpoint
 from r2ac.rl.actor import light_state
 from r2ac.rl.agent import Agent
 from r2ac.rl.build import agent_for_env, eval_seed, make_env
-from r2ac.rl.config import TrainConfig
+from r2ac.rl.config import TrainConfig, validate
 from r2ac.rl.run_dir import RunDir
 from r2ac.rl.runtime_serial import load_agent_weights
 
@@ -95,7 +95,8 @@ def write_eval(run: RunDir, result: dict, out: str | Path | None = None) -> Path
 def evaluate_run(path: str, sets: int | None, episodes: int | None, greedy: bool | None,
                  seed: int | None, out: str | None = None) -> tuple[dict, Path]:
     run = RunDir.open(path)
-    cfg = run.config()
+    cfg = validate(run.config())
+    check_writable(out or run.eval_path, "--out", is_file=True)
     if not run.agent_path.is_file():
         raise ConfigError(f"{path}: no weights at {run.agent_path}")
     env = make_env(cfg, 1, 0)

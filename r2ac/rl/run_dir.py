@@ -16,12 +16,13 @@ import io
 import json
 import math
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from r2ac.errors import ConfigError
+from r2ac.errors import ConfigError, check_writable
 from r2ac.rl import checkpoint
 from r2ac.rl.config import TrainConfig, from_dict, to_dict
 
@@ -43,9 +44,16 @@ def git_revision() -> str:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
-def default_out_dir(cfg: TrainConfig) -> str:
+def default_out_dir(cfg: TrainConfig, root: str | Path = "runs") -> str:
+    """runs/<time>-<env>-<core>-<pid>[-k]: the pid keeps two processes started in the same
+    second apart, the suffix k one process that starts two runs in the same second."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return str(Path("runs") / f"{stamp}-{cfg.env.replace('/', '-')}-{cfg.core}")
+    base = Path(root) / f"{stamp}-{cfg.env.replace('/', '-')}-{cfg.core}-{os.getpid()}"
+    path, k = base, 1
+    while path.exists():
+        k += 1
+        path = base.with_name(f"{base.name}-{k}")
+    return str(path)
 
 
 class RunDir:
@@ -60,19 +68,49 @@ class RunDir:
     curve_path = property(lambda self: self.path / "curve.png")
     tb_path = property(lambda self: self.path / "tb")
 
-    @staticmethod
-    def check_new(path: str | Path) -> None:
-        """ConfigError unless `path` is absent or an empty directory (nothing is written)."""
-        p = Path(path)
-        if p.exists() and (not p.is_dir() or any(p.iterdir())):
-            raise ConfigError(f"run directory {p} exists and is not empty; use --resume {p} "
-                              "to continue it or choose another --out-dir")
+    @classmethod
+    def check_new(cls, path: str | Path) -> None:
+        """ConfigError unless `path` is absent or an empty, writable directory (nothing is
+        written); the message says how to continue or restart a run found there."""
+        p, run = Path(path), cls(path)
+        check_writable(p, "--out-dir")
+        if not p.exists() or (p.is_dir() and not any(
+                q.name != checkpoint.LOCK_NAME for q in p.iterdir())):
+            return
+        if run.checkpoint_path.is_file():
+            raise ConfigError(f"run directory {p} holds a run; continue it with `r2ac train "
+                              f"--resume {p}` or choose another --out-dir")
+        if run.config_path.is_file():
+            raise ConfigError(f"run directory {p} holds a run stopped before its first "
+                              f"checkpoint; start it again with `r2ac train --restart {p}` or "
+                              "choose another --out-dir")
+        raise ConfigError(f"{p} exists and is not empty; choose another --out-dir")
+
+    lock_fd: int | None = None
+
+    def release(self) -> None:
+        """Give up the lock taken by `acquire` (it also dies with the process)."""
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
+
+    def acquire(self) -> RunDir:
+        """Lock the directory for this process (ConfigError if another holds it) and remove
+        the temp files of writes killed mid-way (safe now: nobody else writes here)."""
+        self.lock_fd = checkpoint.lock_directory(self.path)
+        checkpoint.remove_stale_temps(self.path)
+        checkpoint.remove_stale_temps(self.path / "checkpoints")
+        return self
 
     @classmethod
     def create(cls, path: str | Path, cfg: TrainConfig) -> RunDir:
         cls.check_new(path)
         run = cls(path)
         run.path.mkdir(parents=True, exist_ok=True)
+        run.acquire()
+        if run.config_path.exists():  # another process created it since check_new
+            run.release()
+            raise ConfigError(f"run directory {run.path} was just created by another process")
         meta = {"config": to_dict(cfg), "git_revision": git_revision(),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
         checkpoint.write_atomic((json.dumps(meta, indent=2) + "\n").encode(), run.config_path)
@@ -95,11 +133,49 @@ class RunDir:
         checkpoint.save_atomic({"agent": payload["agent"]}, self.agent_path)
         checkpoint.save_atomic(payload, self.checkpoint_path)
 
+    def restart(self) -> None:
+        """Remove what a run stopped before its first checkpoint wrote, but its config."""
+        if self.checkpoint_path.is_file():
+            raise ConfigError(f"{self.path} holds a checkpoint; continue it with `r2ac train "
+                              f"--resume {self.path}` (or delete the directory)")
+        for name in ("metrics.csv", "curve.png", "eval.json"):
+            (self.path / name).unlink(missing_ok=True)
+        for folder in (self.tb_path, self.path / "checkpoints"):
+            shutil.rmtree(folder, ignore_errors=True)
+
     def load_checkpoint(self) -> dict[str, Any]:
         if not self.checkpoint_path.is_file():
-            raise ConfigError(f"{self.path}: no checkpoint at {self.checkpoint_path}")
+            raise ConfigError(f"{self.path} has no checkpoint (it stopped before its first "
+                              f"one); start it again with `r2ac train --restart {self.path}`")
         # Weights-only and checksummed: a run directory may come from someone else.
         return checkpoint.load(self.checkpoint_path)
+
+
+# Fields a user may change in config.json between runs of one directory: where it lives and
+# how it is shown and evaluated, not what it trains.
+EDITABLE_FIELDS = frozenset({"out_dir", "progress", "eval_sets", "eval_episodes", "eval_greedy",
+                             "eval_at_end"})
+
+
+def config_differences(saved: dict, current: dict) -> list[str]:
+    """`field: checkpoint X, config.json Y` for each training field that differs."""
+    def norm(value):  # tuples and lists alike, as JSON has them
+        return json.loads(json.dumps(value))
+
+    names = sorted((set(saved) | set(current)) - EDITABLE_FIELDS)
+    return [f"{n}: checkpoint {norm(saved.get(n))!r}, config.json {norm(current.get(n))!r}"
+            for n in names if norm(saved.get(n)) != norm(current.get(n))]
+
+
+def check_same_config(run: RunDir, cfg: TrainConfig, payload: dict[str, Any]) -> None:
+    """ConfigError if config.json no longer describes the run in the checkpoint."""
+    saved = payload.get("config")
+    if not isinstance(saved, dict):
+        return  # a checkpoint from before configs were stored in it: nothing to compare
+    diff = config_differences(saved, to_dict(cfg))
+    if diff:
+        raise ConfigError(f"{run.config_path} differs from the config the checkpoint was trained "
+                          f"with ({'; '.join(diff)}); restore it, or start a new run")
 
 
 class MetricsLog:

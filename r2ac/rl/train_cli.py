@@ -16,7 +16,8 @@ import sys
 from r2ac.errors import ConfigError, MissingDependencyError
 from r2ac.perf import keep_freed_memory
 from r2ac.rl.config import PRESETS, TrainConfig, preset, validate
-from r2ac.rl.run_dir import RunDir, default_out_dir, plot_curve
+from r2ac.rl.resources import check_resources
+from r2ac.rl.run_dir import RunDir, check_same_config, default_out_dir, plot_curve
 from r2ac.rl.stop import TrainingInterrupted
 
 
@@ -60,21 +61,41 @@ def make_runtime(cfg: TrainConfig, run: RunDir | None):
 def _prepare(argv: list[str]):
     """Everything that can fail on bad input, before anything is written."""
     argv = list(argv)
-    resume = _pop_option(argv, "--resume")
-    if resume is not None:
-        if argv:
-            raise ConfigError(f"--resume takes no other options, got {' '.join(argv)}")
-        run = RunDir.open(resume)
-        cfg = validate(run.config())
-        payload = run.load_checkpoint()
-        runtime = make_runtime(cfg, run)
-        runtime.restore(payload)
-        return cfg, run, runtime, None
+    resume, restart = _pop_option(argv, "--resume"), _pop_option(argv, "--restart")
+    if resume is not None or restart is not None:
+        return _prepare_existing(resume, restart, argv)
     cfg = validate(parse_config(argv))
     cfg = dataclasses.replace(cfg, out_dir=cfg.out_dir or default_out_dir(cfg))
     RunDir.check_new(cfg.out_dir)
+    check_resources(cfg)
     runtime = make_runtime(cfg, None)
     return cfg, None, runtime, cfg.out_dir
+
+
+def _prepare_existing(resume: str | None, restart: str | None, argv: list[str]):
+    """--resume DIR (from its checkpoint) or --restart DIR (from its config, a run stopped
+    before its first checkpoint); the directory is locked for this process."""
+    if resume is not None and restart is not None:
+        raise ConfigError("give --resume or --restart, not both")
+    flag, path = ("--resume", resume) if resume is not None else ("--restart", restart)
+    if argv:
+        raise ConfigError(f"{flag} takes no other options, got {' '.join(argv)}")
+    run = RunDir.open(path).acquire()
+    try:
+        cfg = validate(run.config())
+        check_resources(cfg)
+        if resume is not None:
+            payload = run.load_checkpoint()
+            check_same_config(run, cfg, payload)
+            runtime = make_runtime(cfg, run)
+            runtime.restore(payload)
+        else:
+            runtime = make_runtime(cfg, run)
+            run.restart()
+    except BaseException:
+        run.release()
+        raise
+    return cfg, run, runtime, None
 
 
 def finish(cfg: TrainConfig, run: RunDir, runtime) -> None:
@@ -94,12 +115,20 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         cfg, run, runtime, new_dir = _prepare(argv)
+        if run is None:
+            run = RunDir.create(new_dir, cfg)
+            runtime.run = run
     except (ConfigError, MissingDependencyError) as exc:
         print(f"r2ac train: error: {exc}", file=sys.stderr)
         return 2
-    if run is None:
-        run = RunDir.create(new_dir, cfg)
-        runtime.run = run
+    try:
+        return _train(cfg, run, runtime)
+    finally:
+        run.release()
+
+
+def _train(cfg: TrainConfig, run: RunDir, runtime) -> int:
+    """Train, report, evaluate; a signal stops it cleanly (see r2ac.rl.stop)."""
     print(f"run directory: {run.path}", file=sys.stderr)
     try:
         tracker = runtime.train()

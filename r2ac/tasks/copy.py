@@ -363,9 +363,16 @@ class CopyConfig:
         self._validate_schedule()
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        self._validate_device_and_clip()
+        return self
+
+    def _validate_device_and_clip(self) -> None:
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"--device must be cpu or cuda, got {self.device!r}")
-        return self
+        if self.device != "cpu" and not torch.cuda.is_available():
+            raise ConfigError(f"--device {self.device}: this PyTorch build sees no CUDA device")
+        if not (math.isfinite(self.clip) and self.clip >= 0):
+            raise ConfigError(f"--clip must be finite and >= 0 (0: no clipping), got {self.clip}")
 
     def _validate_schedule(self) -> None:
         for name, value, low in (("lr", self.lr, 1e-300), ("lr-final", self.lr_final, 0.0)):
