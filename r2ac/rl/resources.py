@@ -65,7 +65,9 @@ def estimate(cfg: TrainConfig, s: Sizes) -> dict[str, tuple[int, str]]:
         actor_total = slots * Be * seg + cfg.actors * (Be * (seg + inputs) + s.param_bytes)
     else:
         actor_total = B * (seg + s.state_bytes + inputs)
-    obs_option = "the observation size (--env-options)" if s.obs_values > 4096 else None
+    obs_option = (
+        f"--env-options (observations of {s.obs_values} values)" if s.obs_values > 4096 else None
+    )
     segment_option = obs_option or "--unroll-length or --batch-size"
     return {
         "segment buffers": (actor_total + B * seg, segment_option),

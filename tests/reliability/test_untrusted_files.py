@@ -77,12 +77,11 @@ def test_planted_checksummed_checkpoint_does_not_run(run_copy, tmp_path, capsys)
     assert len(lines) == 1 and "latest.pt" in lines[0] and "refused" in lines[0], lines
 
 
-def test_planted_agent_does_not_run_on_eval(run_copy, tmp_path):
+def test_planted_agent_does_not_run_on_eval(run_copy, tmp_path, capsys):
     marker = tmp_path / "marker"
     plant(run_copy / "checkpoints" / "agent.pt", marker)
-    proc = r2ac("eval", str(run_copy))
-    assert proc.returncode == 2 and not marker.exists()
-    lines = error_lines(proc)
+    code, lines = r2ac_inline(capsys, "eval", str(run_copy))
+    assert code == 2 and not marker.exists()
     assert len(lines) == 1 and "agent.pt" in lines[0] and "refused" in lines[0], lines
     assert not (run_copy / "eval.json").exists()
 
