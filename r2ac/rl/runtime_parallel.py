@@ -56,8 +56,10 @@ def _clone(tree):
 
 def actor_process(index, cfg, slots, free_q, full_q, weights, version, lock, stop) -> None:
     """Body of actor process `index` (module level so that spawn can import it)."""
-    # Ctrl-C reaches the whole process group: the learner decides when to stop, and stops us.
+    # Ctrl-C (and `timeout`'s SIGTERM) reach the whole process group: the learner decides
+    # when to stop, finishes its update, and stops us through `stop` (or SIGKILL).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         torch.set_num_threads(1)
         seed = actor_seed(cfg.seed, index)
@@ -197,7 +199,7 @@ class ParallelRuntime:
                 p.join(timeout=POLL_S)
                 timeout -= POLL_S
                 if timeout < 0:
-                    p.terminate()
+                    p.kill()  # actors ignore SIGTERM (see actor_process)
                     p.join()
         self._drain()
         self.processes = []

@@ -2,8 +2,10 @@
 
 `StopRequest` replaces the two handlers while training runs: a signal only records itself,
 and the training loop asks `requested` between updates, so no update is cut in half and the
-checkpoint written then holds everything done so far. A second signal of the same kind
-while the first is being honoured gets the default behaviour (Ctrl-C twice: stop now).
+checkpoint written then holds everything done so far. A second SIGINT while the first is
+being honoured raises KeyboardInterrupt (Ctrl-C twice: stop now); a repeated SIGTERM only
+repeats the request (`timeout` and service managers may send it to the whole group, so a
+process can receive it twice).
 """
 
 from __future__ import annotations

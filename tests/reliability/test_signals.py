@@ -5,6 +5,7 @@ resume from the last checkpoint; metrics rows and TensorBoard scalars hold every
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -115,3 +116,45 @@ def test_sigkill_resume_sigterm_resume_equals_an_uninterrupted_run(tmp_path, fin
     assert final.keys() == reference.keys()
     assert all(final[k].equal(reference[k]) for k in final)  # bit-identical: no lost update
     assert not list((out / "checkpoints").glob(".*.tmp"))
+
+
+def _group_ends(pgid: int, seconds: float = 20.0) -> bool:
+    """Whether every process of the group exits within `seconds` (the resource tracker of
+    multiprocessing leaves when it sees its parent gone, a moment later)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.slow
+def test_parallel_ctrl_c_to_the_group_checkpoints_and_resumes(tmp_path):
+    """Ctrl-C reaches the learner and its actor processes (one process group): the actors
+    ignore it, the learner finishes its update, checkpoints, stops them and exits 130."""
+    out = tmp_path / "run"
+    args = [*_args(out), "--runtime", "parallel", "--num-actors", "2"]
+    proc = subprocess.Popen(
+        r2ac_command(*args),
+        env=subprocess_env(),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + TIMEOUT_S
+    while _last_update(out) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=TIMEOUT_S)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("r2ac train: stopped by SIGINT after update")
+    assert _group_ends(proc.pid), "actor processes were left behind"
+    stopped = checkpoint.load(out / "checkpoints" / "latest.pt")["counters"]["update"]
+    assert _updates(out) == list(range(1, stopped + 1))
+    resumed = r2ac("train", "--resume", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    assert _updates(out) == list(range(1, UPDATES + 1))
