@@ -88,8 +88,8 @@ def evaluate(agent: Agent, cfg: TrainConfig, sets: int, episodes: int, greedy: b
 def write_eval(run: RunDir, result: dict, out: str | Path | None = None) -> Path:
     """Write the result to `out` (default RUN/eval.json, which experiment grids read)."""
     path = Path(out) if out else run.eval_path
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    return path
+    # atomic: the experiment runner reads "eval.json exists" as "the run is finished"
+    return checkpoint.write_atomic((json.dumps(result, indent=2) + "\n").encode(), path)
 
 
 def evaluate_run(path: str, sets: int | None, episodes: int | None, greedy: bool | None,

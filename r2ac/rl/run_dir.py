@@ -1,11 +1,12 @@
 """The run directory: resolved config, git revision, metrics (CSV + TensorBoard), curve, checkpoints.
 
-    RUN/config.json            the resolved TrainConfig (+ git revision, start time)
-    RUN/metrics.csv            one row every log_every updates (COLUMNS)
+    RUN/.lock                  held (fcntl.flock) by the process training in RUN
+    RUN/config.json            the resolved TrainConfig (+ git revision, start time), atomic
+    RUN/metrics.csv            one row every log_every updates (COLUMNS), appended
     RUN/tb/                    TensorBoard events (same scalars)
     RUN/curve.png              return vs frames, written at the end
-    RUN/checkpoints/latest.pt  full training state (atomic), for --resume and eval
-    RUN/checkpoints/agent.pt   agent state_dict only (weights-only loadable: --load-stem)
+    RUN/checkpoints/latest.pt  full training state (atomic, checksummed, data only): --resume
+    RUN/checkpoints/agent.pt   agent state_dict only: eval, --load-stem
     RUN/eval.json              evaluation protocol result
 """
 

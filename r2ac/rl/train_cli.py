@@ -1,14 +1,20 @@
-"""`r2ac train [--preset NAME] [options]` and `r2ac train --resume RUN_DIR`.
+"""`r2ac train [--preset NAME] [options]`, `r2ac train --resume RUN_DIR` (from its checkpoint)
+and `r2ac train --restart RUN_DIR` (from its config.json, a run stopped before its first
+checkpoint).
 
 Options are generated from TrainConfig (`r2ac train --help`); a preset supplies the
 defaults, flags override them. Bad input (unknown env, core or rule, sizes < 1, a preset
-needing a missing package, an existing run directory, a checkpoint that does not fit)
-prints one line and exits with code 2 before anything is written.
+needing a missing package, an existing run directory, a checkpoint that does not fit, a
+corrupted or code-carrying checkpoint, a run too large for the memory available, a run
+directory in use by another process) prints one line and exits with code 2 before anything
+is written. SIGINT / SIGTERM stop after the current update with a checkpoint (exit 130 /
+143).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import signal
 import sys
@@ -121,6 +127,9 @@ def main(argv: list[str]) -> int:
     except (ConfigError, MissingDependencyError) as exc:
         print(f"r2ac train: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # e.g. a full or read-only disk found when creating the run
+        print(f"r2ac train: error: cannot write the run directory: {exc}", file=sys.stderr)
+        return 2
     try:
         return _train(cfg, run, runtime)
     finally:
@@ -139,6 +148,12 @@ def _train(cfg: TrainConfig, run: RunDir, runtime) -> int:
               f"{stop.update} of {cfg.updates_total}; checkpoint written; continue with "
               f"`r2ac train --resume {run.path}`", file=sys.stderr)
         return stop.exit_code
+    except OSError as exc:  # a full disk: the atomic writes left the last checkpoint whole
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        print(f"r2ac train: error: cannot write to {run.path}: {exc}; the last checkpoint is "
+              f"intact: free space, then `r2ac train --resume {run.path}`", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # a second Ctrl-C, or one during the final evaluation
         print(f"r2ac train: interrupted; the last checkpoint is in {run.path} (`r2ac train "
               f"--resume {run.path}`, or `r2ac eval {run.path}` if training had finished)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -106,3 +107,15 @@ def test_metrics_rows_after_the_checkpoint_are_dropped_atomically(tmp_path):
     drop_rows_after(path, 5)  # nothing to drop: the file is not touched
     assert (path.stat().st_ino, path.stat().st_mtime_ns) == stamp
     assert not [p for p in tmp_path.iterdir() if p.name != "metrics.csv"]
+
+
+def test_a_full_disk_stops_training_with_one_line(tmp_path, capsys, monkeypatch):
+    def full_disk(self, payload):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(RunDir, "save_checkpoint", full_disk)
+    out = tmp_path / "run"
+    code, lines = r2ac_inline(capsys, "train", *tiny_args(2), "--out-dir", str(out))
+    assert code == 1 and lines[-1].startswith("r2ac train: error: cannot write to"), lines
+    assert "No space left on device" in lines[-1] and f"--resume {out}" in lines[-1]
+    assert not any("Traceback" in ln for ln in lines)
