@@ -42,9 +42,8 @@ def machine() -> dict[str, str | int]:
 
 
 def _write_json(path: str, obj) -> None:
-    with open(path, "w") as fh:
-        json.dump(obj, fh, indent=1)
-        fh.write("\n")
+    """Atomically (temp file + rename): a kill never leaves half a config or result."""
+    rl_checkpoint.write_atomic((json.dumps(obj, indent=1) + "\n").encode(), path)
 
 
 def run(cfg: ct.CopyConfig) -> dict:
