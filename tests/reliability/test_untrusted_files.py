@@ -22,7 +22,7 @@ from r2ac.rl import checkpoint, train_cli
 from r2ac.rl.run_dir import RunDir
 from r2ac.tasks import copy_cli
 
-from .conftest import error_lines, r2ac, r2ac_inline, tiny_args
+from .conftest import error_lines, r2ac, r2ac_inline, subprocess_env, tiny_args
 
 
 class _Payload:
@@ -107,7 +107,8 @@ def test_planted_copy_checkpoint_does_not_run(tmp_path, capsys):
     assert len(lines) == 1 and "checkpoint.pt" in lines[0] and "refused" in lines[0], lines
 
 
-def test_experiment_runner_does_not_run_a_planted_checkpoint(finished_run, tmp_path):
+def test_experiment_runner_does_not_run_a_planted_checkpoint(finished_run, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", subprocess_env()["PYTHONPATH"])  # the runner's children
     task = Task("cue", "delayed-cue", {}, note="tiny")
     spec = RunSpec(task, Variant("elstm-rtrl", 4), 0)
     run_dir = tmp_path / "exp" / "runs" / spec.run_id
