@@ -61,14 +61,14 @@ class CheckpointError(ConfigError):
 
 def encode(obj: Any) -> Any:
     """``obj`` with numpy values and NamedTuples replaced by tensors and tagged dicts."""
+    if isinstance(obj, np.generic):  # first: np.float64 is also a Python float
+        return {TAG: "npscalar", "data": torch.from_numpy(np.asarray(obj).copy())}
     if isinstance(obj, torch.Tensor) or obj is None or isinstance(obj, (bool, int, float, str, bytes)):
         return obj
     if isinstance(obj, (torch.dtype, torch.device, torch.Size)):
         return obj
     if isinstance(obj, np.ndarray):
         return {TAG: "ndarray", "data": torch.from_numpy(np.ascontiguousarray(obj).copy())}
-    if isinstance(obj, np.generic):
-        return {TAG: "npscalar", "data": torch.from_numpy(np.asarray(obj).copy())}
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
         cls = type(obj)
         return {TAG: "namedtuple", "type": f"{cls.__module__}:{cls.__qualname__}",
@@ -130,22 +130,23 @@ def decode(obj: Any) -> Any:
 # --- file format -------------------------------------------------------------------------------
 
 
-def to_bytes(obj: Any) -> bytes:
-    """The whole file: header lines with the body's SHA-256, then the torch.save body."""
+def to_parts(obj: Any) -> tuple[bytes, memoryview]:
+    """The file as (header lines with the body's SHA-256, the torch.save body); two parts,
+    so that a large checkpoint is not copied once more to join them."""
     buffer = io.BytesIO()
     torch.save(encode(obj), buffer)
-    body = buffer.getvalue()
+    body = buffer.getbuffer()
     digest = hashlib.sha256(body).hexdigest()
-    return MAGIC + f"sha256 {digest} {len(body)}\n".encode() + body
+    return MAGIC + f"sha256 {digest} {len(body)}\n".encode(), body
 
 
-def _split(data: bytes, path: Path) -> bytes:
-    """The body of a file in the checksummed format, after checking its digest and length."""
-    end = data.find(b"\n", len(MAGIC))
-    fields = data[len(MAGIC) : end].split() if end > 0 else []
+def _read_checked(f, path: Path) -> bytes:
+    """The body of a file in the checksummed format (`f` after MAGIC), after checking its
+    length and digest."""
+    fields = f.readline(200).split()
     if len(fields) != 3 or fields[0] != b"sha256" or not fields[2].isdigit():
         raise CheckpointError(f"{path}: damaged checkpoint header; the file cannot be used")
-    body = data[end + 1 :]
+    body = f.read()
     if len(body) != int(fields[2]):
         what = "truncated" if len(body) < int(fields[2]) else "damaged"
         raise CheckpointError(f"{path}: {what} checkpoint ({len(body)} bytes, the header says "
@@ -180,9 +181,12 @@ def load(path: str | os.PathLike, map_location: str | torch.device | None = "cpu
     only (an old ``agent.pt``, a pre-trained state_dict) loads without a checksum.
     """
     path = Path(path)
-    data = path.read_bytes()
-    if data.startswith(MAGIC):
-        return decode(_unpickle(io.BytesIO(_split(data, path)), path, map_location, False))
+    with path.open("rb") as f:
+        if f.read(len(MAGIC)) == MAGIC:
+            body = _read_checked(f, path)
+            return decode(_unpickle(io.BytesIO(body), path, map_location, False))
+        f.seek(0)
+        data = f.read()
     obj = _unpickle(io.BytesIO(data), path, map_location, True)
     log.warning("%s has no checksum (written by an older version); `%s %s` adds one",
                 path, CONVERT_HINT, path)
@@ -203,14 +207,16 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(data: bytes, path: str | os.PathLike) -> Path:
-    """Write ``data`` to ``path`` atomically (temp file, fsync, rename); returns the path."""
+def write_atomic(data: bytes | tuple, path: str | os.PathLike) -> Path:
+    """Write ``data`` (bytes, or a tuple of bytes-like parts written in turn) to ``path``
+    atomically (temp file, fsync, rename); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for part in data if isinstance(data, tuple) else (data,):
+                f.write(part)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_name, path)
@@ -223,7 +229,7 @@ def write_atomic(data: bytes, path: str | os.PathLike) -> Path:
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
     """Save ``obj`` (data only) to ``path`` in the checksummed format, atomically."""
-    return write_atomic(to_bytes(obj), path)
+    return write_atomic(to_parts(obj), path)
 
 
 def remove_stale_temps(directory: str | os.PathLike) -> list[Path]:
