@@ -258,7 +258,11 @@ def lock_directory(directory: str | os.PathLike) -> int:
     import fcntl
 
     path = Path(directory) / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ConfigError(f"{directory}: cannot create its lock file ({exc.strerror}); "
+                          "a run directory must be writable") from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
