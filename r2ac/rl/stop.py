@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -55,3 +57,21 @@ class StopRequest:
     @property
     def requested(self) -> bool:
         return self.signum is not None
+
+
+@contextmanager
+def raise_on_signal(update: int) -> Iterator[None]:
+    """While inside, SIGINT / SIGTERM raise TrainingInterrupted at once: for the work after
+    the last checkpoint (the final evaluation), which `--resume` redoes."""
+
+    def handler(signum, frame):
+        raise TrainingInterrupted(signum, update, True)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {signum: signal.signal(signum, handler) for signum in SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)

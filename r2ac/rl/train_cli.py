@@ -24,7 +24,7 @@ from r2ac.perf import keep_freed_memory
 from r2ac.rl.config import PRESETS, TrainConfig, preset, validate
 from r2ac.rl.resources import check_resources
 from r2ac.rl.run_dir import RunDir, check_same_config, default_out_dir, plot_curve
-from r2ac.rl.stop import TrainingInterrupted
+from r2ac.rl.stop import TrainingInterrupted, raise_on_signal
 
 
 def _pop_option(argv: list[str], name: str) -> str | None:
@@ -141,8 +141,9 @@ def _train(cfg: TrainConfig, run: RunDir, runtime) -> int:
     print(f"run directory: {run.path}", file=sys.stderr)
     try:
         tracker = runtime.train()
-        print(tracker.summary())
-        finish(cfg, run, runtime)
+        with raise_on_signal(tracker.update):  # the checkpoint is complete: stop at once
+            print(tracker.summary())
+            finish(cfg, run, runtime)
     except TrainingInterrupted as stop:
         print(f"r2ac train: stopped by {signal.Signals(stop.signum).name} after update "
               f"{stop.update} of {cfg.updates_total}; checkpoint written; continue with "
@@ -154,9 +155,8 @@ def _train(cfg: TrainConfig, run: RunDir, runtime) -> int:
         print(f"r2ac train: error: cannot write to {run.path}: {exc}; the last checkpoint is "
               f"intact: free space, then `r2ac train --resume {run.path}`", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # a second Ctrl-C, or one during the final evaluation
+    except KeyboardInterrupt:  # a second Ctrl-C: stopped mid-update
         print(f"r2ac train: interrupted; the last checkpoint is in {run.path} (`r2ac train "
-              f"--resume {run.path}`, or `r2ac eval {run.path}` if training had finished)",
-              file=sys.stderr)
+              f"--resume {run.path}` continues from it)", file=sys.stderr)
         return 130
     return 0

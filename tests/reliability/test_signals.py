@@ -16,7 +16,7 @@ import pytest
 from r2ac.rl import checkpoint
 from r2ac.rl.run_dir import read_metrics
 
-from .conftest import TIMEOUT_S, UPDATES, r2ac, r2ac_command, subprocess_env, tiny_args
+from .conftest import TIMEOUT_S, UPDATES, r2ac, r2ac_command, r2ac_inline, subprocess_env, tiny_args
 
 
 def _args(out: Path, checkpoint_every: int = 1000) -> list[str]:
@@ -158,3 +158,25 @@ def test_parallel_ctrl_c_to_the_group_checkpoints_and_resumes(tmp_path):
     resumed = r2ac("train", "--resume", str(out))
     assert resumed.returncode == 0, resumed.stderr
     assert _updates(out) == list(range(1, UPDATES + 1))
+
+
+def test_sigterm_during_the_final_evaluation_stops_at_once(tmp_path, capsys, monkeypatch):
+    """After the last checkpoint a signal needs no update finished: one line, 143, and
+    `--resume` redoes the evaluation."""
+    from r2ac.rl import evaluate
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("the signal should have stopped the evaluation")
+
+    monkeypatch.setattr(evaluate, "evaluate", terminated)
+    out = tmp_path / "run"
+    code, lines = r2ac_inline(capsys, "train", *tiny_args(3), "--out-dir", str(out))
+    assert code == 143 and lines[-1].startswith(
+        "r2ac train: stopped by SIGTERM after update 3 of 3"
+    )
+    assert not (out / "eval.json").exists()
+    monkeypatch.undo()
+    assert r2ac_inline(capsys, "train", "--resume", str(out))[0] == 0
+    assert (out / "eval.json").exists()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
