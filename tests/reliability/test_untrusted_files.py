@@ -58,13 +58,13 @@ def garble(path: Path, count: int = 8000) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_planted_checkpoint_does_not_run_on_resume(run_copy, tmp_path):
+def test_planted_checkpoint_does_not_run_on_resume(run_copy, tmp_path, capsys):
+    """In this process: the payload would write the marker here. The experiment runner's
+    test below makes the same check on a real `r2ac train --resume` subprocess."""
     marker = tmp_path / "marker"
     plant(run_copy / "checkpoints" / "latest.pt", marker)
-    proc = r2ac("train", "--resume", str(run_copy))
-    assert proc.returncode == 2, proc.stderr
-    assert not marker.exists()
-    lines = error_lines(proc)
+    code, lines = r2ac_inline(capsys, "train", "--resume", str(run_copy))
+    assert code == 2 and not marker.exists()
     assert len(lines) == 1 and "latest.pt" in lines[0] and "refused" in lines[0], lines
 
 
@@ -119,6 +119,9 @@ def test_experiment_runner_does_not_run_a_planted_checkpoint(finished_run, tmp_p
     result = runner.run_one(spec, tmp_path / "exp", None)
     assert result.status == "failed" and "exit code 2" in result.message
     assert not marker.exists()
+    log = (tmp_path / "exp" / "logs" / f"{spec.run_id}.log").read_text().splitlines()
+    assert log[0].startswith("$ ") and "--resume" in log[0]  # the command, then its output
+    assert len(log) == 2 and "latest.pt: refused" in log[1], log
 
 
 def test_garbled_checkpoint_is_refused_on_resume(run_copy):
