@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import tyro
 
+from r2ac.errors import ConfigError, check_writable
 from r2ac.perf import keep_freed_memory, release_freed_memory, rss_bytes
 from r2ac.rtrl import ELSTM, ELSTMSensitivity, ELSTMState, native
 from r2ac.rtrl import elstm_math as em
@@ -282,7 +283,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         shapes = [parse_shape(s) for s in cfg.shapes]
-    except ValueError as exc:
+        if cfg.repeats < 1 or cfg.warmup < 0:
+            raise ConfigError(f"need --repeats >= 1 and --warmup >= 0, got {cfg.repeats}, {cfg.warmup}")
+        if cfg.json_out:
+            check_writable(cfg.json_out, "--json-out", is_file=True)
+    except (ValueError, ConfigError) as exc:
         print(f"r2ac bench core: {exc}", file=sys.stderr)
         return 2
     keep_freed_memory()

@@ -28,6 +28,7 @@ import tyro
 from torch.utils import _pytree as pytree
 
 from r2ac.bench.core import DTYPES, machine_line, segment_fn, time_alternating
+from r2ac.errors import ConfigError, check_writable
 from r2ac.perf import keep_freed_memory, release_freed_memory, rss_bytes
 from r2ac.rtrl import core_names, make_core
 from r2ac.rtrl import elman as el
@@ -389,6 +390,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(cfg.cores) - set(core_names()))
     if unknown:
         print(f"r2ac bench cores: unknown core(s) {unknown}; choose from {core_names()}", file=sys.stderr)
+        return 2
+    try:
+        if cfg.repeats < 1 or cfg.warmup < 0:
+            raise ConfigError(f"need --repeats >= 1 and --warmup >= 0, got {cfg.repeats}, {cfg.warmup}")
+        for option, path in (("--json-out", cfg.json_out), ("--plot", cfg.plot)):
+            if path:
+                check_writable(path, option, is_file=True)
+    except ConfigError as exc:
+        print(f"r2ac bench cores: {exc}", file=sys.stderr)
         return 2
     threads = torch.get_num_threads()
     if cfg.threads > 0:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import abc
 import inspect
+import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -160,6 +161,9 @@ def merge_final_obs(final_obs: np.ndarray, reset_obs: np.ndarray, done: np.ndarr
 def check_options(factory, name: str, options: dict[str, Any], fixed: int = 3) -> None:
     """ConfigError unless every option is a keyword parameter of factory (after the first
     `fixed` positional ones); a factory with **kwargs validates its own options."""
+    bad = [f"{k}={v!r}" for k, v in options.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        raise ConfigError(f"env options must be finite: {', '.join(bad)}")
     parameters = list(inspect.signature(factory).parameters.values())
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return
@@ -167,3 +171,30 @@ def check_options(factory, name: str, options: dict[str, Any], fixed: int = 3) -
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise ConfigError(f"unknown options {unknown} for {name}; known: {known}")
+    by_name = {p.name: p for p in parameters}
+    bad = [f"{k}={v!r} (expected {kind})" for k, v in options.items()
+           if (kind := _option_type(by_name[k])) and not _fits(v, kind)]
+    if bad:
+        raise ConfigError(f"env options of the wrong type for {name}: {', '.join(bad)}")
+
+
+_OPTION_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+def _option_type(parameter: inspect.Parameter) -> str | None:
+    """The type an option must have: its default's (int, float, str, bool), else its
+    annotation's when that is one of these; None (unchecked) otherwise."""
+    default = parameter.default
+    if type(default) in _OPTION_TYPES.values():
+        return type(default).__name__
+    annotation = parameter.annotation
+    name = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return name if name in _OPTION_TYPES else None
+
+
+def _fits(value: Any, kind: str) -> bool:
+    if kind == "float":  # an int is a float too; bools are not numbers here
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, _OPTION_TYPES[kind])

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from r2ac.errors import ConfigError
+from r2ac.errors import ConfigError, check_writable
 from r2ac.experiments import grids, report, runner
 
 
@@ -112,6 +112,9 @@ def run_experiment(name: str, cfg: ExperimentConfig, argv: list[str]) -> int:
     tasks = grids.select_tasks(g, cfg.tasks)
     specs = grids.runs_of(g, seeds, tasks)
     out = Path(cfg.out or f"runs/experiments/{name}")
+    if cfg.jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {cfg.jobs}")
+    check_writable(out, "--out")
     stale = _validate(specs, cfg.total_frames, out)
     if cfg.dry_run:
         for spec in specs:

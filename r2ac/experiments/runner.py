@@ -5,7 +5,8 @@ eval.json) with its log next to it in OUT/logs/<run_id>.log. What exists decides
 
     eval.json present                    finished: skipped
     checkpoints/latest.pt present        interrupted: `r2ac train --resume` (exact for serial)
-    anything else                        started afresh (a half-created directory is removed)
+    config.json only                     stopped before its first checkpoint: `--restart`
+    anything else                        started afresh
 
 so re-running the same command after a crash or Ctrl-C only redoes what is missing. A run
 directory whose saved config differs from what the grid now asks for (the grid was edited
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -90,6 +90,8 @@ def command_for(spec: RunSpec, run_dir: Path, total_frames: int | None) -> list[
     base = [sys.executable, "-m", "r2ac.cli", "train"]
     if run_state(run_dir) == "interrupted":
         return [*base, "--resume", str(run_dir)]
+    if (run_dir / "config.json").exists():  # the run dir's lock guards it, unlike a removal
+        return [*base, "--restart", str(run_dir)]
     return [*base, "--preset", spec.task.preset, *train_args(spec.overrides(total_frames)),
             "--out-dir", str(run_dir), "--no-progress"]
 
@@ -104,8 +106,6 @@ def run_one(spec: RunSpec, out: Path, total_frames: int | None) -> RunResult:
     run_dir = out / "runs" / spec.run_id
     if run_state(run_dir) == "finished":
         return RunResult(spec, "done", eval_mean=read_eval(run_dir))
-    if run_state(run_dir) == "new" and run_dir.exists():
-        shutil.rmtree(run_dir)  # created but crashed before its first checkpoint
     log_path = out / "logs" / f"{spec.run_id}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = command_for(spec, run_dir, total_frames)

@@ -9,7 +9,6 @@ PopArt-normalised (``r2ac.rl.nets.PolicyValueHeads``).
 from __future__ import annotations
 
 import os
-import pickle
 from collections.abc import Mapping
 from typing import Any
 
@@ -151,7 +150,7 @@ class Agent(nn.Module):
         """
         try:
             obj = checkpoint.load(path)
-        except (FileNotFoundError, pickle.UnpicklingError) as exc:
+        except (FileNotFoundError, checkpoint.CheckpointError) as exc:
             raise ConfigError(f"cannot load stem weights from {path}: {exc}") from exc
         if isinstance(obj, Mapping) and isinstance(obj.get("agent"), Mapping):
             obj = obj["agent"]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import types
+import typing
 from dataclasses import dataclass
 from typing import Literal
 
@@ -222,8 +224,64 @@ _POSITIVE = (
 )
 
 
+def _fits(value, annotation) -> bool:
+    """Whether `value` has the type `annotation` (int, float, str, bool, X | None,
+    tuple[X, ...], Literal[...]); bools are not numbers here."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return value in args
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if origin is tuple:
+        return isinstance(value, tuple) and all(_fits(v, args[0]) for v in value)
+    if annotation is type(None):
+        return value is None
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, annotation)
+
+
+def check_types(cfg: TrainConfig) -> None:
+    """ConfigError naming every field whose value has the wrong type (e.g. from config.json)."""
+    hints = typing.get_type_hints(TrainConfig)
+    bad = [f"{f.name}={getattr(cfg, f.name)!r} (expected "
+           f"{getattr(hints[f.name], '__name__', str(hints[f.name]).replace('typing.', ''))})"
+           for f in dataclasses.fields(TrainConfig) if not _fits(getattr(cfg, f.name), hints[f.name])]
+    if bad:
+        raise ConfigError(f"config values of the wrong type: {'; '.join(bad)}")
+
+
+def _out_of_range(cfg: TrainConfig) -> list[str]:
+    """Floats that are not finite or not in their range, and a negative seed (written so
+    that NaN fails every test)."""
+    finite = {n: getattr(cfg, n) for n in ("learning_rate", "rms_alpha", "rms_eps", "discount",
+                                           "reward_scale", "baseline_cost", "entropy_cost",
+                                           "grad_clip", "forget_bias", "popart_beta",
+                                           "progress_every_s")}
+    bad = [f"{n}={v} (not finite)" for n, v in finite.items() if v is not None and not math.isfinite(v)]
+    rules = (
+        ("learning_rate", cfg.learning_rate >= 0, ">= 0"), ("rms_eps", cfg.rms_eps > 0, "> 0"),
+        ("rms_alpha", 0 <= cfg.rms_alpha < 1, "in [0, 1)"),
+        ("discount", 0 <= cfg.discount <= 1, "in [0, 1]"), ("grad_clip", cfg.grad_clip > 0, "> 0"),
+        ("reward_scale", cfg.reward_scale > 0, "> 0"),
+        ("baseline_cost", cfg.baseline_cost >= 0, ">= 0"),
+        ("entropy_cost", cfg.entropy_cost >= 0, ">= 0"), ("seed", 0 <= cfg.seed < 2**63, ">= 0"),
+        ("popart_beta", 0 < cfg.popart_beta <= 1, "in (0, 1]"),
+        ("progress_every_s", cfg.progress_every_s > 0, "> 0"),
+    )
+    bad += [f"{n}={getattr(cfg, n)} (must be {rule})" for n, ok, rule in rules
+            if not ok and math.isfinite(getattr(cfg, n))]
+    return bad
+
+
 def validate(cfg: TrainConfig) -> TrainConfig:
-    """Raise ConfigError for bad sizes, names or combinations; return cfg unchanged."""
+    """Raise ConfigError for bad types, sizes, ranges, names or combinations; return cfg."""
+    check_types(cfg)
+    bad = _out_of_range(cfg)
+    if bad:
+        raise ConfigError(f"out of range: {', '.join(bad)}")
     bad = [f"{name}={getattr(cfg, name)}" for name in _POSITIVE if getattr(cfg, name) < 1]
     bad += [f"{n}={getattr(cfg, n)}" for n in ("num_actors", "num_threads", "lr_warmup_updates")
             if getattr(cfg, n) < 0]
@@ -240,14 +298,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(
             f"batch_size ({cfg.batch_size}) must be a multiple of num_envs ({cfg.num_envs})"
         )
-    if cfg.learning_rate < 0 or not 0.0 <= cfg.discount <= 1.0 or cfg.grad_clip <= 0:
-        raise ConfigError("need learning_rate >= 0, 0 <= discount <= 1 and grad_clip > 0")
-    if not cfg.reward_scale > 0:
-        raise ConfigError(f"reward_scale must be positive, got {cfg.reward_scale}")
-    if not 0.0 < cfg.popart_beta <= 1.0:
-        raise ConfigError(f"popart_beta must be in (0, 1], got {cfg.popart_beta}")
-    if not cfg.progress_every_s > 0:
-        raise ConfigError(f"progress_every_s must be positive, got {cfg.progress_every_s}")
     if cfg.runtime not in ("serial", "parallel"):
         raise ConfigError(f"unknown runtime {cfg.runtime!r}; choose serial or parallel")
     cfg.env_kwargs()

@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from r2ac.errors import ConfigError, MissingDependencyError
+from r2ac.errors import ConfigError, MissingDependencyError, check_writable
 from r2ac.rl import checkpoint
 from r2ac.rl.actor import light_state
 from r2ac.rl.agent import Agent
 from r2ac.rl.build import agent_for_env, eval_seed, make_env
-from r2ac.rl.config import TrainConfig
+from r2ac.rl.config import TrainConfig, validate
 from r2ac.rl.run_dir import RunDir
 from r2ac.rl.runtime_serial import load_agent_weights
 
@@ -91,14 +91,15 @@ def evaluate(agent: Agent, cfg: TrainConfig, sets: int, episodes: int, greedy: b
 def write_eval(run: RunDir, result: dict, out: str | Path | None = None) -> Path:
     """Write the result to `out` (default RUN/eval.json, which experiment grids read)."""
     path = Path(out) if out else run.eval_path
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    return path
+    # atomic: the experiment runner reads "eval.json exists" as "the run is finished"
+    return checkpoint.write_atomic((json.dumps(result, indent=2) + "\n").encode(), path)
 
 
 def evaluate_run(path: str, sets: int | None, episodes: int | None, greedy: bool | None,
                  seed: int | None, out: str | None = None) -> tuple[dict, Path]:
     run = RunDir.open(path)
-    cfg = run.config()
+    cfg = validate(run.config())
+    check_writable(out or run.eval_path, "--out", is_file=True)
     if not run.agent_path.is_file():
         raise ConfigError(f"{path}: no weights at {run.agent_path}")
     env = make_env(cfg, 1, 0)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import signal
 import traceback
 
 import torch
@@ -36,6 +37,7 @@ from r2ac.rl.config import TrainConfig, to_dict
 from r2ac.rl.learner import Learner
 from r2ac.rl.run_dir import RunDir
 from r2ac.rl.runtime_serial import load_agent_weights, rng_state
+from r2ac.rl.stop import StopRequest, TrainingInterrupted
 from r2ac.rl.tracker import Tracker
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,10 @@ def _clone(tree):
 
 def actor_process(index, cfg, slots, free_q, full_q, weights, version, lock, stop) -> None:
     """Body of actor process `index` (module level so that spawn can import it)."""
+    # Ctrl-C (and `timeout`'s SIGTERM) reach the whole process group: the learner decides
+    # when to stop, finishes its update, and stops us through `stop` (or SIGKILL).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         torch.set_num_threads(1)
         seed = actor_seed(cfg.seed, index)
@@ -147,6 +153,7 @@ class ParallelRuntime:
 
     def checkpoint(self, tracker: Tracker) -> None:
         if self.run is not None:
+            tracker.flush()
             self.run.save_checkpoint({
                 "agent": self.agent.state_dict(), "learner": self.learner.state_dict(),
                 "rng": rng_state(), "counters": tracker.state(), "config": to_dict(self.cfg),
@@ -157,21 +164,28 @@ class ParallelRuntime:
         tracker = Tracker(cfg, self.run, self.saved_counters)
         frames = cfg.unroll_length * cfg.batch_size
         try:
-            self._start()
-            while not tracker.done:
-                batch, items = self._batch()
-                lag = sum(self.version - v for _, _, v, *_ in items) / len(items)
-                metrics = self.learner.update(batch)
-                self.version += 1
-                self._publish()
-                logs = [_episodes(r, n) for *_, r, n in items]
-                tracker.record(frames, logs, metrics, policy_lag=lag)
-                if tracker.update % cfg.checkpoint_every == 0 or tracker.done:
-                    self.checkpoint(tracker)
+            with StopRequest() as stop:
+                self._start()
+                while not tracker.done:
+                    self._step(tracker, frames)
+                    if tracker.update % cfg.checkpoint_every == 0 or tracker.done or stop.requested:
+                        self.checkpoint(tracker)
+                    if stop.requested:
+                        raise TrainingInterrupted(stop.signum, tracker.update, self.run is not None)
         finally:
             self.shutdown()
             tracker.close()
         return tracker
+
+    def _step(self, tracker: Tracker, frames: int) -> None:
+        """One update on the next batch of full slots; publish the new weights."""
+        batch, items = self._batch()
+        lag = sum(self.version - v for _, _, v, *_ in items) / len(items)
+        metrics = self.learner.update(batch)
+        self.version += 1
+        self._publish()
+        logs = [_episodes(r, n) for *_, r, n in items]
+        tracker.record(frames, logs, metrics, policy_lag=lag)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the actors, drain the queue so none blocks on a put, and join them."""
@@ -185,7 +199,7 @@ class ParallelRuntime:
                 p.join(timeout=POLL_S)
                 timeout -= POLL_S
                 if timeout < 0:
-                    p.terminate()
+                    p.kill()  # actors ignore SIGTERM (see actor_process)
                     p.join()
         self._drain()
         self.processes = []

@@ -21,6 +21,7 @@ from r2ac.rl.build import actor_seed, agent_for_env, make_env, seed_everything
 from r2ac.rl.config import TrainConfig, to_dict
 from r2ac.rl.learner import Learner
 from r2ac.rl.run_dir import RunDir
+from r2ac.rl.stop import StopRequest, TrainingInterrupted
 from r2ac.rl.tracker import Tracker
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class SerialRuntime:
     def checkpoint(self, tracker: Tracker) -> None:
         if self.run is None:
             return
+        tracker.flush()  # the rows up to this update are on disk before the checkpoint is
         self.run.save_checkpoint({
             "agent": self.agent.state_dict(), "learner": self.learner.state_dict(),
             "rng": rng_state(), "actors": [a.get_state() for a in self.actors],
@@ -78,16 +80,21 @@ class SerialRuntime:
         })
 
     def train(self) -> Tracker:
+        """Train to the end; on SIGINT/SIGTERM finish the update, checkpoint and raise
+        TrainingInterrupted (a resume then continues from that update, bit-identically)."""
         cfg = self.cfg
         tracker = Tracker(cfg, self.run, self.saved_counters)
         frames = cfg.unroll_length * cfg.batch_size
         try:
-            while not tracker.done:
-                results = [actor.collect() for actor in self.actors]
-                metrics = self.learner.update(cat_segments([seg for seg, _ in results]))
-                tracker.record(frames, [ep for _, ep in results], metrics, policy_lag=0.0)
-                if tracker.update % cfg.checkpoint_every == 0 or tracker.done:
-                    self.checkpoint(tracker)
+            with StopRequest() as stop:
+                while not tracker.done:
+                    results = [actor.collect() for actor in self.actors]
+                    metrics = self.learner.update(cat_segments([seg for seg, _ in results]))
+                    tracker.record(frames, [ep for _, ep in results], metrics, policy_lag=0.0)
+                    if tracker.update % cfg.checkpoint_every == 0 or tracker.done or stop.requested:
+                        self.checkpoint(tracker)
+                    if stop.requested:
+                        raise TrainingInterrupted(stop.signum, tracker.update, self.run is not None)
         finally:
             tracker.close()
         return tracker

@@ -66,7 +66,9 @@ class Tracker:
         self._t0 = time.perf_counter()
         self._last = (self.frames, self._t0)
         self._lags: list[float] = []
-        self.log = MetricsLog(run, self.update if saved else None) if run else None
+        self.log = None
+        if run is not None:
+            self.log = MetricsLog(run, self.update, self.frames) if saved else MetricsLog(run)
         self.bar = self._make_bar()
 
     def _make_bar(self):
@@ -124,6 +126,11 @@ class Tracker:
         return (f"{self.frames} frames, {self.update} updates in {self.elapsed:.0f} s "
                 f"({self.frames / max(self.elapsed, 1e-9):.0f} frames/s); recent return "
                 f"{_mean(self.returns):.3f} over {len(self.returns)} episodes")
+
+    def flush(self) -> None:
+        """Metrics rows (CSV and TensorBoard) written so far to disk (before a checkpoint)."""
+        if self.log is not None:
+            self.log.flush()
 
     def close(self) -> None:
         if self.bar is not None:

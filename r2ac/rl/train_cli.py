@@ -1,21 +1,30 @@
-"""`r2ac train [--preset NAME] [options]` and `r2ac train --resume RUN_DIR`.
+"""`r2ac train [--preset NAME] [options]`, `r2ac train --resume RUN_DIR` (from its checkpoint)
+and `r2ac train --restart RUN_DIR` (from its config.json, a run stopped before its first
+checkpoint).
 
 Options are generated from TrainConfig (`r2ac train --help`); a preset supplies the
 defaults, flags override them. Bad input (unknown env, core or rule, sizes < 1, a preset
-needing a missing package, an existing run directory, a checkpoint that does not fit)
-prints one line and exits with code 2 before anything is written.
+needing a missing package, an existing run directory, a checkpoint that does not fit, a
+corrupted or code-carrying checkpoint, a run too large for the memory available, a run
+directory in use by another process) prints one line and exits with code 2 before anything
+is written. SIGINT / SIGTERM stop after the current update with a checkpoint (exit 130 /
+143).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
+import signal
 import sys
 
 from r2ac.errors import ConfigError, MissingDependencyError
 from r2ac.perf import keep_freed_memory
 from r2ac.rl.config import PRESETS, TrainConfig, preset, validate
-from r2ac.rl.run_dir import RunDir, default_out_dir, plot_curve
+from r2ac.rl.resources import check_resources
+from r2ac.rl.run_dir import RunDir, check_same_config, default_out_dir, plot_curve
+from r2ac.rl.stop import TrainingInterrupted, raise_on_signal
 
 
 def _pop_option(argv: list[str], name: str) -> str | None:
@@ -69,21 +78,41 @@ def make_runtime(cfg: TrainConfig, run: RunDir | None):
 def _prepare(argv: list[str]):
     """Everything that can fail on bad input, before anything is written."""
     argv = list(argv)
-    resume = _pop_option(argv, "--resume")
-    if resume is not None:
-        if argv:
-            raise ConfigError(f"--resume takes no other options, got {' '.join(argv)}")
-        run = RunDir.open(resume)
-        cfg = validate(run.config())
-        payload = run.load_checkpoint()
-        runtime = make_runtime(cfg, run)
-        runtime.restore(payload)
-        return cfg, run, runtime, None
+    resume, restart = _pop_option(argv, "--resume"), _pop_option(argv, "--restart")
+    if resume is not None or restart is not None:
+        return _prepare_existing(resume, restart, argv)
     cfg = validate(parse_config(argv))
     cfg = dataclasses.replace(cfg, out_dir=cfg.out_dir or default_out_dir(cfg))
     RunDir.check_new(cfg.out_dir)
+    check_resources(cfg)
     runtime = make_runtime(cfg, None)
     return cfg, None, runtime, cfg.out_dir
+
+
+def _prepare_existing(resume: str | None, restart: str | None, argv: list[str]):
+    """--resume DIR (from its checkpoint) or --restart DIR (from its config, a run stopped
+    before its first checkpoint); the directory is locked for this process."""
+    if resume is not None and restart is not None:
+        raise ConfigError("give --resume or --restart, not both")
+    flag, path = ("--resume", resume) if resume is not None else ("--restart", restart)
+    if argv:
+        raise ConfigError(f"{flag} takes no other options, got {' '.join(argv)}")
+    run = RunDir.open(path).acquire()
+    try:
+        cfg = validate(run.config())
+        check_resources(cfg)
+        if resume is not None:
+            payload = run.load_checkpoint()
+            check_same_config(run, cfg, payload)
+            runtime = make_runtime(cfg, run)
+            runtime.restore(payload)
+        else:
+            runtime = make_runtime(cfg, run)
+            run.restart()
+    except BaseException:
+        run.release()
+        raise
+    return cfg, run, runtime, None
 
 
 def finish(cfg: TrainConfig, run: RunDir, runtime) -> None:
@@ -103,14 +132,42 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         cfg, run, runtime, new_dir = _prepare(argv)
+        if run is None:
+            run = RunDir.create(new_dir, cfg)
+            runtime.run = run
     except (ConfigError, MissingDependencyError) as exc:
         print(f"r2ac train: error: {exc}", file=sys.stderr)
         return 2
-    if run is None:
-        run = RunDir.create(new_dir, cfg)
-        runtime.run = run
+    except OSError as exc:  # e.g. a full or read-only disk found when creating the run
+        print(f"r2ac train: error: cannot write the run directory: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _train(cfg, run, runtime)
+    finally:
+        run.release()
+
+
+def _train(cfg: TrainConfig, run: RunDir, runtime) -> int:
+    """Train, report, evaluate; a signal stops it cleanly (see r2ac.rl.stop)."""
     print(f"run directory: {run.path}", file=sys.stderr)
-    tracker = runtime.train()
-    print(tracker.summary())
-    finish(cfg, run, runtime)
+    try:
+        tracker = runtime.train()
+        with raise_on_signal(tracker.update):  # the checkpoint is complete: stop at once
+            print(tracker.summary())
+            finish(cfg, run, runtime)
+    except TrainingInterrupted as stop:
+        print(f"r2ac train: stopped by {signal.Signals(stop.signum).name} after update "
+              f"{stop.update} of {cfg.updates_total}; checkpoint written; continue with "
+              f"`r2ac train --resume {run.path}`", file=sys.stderr)
+        return stop.exit_code
+    except OSError as exc:  # a full disk: the atomic writes left the last checkpoint whole
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        print(f"r2ac train: error: cannot write to {run.path}: {exc}; the last checkpoint is "
+              f"intact: free space, then `r2ac train --resume {run.path}`", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # a second Ctrl-C: stopped mid-update
+        print(f"r2ac train: interrupted; the last checkpoint is in {run.path} (`r2ac train "
+              f"--resume {run.path}` continues from it)", file=sys.stderr)
+        return 130
     return 0

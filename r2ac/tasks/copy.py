@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from r2ac.errors import ConfigError
+from r2ac.rl import checkpoint as rl_checkpoint
 from r2ac.rtrl import ELSTM
 from r2ac.rtrl.registry import CORES, make_core
 
@@ -362,9 +363,16 @@ class CopyConfig:
         self._validate_schedule()
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        self._validate_device_and_clip()
+        return self
+
+    def _validate_device_and_clip(self) -> None:
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"--device must be cpu or cuda, got {self.device!r}")
-        return self
+        if self.device != "cpu" and not torch.cuda.is_available():
+            raise ConfigError(f"--device {self.device}: this PyTorch build sees no CUDA device")
+        if not (math.isfinite(self.clip) and self.clip >= 0):
+            raise ConfigError(f"--clip must be finite and >= 0 (0: no clipping), got {self.clip}")
 
     def _validate_schedule(self) -> None:
         for name, value, low in (("lr", self.lr, 1e-300), ("lr-final", self.lr_final, 0.0)):
@@ -455,9 +463,12 @@ def resume_mismatch(saved: dict, cfg: CopyConfig) -> list[str]:
 def checkpoint_config(path: str) -> dict | None:
     """The config dict stored in a copy-task checkpoint (None if it predates storing it)."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=False).get("config")
-    except Exception as exc:  # noqa: BLE001  (any unreadable file is the same user error)
+        saved = rl_checkpoint.load(path)
+    except FileNotFoundError as exc:
         raise ConfigError(f"cannot read checkpoint {path}: {exc}") from exc
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{path}: not a copy-task checkpoint")
+    return saved.get("config")
 
 
 def check_resumable(saved: dict | None, cfg: CopyConfig, path: str) -> None:
@@ -472,12 +483,13 @@ def check_resumable(saved: dict | None, cfg: CopyConfig, path: str) -> None:
 def _save(path: str, cfg: CopyConfig, model, optimizer, gen: torch.Generator, progress: _Progress) -> None:
     state = {"config": asdict(cfg), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
              "generator": gen.get_state(), "progress": asdict(progress)}
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)  # atomic: a crash leaves the previous checkpoint whole
+    rl_checkpoint.save_atomic(state, path)  # fsynced, checksummed, atomic
 
 
 def _load(path: str, cfg: CopyConfig, model, optimizer, gen: torch.Generator, device) -> _Progress:
-    ck = torch.load(path, map_location=device, weights_only=False)
+    ck = rl_checkpoint.load(path, map_location=device)  # weights-only, checksum checked
+    if not isinstance(ck, dict) or not {"model", "optimizer", "generator", "progress"} <= set(ck):
+        raise ConfigError(f"{path}: not a copy-task checkpoint")
     check_resumable(ck.get("config"), cfg, path)
     try:
         model.load_state_dict(ck["model"])

@@ -20,8 +20,9 @@ from dataclasses import asdict
 import torch
 import tyro
 
-from r2ac.errors import ConfigError
+from r2ac.errors import ConfigError, check_writable
 from r2ac.perf import keep_freed_memory
+from r2ac.rl import checkpoint as rl_checkpoint
 from r2ac.tasks import copy as ct
 
 
@@ -41,9 +42,8 @@ def machine() -> dict[str, str | int]:
 
 
 def _write_json(path: str, obj) -> None:
-    with open(path, "w") as fh:
-        json.dump(obj, fh, indent=1)
-        fh.write("\n")
+    """Atomically (temp file + rename): a kill never leaves half a config or result."""
+    rl_checkpoint.write_atomic((json.dumps(obj, indent=1) + "\n").encode(), path)
 
 
 def run(cfg: ct.CopyConfig) -> dict:
@@ -100,14 +100,27 @@ def run(cfg: ct.CopyConfig) -> dict:
     return results
 
 
+def check_new_out(cfg: ct.CopyConfig) -> None:
+    """ConfigError unless --out can be written and, without --resume, holds nothing: an
+    earlier run's checkpoint and results are never overwritten."""
+    check_writable(cfg.out, "--out")
+    if not cfg.resume and os.path.isdir(cfg.out) and set(os.listdir(cfg.out)) - {rl_checkpoint.LOCK_NAME}:
+        raise ConfigError(f"--out {cfg.out} is not empty; add --resume to continue the run there, "
+                          "or choose another --out")
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = tyro.cli(ct.CopyConfig, args=argv, prog="r2ac copy", description=__doc__)
     try:
         cfg.validate()
+        check_new_out(cfg)
         checkpoint = os.path.join(cfg.out, "checkpoint.pt")
         if cfg.resume and os.path.exists(checkpoint):
             # before anything in cfg.out is rewritten
             ct.check_resumable(ct.checkpoint_config(checkpoint), cfg, checkpoint)
+        os.makedirs(cfg.out, exist_ok=True)
+        lock = rl_checkpoint.lock_directory(cfg.out)  # a second process on --out: refused
+        rl_checkpoint.remove_stale_temps(cfg.out)
     except ConfigError as exc:
         print(f"r2ac copy: {exc}", file=sys.stderr)
         return 2
@@ -117,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # e.g. a checkpoint from before configs were stored in it
         print(f"r2ac copy: {exc}", file=sys.stderr)
         return 2
+    finally:
+        os.close(lock)
     print(f"bit_accuracy {results['bit_accuracy']:.4f}  sequence_accuracy "
           f"{results['sequence_accuracy']:.4f}  ({results['train_steps']} batches, "
           f"{results['updates']} updates, {results['train_seconds']:.0f} s training)  -> {cfg.out}")

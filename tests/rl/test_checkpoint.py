@@ -50,3 +50,43 @@ def test_load_map_location_and_missing_file(tmp_path):
     assert checkpoint.load(path, map_location="cpu").device.type == "cpu"
     with pytest.raises(FileNotFoundError):
         checkpoint.load(tmp_path / "absent.pt")
+
+
+def test_crash_after_the_bytes_are_written_keeps_previous_file(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.pt"
+    checkpoint.save_atomic({"step": 1}, path)
+    before = path.read_bytes()
+
+    def failing_fsync(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.os, "fsync", failing_fsync)
+    with pytest.raises(OSError):
+        checkpoint.save_atomic({"step": 2, "w": torch.zeros(1000)}, path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+
+
+def test_numpy_values_and_namedtuples_round_trip(tmp_path):
+    import numpy as np
+
+    from r2ac.rtrl.elstm_math import ELSTMState
+
+    state = ELSTMState(torch.ones(2, 3), None)
+    obj = {"np": np.arange(5, dtype=np.uint32), "scalar": np.float64(2.5), "state": state,
+           "rng": ("MT19937", np.arange(3, dtype=np.uint32), 1, 0, 0.0), 3: [1, (2, 3)]}
+    loaded = checkpoint.load(checkpoint.save_atomic(obj, tmp_path / "c.pt"))
+    assert loaded["np"].dtype == np.uint32 and loaded["np"].tolist() == [0, 1, 2, 3, 4]
+    assert isinstance(loaded["scalar"], np.float64) and loaded["scalar"] == 2.5
+    assert type(loaded["state"]) is ELSTMState and loaded["state"].sens is None
+    assert loaded["state"].c.equal(state.c)
+    assert loaded["rng"][0] == "MT19937" and loaded["rng"][1].tolist() == [0, 1, 2]
+    assert loaded[3] == [1, (2, 3)]
+
+
+def test_only_project_namedtuples_are_rebuilt(tmp_path):
+    forged = {checkpoint.TAG: "namedtuple", "type": "os:system", "fields": ["true"]}
+    path = checkpoint.save_atomic({"x": forged}, tmp_path / "f.pt")
+    with pytest.raises(checkpoint.CheckpointError, match="refused type 'os:system'"):
+        checkpoint.load(path)

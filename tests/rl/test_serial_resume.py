@@ -58,7 +58,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_weights(tmp_path):
         time.sleep(0.01)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    saved = checkpoint.load(ckpt, weights_only=False)["counters"]["update"]
+    saved = checkpoint.load(ckpt)["counters"]["update"]
     assert 0 < saved < TOTAL_UPDATES  # killed between checkpoints, before the end
     subprocess.run(_cli("--resume", str(killed)), env=env, check=True, capture_output=True)
     subprocess.run(_cli(*CLI_ARGS, "--out-dir", str(full)), env=env, check=True,
@@ -68,5 +68,5 @@ def test_sigkill_then_resume_gives_the_uninterrupted_weights(tmp_path):
     with (killed / "metrics.csv").open() as f:
         updates = [int(r["update"]) for r in csv.DictReader(f)]
     assert updates == list(range(1, TOTAL_UPDATES + 1))
-    resumed = checkpoint.load(killed / "checkpoints" / "latest.pt", weights_only=False)
+    resumed = checkpoint.load(killed / "checkpoints" / "latest.pt")
     assert resumed["counters"]["update"] == TOTAL_UPDATES

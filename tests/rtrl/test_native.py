@@ -138,7 +138,8 @@ def test_build_is_cached_and_atomic(tmp_path):
     first = native.build(compiler, tmp_path)
     stamp = first.stat().st_mtime_ns
     assert native.build(compiler, tmp_path) == first and first.stat().st_mtime_ns == stamp
-    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temp files left
+    # no temp files left; the library's hash beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == [first.name, first.name + ".sha256"]
 
 
 def test_cache_falls_back_to_a_temp_folder_when_home_is_unusable(monkeypatch, tmp_path):

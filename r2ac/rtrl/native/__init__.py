@@ -6,7 +6,11 @@ contraction, the scale by G and the carry GEMM (docs/rules/rtrl.md, "Native kern
 
 It is plain C, built on first use with the system C compiler (`cc -O3 -march=native
 -fopenmp`, about a second) and cached under `~/.cache/r2ac/native` (or `$R2AC_NATIVE_CACHE`),
-keyed by a hash of the source, the flags, the compiler's version and the CPU. The library links
+keyed by a hash of the source, the flags, the compiler's version and the CPU. The cache folder
+must be the user's own and writable by no one else (it is created with mode 0700; an existing
+one of the user's is tightened to 0700), and the library's SHA-256, written beside it at build
+time (`.so.sha256`), is checked before it is loaded: a library planted by someone else or a
+damaged one is never loaded (a warning, and the PyTorch path). The library links
 `libgomp.so.1`, which PyTorch has already loaded, so its OpenMP threads are PyTorch's own.
 
 Nothing depends on it: without a compiler, on another OS, or with `R2AC_NATIVE=0`, `load()`
@@ -20,6 +24,7 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -40,6 +45,10 @@ _tried = False
 class NativeKernelError(RuntimeError):
     """The kernel was called without being loaded, or refused its arguments (a caller's bug:
     `supports` is checked first)."""
+
+
+class UnsafeCacheError(RuntimeError):
+    """The cache folder or the library in it could have been written by someone else."""
 
 
 def cache_dir() -> Path:
@@ -75,14 +84,61 @@ def _cpu_identity() -> str:
     return platform.machine() + "".join(dict.fromkeys(lines))  # first occurrence of each line
 
 
+def secure_dir(path: Path) -> Path:
+    """`path`, created with mode 0700 if absent; UnsafeCacheError unless it is a real folder
+    of this user that nobody else can write to (then it is tightened to 0700)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeCacheError(f"{path} is not a folder (a link?)")
+    if st.st_uid != os.getuid():
+        raise UnsafeCacheError(f"{path} belongs to uid {st.st_uid}, not to you ({os.getuid()})")
+    if st.st_mode & 0o022:  # someone else may have put a library there already
+        raise UnsafeCacheError(f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); "
+                               f"remove it or run `chmod 700 {path}`")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    return path
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _sidecar(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
+
+
+def verify(library: Path) -> Path:
+    """UnsafeCacheError unless `library` is this user's regular file, writable by nobody
+    else, whose SHA-256 is the one recorded when it was built."""
+    st = os.lstat(library)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise UnsafeCacheError(f"{library} is not a regular file of yours, private to you")
+    try:
+        expected = _sidecar(library).read_text().strip()
+    except OSError as exc:
+        raise UnsafeCacheError(f"{library} has no recorded hash") from exc
+    if _sha256(library) != expected:
+        raise UnsafeCacheError(f"{library} does not match the hash recorded at build time")
+    return library
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
 def build(compiler: str, out_dir: Path) -> Path:
     """Compile the kernel into out_dir (atomically: temp file + rename) and return its path."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
     parts = (SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode(), _cpu_identity().encode())
     key = hashlib.sha256(b"\0".join(parts)).hexdigest()
     target = out_dir / f"elstm_carry-{key[:16]}.so"
-    if target.exists():
-        return target
+    if target.exists() and _sidecar(target).exists():
+        return target  # load() verifies it against the recorded hash
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so.tmp")
     os.close(fd)
@@ -92,12 +148,15 @@ def build(compiler: str, out_dir: Path) -> Path:
         )
         if proc.returncode != 0:
             raise RuntimeError(f"{compiler} failed:\n{proc.stderr.strip()}")
+        os.chmod(tmp, 0o700)  # whatever the umask: nobody else may rewrite it
+        # The hash first: a library is never in place without the hash it must match.
+        _write_private(_sidecar(target), (_sha256(Path(tmp)) + "\n").encode())
         os.replace(tmp, target)  # concurrent builders each write their own temp file
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    for stale in out_dir.glob("elstm_carry-*.so"):  # builds of older sources or compilers
-        if stale != target:
+    for stale in [*out_dir.glob("elstm_carry-*.so"), *out_dir.glob("elstm_carry-*.so.sha256")]:
+        if stale not in (target, _sidecar(target)):  # builds of older sources or compilers
             stale.unlink(missing_ok=True)  # a process still using it keeps its mapping
     return target
 
@@ -122,7 +181,16 @@ def load() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux") or compiler is None:
         return None  # silent: the PyTorch path is the documented default there
     try:
-        _lib = _declare(ctypes.CDLL(str(build(compiler, cache_dir()))))
+        library = verify(build(compiler, secure_dir(cache_dir())))
+        _lib = _declare(ctypes.CDLL(str(library)))
+    except UnsafeCacheError as err:
+        warnings.warn(
+            f"r2ac: not loading the native eLSTM carry kernel: {err}; using the PyTorch path"
+            " (same results, slower). Set R2AC_NATIVE_CACHE to a private folder, or"
+            " R2AC_NATIVE=0 to silence this.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
         warnings.warn(
             f"r2ac: the native eLSTM carry kernel could not be built ({err}); using the PyTorch"

@@ -1,0 +1,182 @@
+"""SIGINT / SIGTERM: the update finishes, a checkpoint is written, one line, exit 128+signal;
+`--resume` continues with no lost update, to the weights of an uninterrupted run. SIGKILL:
+resume from the last checkpoint; metrics rows and TensorBoard scalars hold every update once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from r2ac.rl import checkpoint
+from r2ac.rl.run_dir import read_metrics
+
+from .conftest import TIMEOUT_S, UPDATES, r2ac, r2ac_command, r2ac_inline, subprocess_env, tiny_args
+
+
+def _args(out: Path, checkpoint_every: int = 1000) -> list[str]:
+    return [
+        "train",
+        *tiny_args(UPDATES, checkpoint_every),
+        "--no-eval-at-end",
+        "--out-dir",
+        str(out),
+    ]
+
+
+def _updates(run: Path) -> list[int]:
+    return [int(r["update"]) for r in read_metrics(run / "metrics.csv")]
+
+
+def _last_update(run: Path) -> int:
+    """The last complete metrics row's update (0 if none); the file may be mid-write."""
+    try:
+        text = (run / "metrics.csv").read_text()
+    except FileNotFoundError:
+        return 0
+    lines = text.split("\n")[1:-1]  # header, complete lines, the part after the last newline
+    return int(lines[-1].split(",")[0]) if lines else 0
+
+
+def _start_and_wait(command: list[str], out: Path, past: int, need_checkpoint: bool = False):
+    """Start `r2ac COMMAND`; return once its metrics show an update after `past` (and a
+    checkpoint exists if asked): a readiness signal instead of a blind sleep."""
+    proc = subprocess.Popen(
+        r2ac_command(*command),
+        env=subprocess_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + TIMEOUT_S
+    ckpt = out / "checkpoints" / "latest.pt"
+    while time.monotonic() < deadline and proc.poll() is None:
+        if _last_update(out) > past and (ckpt.exists() or not need_checkpoint):
+            return proc
+        time.sleep(0.005)
+    proc.kill()
+    pytest.fail(f"the run did not pass update {past} (rc {proc.poll()}): {proc.communicate()[1]}")
+
+
+def _final_weights(run: Path) -> dict:
+    return checkpoint.load(run / "checkpoints" / "agent.pt")["agent"]
+
+
+def _tensorboard_steps(run: Path, tag: str = "loss") -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [e.step for e in acc.Scalars(tag)]
+
+
+def test_sigint_finishes_the_update_checkpoints_and_exits_130(tmp_path):
+    out = tmp_path / "run"
+    proc = _start_and_wait(_args(out), out, past=2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=TIMEOUT_S)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("r2ac train: stopped by SIGINT after update") and "--resume" in last
+    stopped = checkpoint.load(out / "checkpoints" / "latest.pt")["counters"]["update"]
+    assert 3 <= stopped < UPDATES and f"after update {stopped} of {UPDATES}" in last
+    assert _updates(out) == list(range(1, stopped + 1))  # every update done is logged
+
+
+def test_sigkill_resume_sigterm_resume_equals_an_uninterrupted_run(tmp_path, finished_run):
+    """SIGKILL after the checkpoint at update 5 (rows after it already logged), resume,
+    SIGTERM mid-way, resume to the end: the weights of a run never interrupted, and every
+    update once in metrics.csv and in TensorBoard (whose steps are frame counts)."""
+    out = tmp_path / "run"
+    proc = _start_and_wait(_args(out, checkpoint_every=5), out, past=7, need_checkpoint=True)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=TIMEOUT_S)
+    killed_at = _last_update(out)
+    proc = _start_and_wait(["train", "--resume", str(out)], out, past=killed_at + 2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=TIMEOUT_S)
+    assert proc.returncode == 143 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("r2ac train: stopped by SIGTERM after update")
+    stopped = checkpoint.load(out / "checkpoints" / "latest.pt")["counters"]["update"]
+    assert killed_at < stopped < UPDATES and _updates(out) == list(range(1, stopped + 1))
+
+    resumed = r2ac("train", "--resume", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    rows = read_metrics(out / "metrics.csv")
+    assert [int(r["update"]) for r in rows] == list(range(1, UPDATES + 1))
+    assert _tensorboard_steps(out) == [24 * u for u in range(1, UPDATES + 1)]
+    assert [int(r["frames"]) for r in rows] == [24 * u for u in range(1, UPDATES + 1)]
+    final, reference = _final_weights(out), _final_weights(finished_run)
+    assert final.keys() == reference.keys()
+    assert all(final[k].equal(reference[k]) for k in final)  # bit-identical: no lost update
+    assert not list((out / "checkpoints").glob(".*.tmp"))
+
+
+def _group_ends(pgid: int, seconds: float = 20.0) -> bool:
+    """Whether every process of the group exits within `seconds` (the resource tracker of
+    multiprocessing leaves when it sees its parent gone, a moment later)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.slow
+def test_parallel_ctrl_c_to_the_group_checkpoints_and_resumes(tmp_path):
+    """Ctrl-C reaches the learner and its actor processes (one process group): the actors
+    ignore it, the learner finishes its update, checkpoints, stops them and exits 130."""
+    out = tmp_path / "run"
+    args = [*_args(out), "--runtime", "parallel", "--num-actors", "2"]
+    proc = subprocess.Popen(
+        r2ac_command(*args),
+        env=subprocess_env(),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + TIMEOUT_S
+    while _last_update(out) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=TIMEOUT_S)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("r2ac train: stopped by SIGINT after update")
+    assert _group_ends(proc.pid), "actor processes were left behind"
+    stopped = checkpoint.load(out / "checkpoints" / "latest.pt")["counters"]["update"]
+    assert _updates(out) == list(range(1, stopped + 1))
+    resumed = r2ac("train", "--resume", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    assert _updates(out) == list(range(1, UPDATES + 1))
+
+
+def test_sigterm_during_the_final_evaluation_stops_at_once(tmp_path, capsys, monkeypatch):
+    """After the last checkpoint a signal needs no update finished: one line, 143, and
+    `--resume` redoes the evaluation."""
+    from r2ac.rl import evaluate
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("the signal should have stopped the evaluation")
+
+    monkeypatch.setattr(evaluate, "evaluate", terminated)
+    out = tmp_path / "run"
+    code, lines = r2ac_inline(capsys, "train", *tiny_args(3), "--out-dir", str(out))
+    assert code == 143 and lines[-1].startswith(
+        "r2ac train: stopped by SIGTERM after update 3 of 3"
+    )
+    assert not (out / "eval.json").exists()
+    monkeypatch.undo()
+    assert r2ac_inline(capsys, "train", "--resume", str(out))[0] == 0
+    assert (out / "eval.json").exists()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
