@@ -58,6 +58,14 @@ class RecurrentCore(nn.Module, metaclass=abc.ABCMeta):
         """Whether the state carries sensitivities (exact or approximate RTRL)."""
         return self.rule in self.SENSITIVITY_RULES
 
+    @property
+    def exact_gradient(self) -> bool:
+        """Whether `loss.backward()` gives an exact gradient: of full BPTT through the stream's
+        history for a sensitivity rule, of BPTT truncated at segment starts for "bptt". A core
+        whose rule approximates (feLSTM's SnAp-1) says False; the contract suite
+        (tests/rtrl/test_contract.py) checks the claim against the slow reference."""
+        return True
+
     # -- what a core writes
 
     @abc.abstractmethod

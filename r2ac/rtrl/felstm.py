@@ -123,6 +123,10 @@ class FeLSTM(RecurrentCore):
     RULES = RULES
     State = FeLSTMState
 
+    @property
+    def exact_gradient(self) -> bool:
+        return self.rule != "snap1"  # SnAp-1 drops the off-diagonal sensitivities of W_f, W_z
+
     def __init__(
         self,
         input_size: int,

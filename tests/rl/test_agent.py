@@ -181,3 +181,9 @@ def test_config_and_shape_errors():
         agent(obs, last_reward[:, :2], None, ())
     with pytest.raises(ValueError, match="reset"):
         agent(obs, last_reward, torch.zeros(T, B + 1, dtype=torch.bool), ())
+
+
+def test_agent_takes_only_recurrent_cores():
+    stem = MLPStem(OBS, hidden=(6,), out_features=FEATURES)
+    with pytest.raises(ConfigError, match="not an r2ac.rtrl.RecurrentCore"):
+        Agent(stem, nn.LSTM(FEATURES + 1, HIDDEN), ACTIONS)
