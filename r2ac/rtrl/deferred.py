@@ -64,16 +64,28 @@ class CarriedBuffer:
         self._tensors: tuple[torch.Tensor, ...] | None = tensors
         self._pending: PendingCarry | None = None
         self._consumed = False
-        self._readers: weakref.WeakSet | None = None  # created on the first reader
+        self._readers = weakref.WeakSet()  # tokens of the graphs and carries that read it
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         pytree.register_pytree_node(
             cls,
-            lambda buf: (list(buf.tensors()), None),
-            lambda leaves, _: cls(*leaves),
+            lambda buf: (list(buf.tensors()), buf._readers),
+            cls._derived,
             serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
         )
+
+    @classmethod
+    def _derived(cls, tensors, readers: weakref.WeakSet) -> CarriedBuffer:
+        """A buffer made by a pytree map of another (`detach_state`, `select_streams`, ...).
+
+        Its tensors may share the other's storage (a detach, a slice), so the two share their
+        readers: a graph reading one keeps the other's carry from writing over it in place.
+        Where the storage is new (a copy, a concatenation) that only forgoes an in-place carry.
+        """
+        buf = cls(*tensors)
+        buf._readers = readers
+        return buf
 
     @classmethod
     def deferred(cls, carry: PendingCarry) -> CarriedBuffer:
@@ -122,21 +134,18 @@ class CarriedBuffer:
 
     def add_reader(self) -> ReadToken:
         token = ReadToken()
-        if self._readers is None:
-            self._readers = weakref.WeakSet()
         self._readers.add(token)
         return token
 
     def release_reader(self, token: ReadToken) -> None:
-        if self._readers is not None:
-            self._readers.discard(token)
+        self._readers.discard(token)
 
     def reader_count(self) -> int:
-        return 0 if self._readers is None else len(self._readers)
+        return len(self._readers)
 
     def sole_reader(self, token: ReadToken) -> bool:
         """True if no live graph or pending carry other than `token` still reads this buffer."""
-        return all(other is token for other in (self._readers or ()))
+        return all(other is token for other in self._readers)
 
     def _fill(self, tensors: tuple[torch.Tensor, ...]) -> None:
         self._tensors, self._pending = tuple(tensors), None

@@ -17,6 +17,7 @@ from torch.utils import _pytree as pytree
 
 from r2ac.rtrl import ELSTM, ConsumedStateError, ELSTMSensitivity
 from r2ac.rtrl.deferred import PendingCarry
+from r2ac.rtrl.state import detach_state, select_streams
 
 from .common import F64
 
@@ -128,3 +129,27 @@ def test_100_dropped_forwards_grow_rss_by_less_than_one_state():
     state_mb = 32 * 256 * (2 * 257 + 4) * 4 / 2**20
     assert int(pending) == 0 and int(readers) == 0
     assert float(growth_mb) < state_mb, out.stdout
+
+
+@pytest.mark.parametrize("derive", ["detach_state", "select_streams"])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])  # float32: the native kernel's path
+def test_a_buffer_derived_over_the_same_storage_shares_its_readers(derive, dtype):
+    """A graph from `detach_state(S)` (or a slice of S) reads S's storage: the carry of a graph
+    from S must not run in place over it. Gradients equal those of the eager carry."""
+    x = torch.randn(3, 2, D, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    grads = []
+    for inplace in (True, False):
+        torch.manual_seed(0)
+        layer = ELSTM(D, 8, "rtrl", dtype=dtype, inplace_carry=inplace)
+        with torch.no_grad():
+            _, S = layer(x, layer.initial_state(2))
+        S2 = detach_state(S) if derive == "detach_state" else select_streams(S, slice(0, 2))
+        y_a, s_a = layer(x, S)
+        y_b, s_b = layer(x.flip(0), S2)
+        y_a.sum().backward()
+        (y_b**2).sum().backward()
+        grads.append([p.grad.clone() for p in layer.parameters()] + [*s_a.sens, *s_b.sens])
+    for got, want in zip(*grads):
+        torch.testing.assert_close(
+            got, want, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-6
+        )
