@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -23,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import tyro
 
+from r2ac.bench.probe import run_fresh
 from r2ac.errors import ConfigError, check_writable
 from r2ac.perf import keep_freed_memory, release_freed_memory, rss_bytes
 from r2ac.rtrl import ELSTM, ELSTMSensitivity, ELSTMState, native
@@ -165,6 +165,16 @@ def carry_bandwidth(shape, dtype, device, repeats, warmup) -> dict[str, float]:
     return {k: nbytes / v / 1e6 for k, v in ms.items()}
 
 
+@dataclass(frozen=True)
+class PeakRow:
+    """Peak memory of one configuration, measured in a fresh process (`peak_probe`)."""
+
+    shape: tuple[int, int, int, int]
+    rule: str
+    dtype: str
+    peak_mb: float
+
+
 def peak_memory_mb(shape, rule, dtype_name, device) -> float:
     """Peak extra memory of one forward + backward over the inputs and state already held."""
     if str(device).startswith("cuda"):
@@ -177,21 +187,19 @@ def peak_memory_mb(shape, rule, dtype_name, device) -> float:
         run()
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - base) / 2**20
-    cmd = [sys.executable, "-m", "r2ac.bench.core", "--probe", ",".join(map(str, shape)), rule, dtype_name]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1]) / 2**20
+    return run_fresh(peak_probe, PeakRow, shape=list(shape), rule=rule, dtype=dtype_name).peak_mb
 
 
-def _probe(shape_text: str, rule: str, dtype_name: str) -> None:
-    """Child process of peak_memory_mb on CPU: prints the peak RSS growth in bytes."""
+def peak_probe(shape: list[int], rule: str, dtype: str) -> PeakRow:
+    """Run in a fresh process by peak_memory_mb (CPU): the peak RSS growth of two segments."""
     keep_freed_memory()
-    layer, x, readout, state = _setup(parse_shape(shape_text), rule, DTYPES[dtype_name], "cpu")
+    layer, x, readout, state = _setup(tuple(shape), rule, DTYPES[dtype], "cpu")
     release_freed_memory()  # setup temporaries must not be reused unseen by the run
     base = rss_bytes("VmRSS")
     run = segment_fn(layer, x, readout, state)
     run()
     run()
-    print(rss_bytes("VmHWM") - base)
+    return PeakRow(tuple(shape), rule, dtype, (rss_bytes("VmHWM") - base) / 2**20)
 
 
 def saved_for_backward_mb(run: Callable[[], object], exclude: Iterable[torch.Tensor]) -> float:
@@ -274,9 +282,6 @@ def machine_line(device: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv and argv[0] == "--probe":
-        _probe(*argv[1:4])
-        return 0
     cfg = tyro.cli(BenchCoreConfig, args=argv, prog="r2ac bench core", description=__doc__)
     if cfg.dtype not in DTYPES:
         print(f"r2ac bench core: unknown dtype {cfg.dtype!r}; choose float32 or float64", file=sys.stderr)

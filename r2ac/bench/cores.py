@@ -19,7 +19,6 @@ Three parts, all printed as markdown tables:
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 
@@ -28,6 +27,7 @@ import tyro
 from torch.utils import _pytree as pytree
 
 from r2ac.bench.core import DTYPES, machine_line, segment_fn, time_alternating
+from r2ac.bench.probe import ProbeError, run_fresh_rows
 from r2ac.errors import ConfigError, check_writable
 from r2ac.perf import keep_freed_memory, release_freed_memory, rss_bytes
 from r2ac.rtrl import core_names, make_core
@@ -193,19 +193,27 @@ def peak_mib(run, device: str) -> float | None:
         return None
 
 
-def _probe(spec: str) -> None:
-    """Child process of `peaks`: JSON {core: {N: peak MiB}} for a JSON spec on stdout."""
+@dataclass(frozen=True)
+class PeakRow:
+    """Peak memory growth of one T = 1 step of one core at one N (`peaks_probe`)."""
+
+    core: str
+    n: int
+    peak_mib: float | None
+
+
+def peaks_probe(points: list[list], D: int, B: int, dtype: str) -> list[PeakRow]:
+    """Run in one fresh process by `peaks` (CPU): a row per (core, N) of `points`."""
     _return_freed_memory_at_once()
-    job = json.loads(spec)
     torch.set_num_threads(1)
-    out: dict = {}
-    for name, N in job["points"]:
-        setup = _setup(name, N, job["D"], job["B"], 1, DTYPES[job["dtype"]], "cpu")
+    rows = []
+    for name, N in points:
+        setup = _setup(name, N, D, B, 1, DTYPES[dtype], "cpu")
         run = segment_fn(*setup)
         run()  # the first call allocates the autograd machinery's caches
-        out.setdefault(name, {})[N] = peak_mib(run, "cpu")
+        rows.append(PeakRow(name, N, peak_mib(run, "cpu")))
         del setup, run
-    print(json.dumps(out))
+    return rows
 
 
 def peaks(points: list[tuple[str, int]], cfg: BenchCoresConfig) -> dict[tuple[str, int], float | None]:
@@ -213,14 +221,14 @@ def peaks(points: list[tuple[str, int]], cfg: BenchCoresConfig) -> dict[tuple[st
     dtype, D, B = DTYPES[cfg.dtype], cfg.input_size, cfg.batch_size
     if cfg.device.startswith("cuda"):
         return {(n, N): peak_mib(segment_fn(*_setup(n, N, D, B, 1, dtype, cfg.device)), cfg.device) for n, N in points}
-    spec = json.dumps({"points": points, "D": D, "B": B, "dtype": cfg.dtype})
-    cmd = [sys.executable, "-m", "r2ac.bench.cores", "--probe", spec]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-    except (subprocess.CalledProcessError, IndexError) as exc:
+        rows = run_fresh_rows(peaks_probe, PeakRow, points=[list(p) for p in points], D=D, B=B, dtype=cfg.dtype)
+    except ProbeError as exc:
         print(f"r2ac bench cores: memory probe failed: {exc}", file=sys.stderr)
         return {}
-    return {(n, int(N)): v for n, by_n in json.loads(out).items() for N, v in by_n.items()}
+    if [(r.core, r.n) for r in rows] != [tuple(p) for p in points]:
+        raise ProbeError(f"peaks_probe answered {[(r.core, r.n) for r in rows]} for {points}")
+    return {(r.core, r.n): r.peak_mib for r in rows}
 
 
 def scaling(cfg: BenchCoresConfig) -> list[ScaleRow]:
@@ -380,9 +388,6 @@ def plot_scaling(rows: list[ScaleRow], path: str, D: int, B: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv and argv[0] == "--probe":
-        _probe(argv[1])
-        return 0
     cfg = tyro.cli(BenchCoresConfig, args=argv, prog="r2ac bench cores", description=__doc__)
     if cfg.dtype not in DTYPES:
         print(f"r2ac bench cores: unknown dtype {cfg.dtype!r}; choose float32 or float64", file=sys.stderr)

@@ -37,7 +37,6 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -50,6 +49,7 @@ from torch.utils import _pytree as pytree
 
 from r2ac.bench.core import machine_line, saved_for_backward_mb, time_alternating
 from r2ac.bench.cores import peak_mib, state_bytes
+from r2ac.bench.probe import ProbeError, run_fresh
 from r2ac.errors import ConfigError
 from r2ac.perf import keep_freed_memory
 from r2ac.rl.actor import Segment
@@ -208,30 +208,33 @@ def build_case(cfg: CostConfig, core: str, M: int, seed: int = 0) -> UpdateCase:
 # ----------------------------------------------------------------------------- memory
 
 
+@dataclass(frozen=True)
+class PeakRow:
+    """Peak memory growth of one learner update of one core at one M (`update_peak_probe`)."""
+
+    core: str
+    M: int
+    peak_mb: float | None
+
+
 def peak_update_mb(cfg: CostConfig, core: str, M: int) -> float | None:
     """Peak memory growth of one update, in a fresh process (None if it could not be read)."""
-    spec = json.dumps({"cfg": asdict(cfg), "core": core, "M": M})
-    cmd = [sys.executable, "-m", "r2ac.experiments.cost", "--probe", spec]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        last = out.stdout.strip().splitlines()[-1]
-    except (subprocess.CalledProcessError, IndexError) as exc:
-        tail = getattr(exc, "stderr", "") or ""
-        print(f"{PROG}: memory probe {core} M={M} failed: {exc} {tail[-300:]}", file=sys.stderr)
+        return run_fresh(update_peak_probe, PeakRow, cfg=asdict(cfg), core=core, M=M).peak_mb
+    except ProbeError as exc:
+        print(f"{PROG}: memory probe {core} M={M} failed: {exc}", file=sys.stderr)
         return None
-    return None if last == "None" else float(last)
 
 
-def _probe(spec_text: str) -> None:
-    """Child process of peak_update_mb: prints the peak MB of the second update."""
+def update_peak_probe(cfg: dict, core: str, M: int) -> PeakRow:
+    """Run in a fresh process by peak_update_mb: the peak MB of the second update."""
     keep_freed_memory()
-    spec = json.loads(spec_text)
-    cfg = CostConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec["cfg"].items()})
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    case = build_case(cfg, spec["core"], spec["M"])
+    config = CostConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()})
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    case = build_case(config, core, M)
     case.run()  # the first update allocates the optimiser state and autograd's caches
-    print(peak_mib(case.run, cfg.device))
+    return PeakRow(core, M, peak_mib(case.run, config.device))
 
 
 def tensors_mb(tensors: Iterable[torch.Tensor]) -> float:
@@ -463,9 +466,6 @@ def write_report(rows: list[dict], cfg: CostConfig, out_dir: str) -> dict[str, s
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--probe"]:
-        _probe(argv[1])
-        return 0
     cfg = tyro.cli(CostConfig, args=argv, prog=PROG, description=__doc__)
     try:
         validate(cfg)

@@ -14,12 +14,13 @@ Segment layout (time-major, M steps, B streams; see docs/rl.md):
     final_values     (M, B)         V(final_obs) at truncation steps, 0 elsewhere
     state                           the core state of the B streams before obs[0]
 
-Core-state flow: the actor carries every stream's full core state across segments. For
-cores whose state has a `sens` field (eLSTM with RTRL) it acts with the light state (c only)
-and, at the segment end, recomputes the full end state once from the segment's start state
-and the recorded core inputs (one call of the core over the segment: the segment-wise
-carry). The sensitivities therefore accumulate over the stream's whole history since its
-last reset, computed with the actor's weights. Other cores carry their full state per step.
+Core-state flow: the actor carries every stream's full core state across segments. It acts
+with `core.light_state(start)` (for RTRL cores the state without sensitivities) and, when
+that is lighter than the full state, recomputes the full end state once at the segment end
+with `core.advance_state` from the segment's start state and the recorded core inputs (one
+call of the core over the segment: the segment-wise carry). The sensitivities therefore
+accumulate over the stream's whole history since its last reset, computed with the actor's
+weights. Cores with nothing to drop carry their full state per step.
 """
 
 from __future__ import annotations
@@ -65,14 +66,6 @@ def cat_segments(segments: list[Segment]) -> Segment:
     return Segment(*tensors, cat_streams([s.state for s in segments]))
 
 
-def light_state(state: Any) -> Any | None:
-    """The state without sensitivities for acting, or None if the core has no such form."""
-    fields = getattr(state, "_fields", ())
-    if "sens" in fields and state.sens is not None:
-        return state._replace(sens=None)
-    return None
-
-
 class Actor:
     """Steps `env` with `agent` and carries each stream's core state across segments."""
 
@@ -114,8 +107,8 @@ class Actor:
         """Act M steps in every stream; return the segment and the episodes that ended."""
         agent, buf, log = self.agent, self._buffers(), EpisodeLog()
         start = self.state
-        light = light_state(start)
-        state = start if light is None else light
+        state = agent.core.light_state(start)  # `start` itself when there is nothing to drop
+        carried_while_acting = state is start
         inputs = []
         for t in range(self.unroll_length):
             self._record_input(buf, t)
@@ -145,15 +138,11 @@ class Actor:
             self.last_action = action.masked_fill(done, 0)
             self.reset = done
         self._record_input(buf, self.unroll_length)
-        if light is None:
+        if carried_while_acting:
             self.state = state
         else:  # the segment-wise carry: one core call from the full start state
             x_seg, reset_seg = torch.cat(inputs), buf["reset"][:-1]
-            advance = getattr(agent.core, "advance_state", None)
-            if advance is not None:  # same state, without computing the outputs again
-                self.state = advance(x_seg, start, reset=reset_seg)
-            else:
-                _, self.state = agent.core(x_seg, start, reset=reset_seg)
+            self.state = agent.core.advance_state(x_seg, start, reset=reset_seg)
         return Segment(**buf, state=start), log
 
     def _final_values(self, final_obs, reward: torch.Tensor, action: torch.Tensor,

@@ -19,6 +19,7 @@ from torch import nn
 from r2ac.errors import ConfigError
 from r2ac.rl import checkpoint
 from r2ac.rl.nets import PolicyValueHeads
+from r2ac.rtrl import RecurrentCore
 
 STEM_PREFIX = "stem."
 
@@ -28,32 +29,26 @@ def core_input_size(stem_features: int, num_actions: int, prev_action: bool) -> 
     return stem_features + 1 + (num_actions if prev_action else 0)
 
 
-def _core_size(core: nn.Module, name: str) -> int | None:
-    size = getattr(core, name, None)
-    return None if size is None else int(size)
-
-
 class Agent(nn.Module):
-    """Actor-critic network around any core obeying the core contract.
+    """Actor-critic network around any `r2ac.rtrl.RecurrentCore`.
 
     ``stem`` maps ``(N, *obs_shape)`` to ``(N, stem.out_features)``; ``core`` maps
-    ``(T, B, core_input_size(...))`` to ``(T, B, core.hidden_size)`` with
-    ``initial_state(B)`` and ``forward(x, state, reset)``. With ``freeze_stem`` the stem gets
-    no gradients (its parameters are frozen and it runs under ``no_grad``). ``reward_scale``
-    multiplies the clipped last reward of the input (the losses see the same scale).
+    ``(T, B, core_input_size(...))`` to ``(T, B, core.hidden_size)``. With ``freeze_stem``
+    the stem gets no gradients (its parameters are frozen and it runs under ``no_grad``).
+    ``reward_scale`` multiplies the clipped last reward of the input (the losses see the
+    same scale).
     """
 
     def __init__(
-        self, stem: nn.Module, core: nn.Module, num_actions: int, freeze_stem: bool = False,
+        self, stem: nn.Module, core: RecurrentCore, num_actions: int, freeze_stem: bool = False,
         prev_action: bool = False, value_norm: bool = False, reward_scale: float = 1.0,
     ):
         super().__init__()
-        hidden_size = _core_size(core, "hidden_size")
-        if hidden_size is None:
-            raise ConfigError(f"core {type(core).__name__} has no hidden_size attribute")
-        input_size = _core_size(core, "input_size")
+        if not isinstance(core, RecurrentCore):
+            raise ConfigError(f"core {type(core).__name__} is not an r2ac.rtrl.RecurrentCore")
+        hidden_size, input_size = core.hidden_size, core.input_size
         expected = core_input_size(stem.out_features, num_actions, prev_action)
-        if input_size is not None and input_size != expected:
+        if input_size != expected:
             raise ConfigError(
                 f"core input_size {input_size} != {expected} (stem features "
                 f"{stem.out_features} + 1 last reward"
@@ -87,14 +82,11 @@ class Agent(nn.Module):
         Returns logits ``(T, B, A)``, values ``(T, B)`` and the core's new state. The last
         reward and action are zeroed where ``reset`` is set (a new episode has neither), so a
         reset stream sees exactly what a fresh stream sees.
-        `carry=False` tells the core the returned state will not be used (cores that support
-        it skip their sensitivity carry; the returned state is then incomplete).
+        `carry=False` tells the core the returned state will not be used (cores that can,
+        `core.skips_carry`, skip their sensitivity carry; the returned state is then incomplete).
         """
         x = self.core_input(obs, last_reward, reset, last_action)  # (T, B, D)
-        if not carry and getattr(self.core, "supports_skip_carry", False):
-            h, state = self.core(x, state, reset=reset, carry=False)  # (T, B, N)
-        else:
-            h, state = self.core(x, state, reset=reset)  # (T, B, N)
+        h, state = self.core(x, state, reset=reset, carry=carry)  # (T, B, N)
         logits, values = self.heads(h)  # (T, B, A), (T, B)
         return logits, values, state
 

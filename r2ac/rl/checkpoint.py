@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from r2ac.errors import ConfigError
+from r2ac.rtrl.deferred import CarriedBuffer
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,10 @@ def encode(obj: Any) -> Any:
         cls = type(obj)
         return {TAG: "namedtuple", "type": f"{cls.__module__}:{cls.__qualname__}",
                 "fields": [encode(v) for v in obj]}
+    if isinstance(obj, CarriedBuffer):  # e.g. the eLSTM's sensitivities (reading runs its carry)
+        cls = type(obj)
+        return {TAG: "carried", "type": f"{cls.__module__}:{cls.__qualname__}",
+                "fields": [encode(v) for v in obj.tensors()]}
     if isinstance(obj, (list, tuple)):
         return type(obj)(encode(v) for v in obj)
     if isinstance(obj, dict):
@@ -90,8 +95,9 @@ def _encode_dict(obj: dict) -> dict:
     return out
 
 
-def _allowed_namedtuple(name: str) -> type:
-    """The NamedTuple class `module:qualname`, if it is one of the project's own; else refuse."""
+def _allowed_namedtuple(name: str, base: type = tuple) -> type:
+    """The NamedTuple (or `base`) class `module:qualname`, if it is one of the project's own;
+    else refuse."""
     module, _, qualname = name.partition(":")
     if not module.startswith(ALLOWED_MODULE_PREFIX):
         raise CheckpointError(f"refused type {name!r} (only r2ac NamedTuples are allowed)")
@@ -101,6 +107,10 @@ def _allowed_namedtuple(name: str) -> type:
             cls = getattr(cls, part)
     except (ImportError, AttributeError) as exc:
         raise CheckpointError(f"unknown type {name!r} in checkpoint") from exc
+    if base is not tuple:
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise CheckpointError(f"refused type {name!r} (not a {base.__name__})")
+        return cls
     if not (isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")):
         raise CheckpointError(f"refused type {name!r} (not a NamedTuple)")
     return cls
@@ -116,6 +126,9 @@ def decode(obj: Any) -> Any:
             return obj["data"].numpy()[()]
         if kind == "namedtuple":
             return _allowed_namedtuple(obj["type"])(*(decode(v) for v in obj["fields"]))
+        if kind == "carried":
+            cls = _allowed_namedtuple(obj["type"], base=CarriedBuffer)
+            return cls(*(decode(v) for v in obj["fields"]))
         out = OrderedDict() if isinstance(obj, OrderedDict) else {}
         for key, value in obj.items():
             out[key] = decode(value)

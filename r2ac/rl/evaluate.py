@@ -20,7 +20,6 @@ import torch
 
 from r2ac.errors import ConfigError, MissingDependencyError, check_writable
 from r2ac.rl import checkpoint
-from r2ac.rl.actor import light_state
 from r2ac.rl.agent import Agent
 from r2ac.rl.build import agent_for_env, eval_seed, make_env
 from r2ac.rl.config import TrainConfig, validate
@@ -42,7 +41,7 @@ def play_episodes(agent: Agent, env, episodes: int, greedy: bool, seed: int) -> 
     last_reward, reset = torch.zeros(n, dtype=dtype), torch.ones(n, dtype=torch.bool)
     last_action = torch.zeros(n, dtype=torch.int64)
     full = agent.initial_state(n)
-    state = light_state(full) or full
+    state = agent.core.light_state(full)
     steps = 0
     while any(len(r) < q for r, q in zip(returns, quota)):
         logits, _, state = agent(obs[None], last_reward[None], reset[None], state,

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from r2ac.errors import ConfigError
+from r2ac.rtrl import RecurrentCore
 
 
 def _pooled_size(size: int) -> int:
@@ -242,20 +243,21 @@ class FeedforwardState(NamedTuple):
     """The empty state of the memoryless core."""
 
 
-class Feedforward(nn.Module):
-    """A memoryless core (Linear + ReLU per step) obeying the core contract.
+class Feedforward(RecurrentCore):
+    """A memoryless core (Linear + ReLU per step) under the core contract (r2ac.rtrl.RecurrentCore).
 
     ``initial_state(B)`` is empty; ``forward(x (T, B, D), state, reset)`` returns
     ``(y (T, B, hidden_size), state)``; ``reset`` is checked and has nothing to reset.
     """
 
+    State = FeedforwardState
+
     def __init__(self, input_size: int, hidden_size: int):
-        super().__init__()
-        self.input_size = input_size
-        self.hidden_size = hidden_size
+        super().__init__(input_size, hidden_size, rule="bptt")
         self.linear = nn.Linear(input_size, hidden_size)
 
-    def initial_state(self, batch_size: int) -> FeedforwardState:
+    def initial_state(self, batch_size: int, with_sensitivities: bool | None = None) -> FeedforwardState:
+        self.check_batch_size(batch_size)
         return FeedforwardState()
 
     def forward(
@@ -263,11 +265,7 @@ class Feedforward(nn.Module):
         x: torch.Tensor,
         state: FeedforwardState,
         reset: torch.Tensor | None = None,
+        carry: bool = True,
     ) -> tuple[torch.Tensor, FeedforwardState]:
-        if x.dim() != 3 or x.shape[-1] != self.input_size:
-            raise ValueError(f"x must be (T, B, {self.input_size}); got {tuple(x.shape)}")
-        if reset is not None and reset.shape != x.shape[:2]:
-            raise ValueError(
-                f"reset must be (T, B) = {tuple(x.shape[:2])}; got {tuple(reset.shape)}"
-            )
+        self.check_input(x, reset)  # the state holds nothing, so it is not checked
         return torch.relu(self.linear(x)), state  # (T, B, hidden_size)

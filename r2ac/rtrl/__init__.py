@@ -1,9 +1,11 @@
 """Recurrent cores and their learning rules (pure math; knows nothing of RL).
 
-Every core obeys one contract: ``initial_state(batch_size)`` and
-``forward(x (T, B, D), state, reset (T, B) | None) -> (y (T, B, N), state)``.
+Every core subclasses `RecurrentCore` (r2ac/rtrl/core.py): ``initial_state(batch_size)`` and
+``forward(x (T, B, D), state, reset (T, B) | None, carry=True) -> (y (T, B, N), state)``.
 """
 
+from r2ac.rtrl.core import RecurrentCore
+from r2ac.rtrl.deferred import ConsumedStateError
 from r2ac.rtrl.elman import Elman, ElmanState
 from r2ac.rtrl.elstm import ELSTM
 from r2ac.rtrl.elstm_math import ELSTMSensitivity, ELSTMState
@@ -13,6 +15,7 @@ from r2ac.rtrl.gru import GRU, GRUState
 from r2ac.rtrl.lstm import LSTM, LSTMState
 
 __all__ = [
+    "ConsumedStateError", "RecurrentCore",
     "ELSTM", "ELSTMSensitivity", "ELSTMState", "Elman", "ElmanState", "FWP", "FWPSensitivity",
     "FWPState", "FeLSTM", "GRU", "GRUState", "FeLSTMSensitivity", "FeLSTMState", "LSTM", "LSTMState",
 ]

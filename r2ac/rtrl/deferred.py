@@ -1,4 +1,4 @@
-"""Deferred, in-place sensitivity carries: the bookkeeping that keeps them safe.
+"""Deferred, in-place sensitivity carries: the state's buffers own the bookkeeping.
 
 Why (docs/rules/rtrl.md, "In-place carry"): the carry of a segment turns the sensitivities at
 its start, S(t0), into those at its end; the backward of the same segment still needs S(t0)
@@ -6,154 +6,213 @@ its start, S(t0), into those at its end; the backward of the same segment still 
 buffer of the O(B*N*D) state. Done at the end of that backward, it can overwrite S(t0): one
 buffer instead of two, which stays in cache.
 
-So a forward under autograd returns a state whose sensitivity tensors are *aliases* of the
-input state's storage, with the carry still *pending*:
+A core keeps its sensitivities in a `CarriedBuffer` (the eLSTM's `ELSTMSensitivity`). A forward
+under autograd returns a *pending* buffer: it holds the carry that will fill it, and nothing
+else yet. Whatever happens first decides where the carry runs:
 
-- the segment's backward runs the carry in place, if no other graph still needs S(t0);
-- anything that reads the returned state first (the next forward, `advance_state`, the
-  state helpers in r2ac.rtrl.state, `settle`) runs the pending carry out of place instead;
-- after an in-place carry the input state is *consumed*: passing it to a layer again raises
-  (its storage now holds the newer sensitivities).
+- the segment's backward runs it in place over S(t0), when nothing else reads S(t0) any more
+  (no other live graph, no other pending carry) and the pending buffer is still alive; the
+  buffer then holds S(t0)'s own tensors, and the buffer of S(t0) is *consumed*;
+- any read of the pending buffer before that (its tensors, iterating it, a pytree helper,
+  pickling) runs the carry out of place, into new tensors.
 
-Storage is tracked by tensor identity (aliases have their own version counters) and by storage
-address for the readers, so nothing here holds a tensor alive.
+Everything lives on the buffers: a buffer knows its tensors (or its pending carry), whether it
+was consumed, and the graphs and carries that will still read it (weakly: a graph dropped
+without a backward takes its claim with it). Nothing is global, and nothing outlives the
+states and graphs that hold it.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
-from torch.utils.weak import WeakTensorKeyDictionary
-
-_pending: WeakTensorKeyDictionary = WeakTensorKeyDictionary()  # alias -> PendingCarry
-_consumed: WeakTensorKeyDictionary = WeakTensorKeyDictionary()  # tensor -> True
-_readers: dict[int, weakref.WeakSet] = {}  # storage address -> tokens of graphs that read it
 
 
 class ConsumedStateError(RuntimeError):
     """A state whose sensitivity buffers were overwritten by an in-place carry was reused."""
 
 
-def alias(t: torch.Tensor) -> torch.Tensor:
-    """A new tensor over t's storage (same sizes and strides) with its own version counter.
+CONSUMED_MESSAGE = (
+    "this state's sensitivities were overwritten in place by the carry of a segment that"
+    " started from it (rule 'rtrl' under autograd); continue from the state that segment"
+    " returned, or build the layer with inplace_carry=False to keep input states intact"
+)
 
-    Unlike a view, writing through t later (the in-place carry) does not count as modifying
-    the alias, and re-pointing the alias (`set_`, the out-of-place carry) does not touch t.
+
+class ReadToken:
+    """Held by one autograd graph (or one pending carry) that will still read a buffer."""
+
+    __slots__ = ("__weakref__",)
+
+
+class CarriedBuffer:
+    """The tensors of a carried sensitivity state, and the bookkeeping of its in-place carry.
+
+    A subclass names its tensors with properties (see `ELSTMSensitivity`) and is registered as
+    a pytree node, so the state helpers (r2ac.rtrl.state) and torch's pytree functions see its
+    tensors. Every read goes through `tensors()`, which runs a pending carry first and refuses
+    a consumed buffer (ConsumedStateError).
     """
-    out = t.new_empty(0)
-    with torch.no_grad():
-        out.set_(t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
-    return out
+
+    __slots__ = ("_tensors", "_pending", "_consumed", "_readers", "__weakref__")
+
+    def __init__(self, *tensors: torch.Tensor):
+        self._tensors: tuple[torch.Tensor, ...] | None = tensors
+        self._pending: PendingCarry | None = None
+        self._consumed = False
+        self._readers = weakref.WeakSet()  # tokens of the graphs and carries that read it
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        pytree.register_pytree_node(
+            cls,
+            lambda buf: (list(buf.tensors()), buf._readers),
+            cls._derived,
+            serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
+        )
+
+    @classmethod
+    def _derived(cls, tensors, readers: weakref.WeakSet) -> CarriedBuffer:
+        """A buffer made by a pytree map of another (`detach_state`, `select_streams`, ...).
+
+        Its tensors may share the other's storage (a detach, a slice), so the two share their
+        readers: a graph reading one keeps the other's carry from writing over it in place.
+        Where the storage is new (a copy, a concatenation) that only forgoes an in-place carry.
+        """
+        buf = cls(*tensors)
+        buf._readers = readers
+        return buf
+
+    @classmethod
+    def deferred(cls, carry: PendingCarry) -> CarriedBuffer:
+        """A buffer that `carry` will fill (in the backward, or out of place on first read)."""
+        buf = cls.__new__(cls)
+        CarriedBuffer.__init__(buf)
+        buf._tensors, buf._pending = None, carry
+        carry.bind(buf)
+        return buf
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The tensors, after running a pending carry; raises ConsumedStateError if consumed."""
+        if self._consumed:
+            raise ConsumedStateError(CONSUMED_MESSAGE)
+        if self._pending is not None:
+            self._pending.run_out_of_place()
+        return self._tensors
+
+    @property
+    def consumed(self) -> bool:
+        return self._consumed
+
+    @property
+    def is_pending(self) -> bool:
+        return self._pending is not None
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(self.tensors())
+
+    def __len__(self) -> int:
+        return len(self.tensors())
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.tensors()[i]
+
+    def __reduce__(self):
+        return type(self), tuple(self.tensors())
+
+    def __repr__(self) -> str:
+        if self._consumed or self._pending is not None:
+            return f"{type(self).__name__}({'consumed' if self._consumed else 'pending'})"
+        shapes = ", ".join(str(tuple(t.shape)) for t in self._tensors)
+        return f"{type(self).__name__}({shapes})"
+
+    # -- readers: graphs and pending carries that will read this buffer's current tensors
+
+    def add_reader(self) -> ReadToken:
+        token = ReadToken()
+        self._readers.add(token)
+        return token
+
+    def release_reader(self, token: ReadToken) -> None:
+        self._readers.discard(token)
+
+    def reader_count(self) -> int:
+        return len(self._readers)
+
+    def sole_reader(self, token: ReadToken) -> bool:
+        """True if no live graph or pending carry other than `token` still reads this buffer."""
+        return all(other is token for other in self._readers)
+
+    def _fill(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        self._tensors, self._pending = tuple(tensors), None
+
+    def _consume(self) -> tuple[torch.Tensor, ...]:
+        """Hand over the tensors (just overwritten in place) and refuse any later read.
+
+        Their version counters are bumped, so that a second backward through a graph that
+        saved them (`retain_graph=True`) raises autograd's "modified by an inplace operation"
+        even when a native kernel wrote them through raw pointers.
+        """
+        tensors = self._tensors
+        torch.autograd.graph.increment_version(list(tensors))
+        self._tensors, self._consumed = None, True
+        return tensors
 
 
 class PendingCarry:
-    """A carry that has not run yet, from `sources` (the input state's sensitivity tensors) to
-    `targets` (their aliases, held by the returned state).
+    """A carry from `source` (a buffer, its tensors read but not written) that has not run yet.
 
-    `out_of_place()` returns fresh tensors, at which the targets are re-pointed; `in_place()`
-    writes the carry over the sources (the layer's backward calls it through `run_in_place`
-    when `in_place_safe()`). Until the carry has run, it counts as a reader of the sources.
+    `out_of_place()` returns new tensors; `in_place(*args)` writes the carry over the source's
+    tensors and returns what the caller's backward needs (the eLSTM's fused kernel also computes
+    the segment's history gradient in the same pass). Until it has run, the carry counts as a
+    reader of the source, so another carry cannot overwrite what it still needs.
     """
 
     def __init__(
         self,
-        sources: tuple[torch.Tensor, ...],
-        out_of_place: Callable[[], tuple[torch.Tensor, ...]],
+        source: CarriedBuffer,
+        out_of_place: Callable[[], CarriedBuffer | tuple[torch.Tensor, ...]],
         in_place: Callable[..., Any],
     ):
-        self.sources = sources
-        self.targets = tuple(alias(s) for s in sources)
+        self.source: CarriedBuffer | None = source
+        self.token = source.add_reader()
         self._out_of_place, self._in_place = out_of_place, in_place
-        self.done = False
-        self.token = register_reader(sources[0])
-        for t in self.targets:
-            _pending[t] = self
+        self._target: weakref.ref | None = None  # weak: a dropped state needs no carry
+
+    def bind(self, target: CarriedBuffer) -> None:
+        self._target = weakref.ref(target)
+
+    @property
+    def done(self) -> bool:
+        return self.source is None
 
     def in_place_safe(self) -> bool:
-        """Not run yet, and no live graph or other pending carry still reads the sources."""
-        return not self.done and sole_reader(self.sources[0], self.token)
+        """Not run yet, its target still wanted, and nothing else still reads the source."""
+        target = None if self._target is None else self._target()
+        return not self.done and target is not None and self.source.sole_reader(self.token)
 
     def run_out_of_place(self) -> None:
         if self.done:
             return
         with torch.no_grad():
-            for target, fresh in zip(self.targets, self._out_of_place(), strict=True):
-                target.set_(fresh.untyped_storage(), fresh.storage_offset(), fresh.shape, fresh.stride())
+            fresh = tuple(self._out_of_place())
+        self._target()._fill(fresh)
         self._finish()
 
     def run_in_place(self, *args: Any) -> Any:
-        """Write the carry over the sources (the targets alias them); the sources are consumed.
-
-        Passes args to `in_place` and returns what it returns (the eLSTM's in-place carry also
-        computes its segment's history gradient, in the same pass over the sources).
-        """
+        """Write the carry over the source's tensors, which the target then holds; the source is
+        consumed. Call only when `in_place_safe()`."""
+        target = self._target()
         result = self._in_place(*args)
-        mark_consumed(*self.sources)
+        target._fill(self.source._consume())
         self._finish()
         return result
 
     def _finish(self) -> None:
-        self.done = True
+        self.source.release_reader(self.token)
+        self.source = None
         self._out_of_place = self._in_place = None  # drop the segment's trace and inputs
-        release_reader(self.sources[0], self.token)
-        self.sources = ()
-        for t in self.targets:
-            _pending.pop(t, None)
-
-
-def mark_consumed(*tensors: torch.Tensor) -> None:
-    for t in tensors:
-        _consumed[t] = True
-
-
-def settle_tensor(t: torch.Tensor) -> None:
-    """Run the pending carry that will fill t, if any; refuse a consumed tensor."""
-    if t in _consumed:
-        raise ConsumedStateError(
-            "this state's sensitivities were overwritten in place by the carry of a segment that"
-            " started from it (rule 'rtrl' under autograd); continue from the state that segment"
-            " returned, or build the layer with inplace_carry=False to keep input states intact"
-        )
-    pending = _pending.get(t)
-    if pending is not None:
-        pending.run_out_of_place()
-
-
-def settle(state: Any) -> Any:
-    """The state with every pending carry in it run (returned for convenience)."""
-    for leaf in pytree.tree_leaves(state):
-        if isinstance(leaf, torch.Tensor):
-            settle_tensor(leaf)
-    return state
-
-
-def _storage_key(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
-
-
-class ReadToken:
-    """Held by one autograd graph that will read a sensitivity buffer in its backward."""
-
-
-def register_reader(t: torch.Tensor) -> ReadToken:
-    token = ReadToken()
-    _readers.setdefault(_storage_key(t), weakref.WeakSet()).add(token)
-    return token
-
-
-def release_reader(t: torch.Tensor, token: ReadToken) -> None:
-    key = _storage_key(t)
-    tokens = _readers.get(key)
-    if tokens is not None:
-        tokens.discard(token)
-        if len(tokens) == 0:
-            del _readers[key]
-
-
-def sole_reader(t: torch.Tensor, token: ReadToken) -> bool:
-    """True if no live graph or pending carry other than `token` still reads t's storage."""
-    return all(other is token for other in _readers.get(_storage_key(t), ()))

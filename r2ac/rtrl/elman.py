@@ -36,7 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from r2ac.errors import ConfigError
-from r2ac.rtrl.state import check_rule, check_segment, check_state_tensor, keep_mask
+from r2ac.rtrl.core import RecurrentCore, StateTensor
+from r2ac.rtrl.state import keep_mask
 
 RULES = ("bptt", "rtrl")
 
@@ -163,7 +164,7 @@ class _HistoryGradient(torch.autograd.Function):
 # ----------------------------------------------------------------------------- the layer
 
 
-class Elman(nn.Module):
+class Elman(RecurrentCore):
     """Elman RNN, h(t) = sigmoid(W x(t) + R h(t-1) + b), output h; rules "rtrl" and "bptt".
 
     "rtrl": exact, untruncated gradients via full RTRL sensitivities (B, N, N, D + N + 1),
@@ -172,6 +173,9 @@ class Elman(nn.Module):
     memory); `memory_limit` (bytes) overrides the device's total memory.
     Initialisation: W ~ U(+-1/sqrt(D)), R ~ U(+-1/sqrt(N)), b = 0.
     """
+
+    RULES = RULES
+    State = ElmanState
 
     def __init__(
         self,
@@ -182,11 +186,7 @@ class Elman(nn.Module):
         dtype: torch.dtype | None = None,
         memory_limit: int | None = None,
     ):
-        super().__init__()
-        if input_size < 1 or hidden_size < 1:
-            raise ValueError(f"Elman: sizes must be positive, got D={input_size}, N={hidden_size}")
-        self.input_size, self.hidden_size = input_size, hidden_size
-        self.rule = check_rule(rule, RULES, "Elman")
+        super().__init__(input_size, hidden_size, rule)
         self.memory_limit = memory_limit
         N, D = hidden_size, input_size
         kw = {"device": device, "dtype": dtype}
@@ -203,42 +203,30 @@ class Elman(nn.Module):
         self.R.uniform_(-1 / math.sqrt(self.hidden_size), 1 / math.sqrt(self.hidden_size))
         self.b.zero_()
 
-    def extra_repr(self) -> str:
-        return f"input_size={self.input_size}, hidden_size={self.hidden_size}, rule={self.rule!r}"
-
     def initial_state(self, batch_size: int, with_sensitivities: bool | None = None) -> ElmanState:
         """Zero state; for rule "rtrl" it carries zero sensitivities (checked to fit memory)."""
-        if batch_size < 1:
-            raise ValueError(f"Elman: batch_size must be >= 1, got {batch_size}")
+        with_sens = self.wants_sensitivities(batch_size, with_sensitivities)
         N, D = self.hidden_size, self.input_size
         kw = {"device": self.W.device, "dtype": self.W.dtype}
         h = torch.zeros(batch_size, N, **kw)
-        if with_sensitivities is None:
-            with_sensitivities = self.rule == "rtrl"
-        if not with_sensitivities:
+        if not with_sens:
             return ElmanState(h, None)
         check_fits(D, N, batch_size, self.W.dtype, self.W.device, self.memory_limit)
         return ElmanState(h, torch.zeros(batch_size, N, N, D + N + 1, **kw))
 
-    def _check_state(self, state: ElmanState, B: int) -> None:
-        if not isinstance(state, ElmanState):
-            raise TypeError(f"Elman: state must be an ElmanState, got {type(state).__name__}")
-        N, D = self.hidden_size, self.input_size
-        check_state_tensor("h", state.h, (B, N), self.W, "Elman")
+    def state_tensors(self, state: ElmanState, batch_size: int) -> list[StateTensor]:
+        B, N, D = batch_size, self.hidden_size, self.input_size
+        out = [("h", state.h, (B, N))]
         if state.sens is not None:
-            check_state_tensor("sens", state.sens, (B, N, N, D + N + 1), self.W, "Elman")
+            out.append(("sens", state.sens, (B, N, N, D + N + 1)))
+        return out
 
     def forward(
-        self, x: Tensor, state: ElmanState, reset: Tensor | None = None
+        self, x: Tensor, state: ElmanState, reset: Tensor | None = None, carry: bool = True
     ) -> tuple[Tensor, ElmanState]:
-        T, B = check_segment(x, reset, self.input_size, self.W, "Elman")
-        self._check_state(state, B)
-        tracks_history = self.rule == "rtrl" and torch.is_grad_enabled()
-        if tracks_history and state.sens is None:
-            raise ValueError(
-                "Elman(rule='rtrl'): the state carries no sensitivities, so the gradient would be"
-                " silently truncated; start from initial_state() (light states are for no_grad acting)"
-            )
+        T, B = self.check_input(x, reset)
+        self.check_state(state, B)
+        tracks_history = self.tracks_history(state)
         keep = keep_mask(reset, x.dtype)  # (T, B, 1) or None
         h = state.h.detach()
         if tracks_history:
@@ -253,7 +241,7 @@ class Elman(nn.Module):
         h_all = torch.stack(hs)  # (T, B, N)
 
         new_sens = None
-        if self.rule == "rtrl" and state.sens is not None:
+        if self.carries_sensitivities and state.sens is not None:
             with torch.no_grad():
                 u_all = inputs_u(x.detach(), torch.stack(hps).detach())  # (T, B, M)
                 R, hd = self.R.detach(), h_all.detach()

@@ -21,30 +21,34 @@ import math
 import torch
 from torch import Tensor, nn
 
-from r2ac.rtrl import deferred
 from r2ac.rtrl import elstm_math as em
+from r2ac.rtrl.core import RecurrentCore, StateTensor
+from r2ac.rtrl.deferred import PendingCarry, ReadToken
 from r2ac.rtrl.elstm_math import ELSTMSensitivity, ELSTMState
-from r2ac.rtrl.state import check_rule, check_segment, check_state_tensor, keep_mask
+from r2ac.rtrl.state import keep_mask
 
 # "snap1" is an alias of "rtrl": the recurrent Jacobian d c(t) / d c(t-1) is diagonal, so
 # SnAp-1 drops nothing and is exact RTRL (docs/rules/snap1.md).
 RULES = ("bptt", "rtrl", "snap1")
 
 
-class _CarryLink:
-    """Hands a segment's pending carry (known only after the recurrence ran, so the layer sets
-    it after `_Segment.apply`) to the segment's backward."""
+class _History:
+    """What a segment's backward needs for its history term: the carried sensitivities S(t0)
+    and, set after `_Segment.apply` (it needs the recurrence's trace), the segment's pending
+    carry."""
 
-    pending: deferred.PendingCarry | None = None
+    def __init__(self, sens: ELSTMSensitivity):
+        self.sens = sens
+        self.pending: PendingCarry | None = None
+        self.token: ReadToken | None = None  # the graph's claim on S(t0), until its backward
 
 
 class _Segment(torch.autograd.Function):
     """The whole layer over one segment, with one hand-written backward.
 
     Inputs: x (T, B, D), the nine parameters, c0 (B, N), the reset mask, and for the history
-    term the carried sensitivities FZ, wb with a `_CarryLink` (all three None for rule "bptt"
-    or without autograd). Outputs h (T, B, N), c (T, B, N) and the RTRL trace
-    (non-differentiable).
+    term a `_History` (None for rule "bptt" or without autograd). Outputs h (T, B, N),
+    c (T, B, N) and the RTRL trace (non-differentiable).
 
     The backward is BPTT inside the segment; with a history it then contracts d_hat(t0) =
     dL/dc(t0) with the carried sensitivities (the gradient through every earlier segment) and
@@ -55,7 +59,7 @@ class _Segment(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, F, Z, O, b_f, b_z, b_o, w_f, w_z, W_o, c0, keep, FZ, wb, link):
+    def forward(ctx, x, F, Z, O, b_f, b_z, b_o, w_f, w_z, W_o, c0, keep, history):
         T, B, _ = x.shape
         N = F.shape[0]
         pre = torch.nn.functional.linear(x, torch.cat([F, Z, O]), torch.cat([b_f, b_z, b_o]))
@@ -63,11 +67,11 @@ class _Segment(torch.autograd.Function):
         o_pre = torch.addmm(pre[..., 2 * N :].reshape(T * B, N), c_all.view(T * B, N), W_o.t())
         o = torch.sigmoid_(o_pre).view(T, B, N)
         h = o * c_all
-        carried = (FZ, wb) if FZ is not None else ()
+        carried = tuple(history.sens) if history is not None else ()  # FZ, wb of S(t0)
         ctx.save_for_backward(x, F, Z, O, W_o, c_all, o, *trace, *carried)
-        ctx.link = link
-        if FZ is not None:
-            ctx.token = deferred.register_reader(FZ)
+        ctx.history = history
+        if history is not None:  # until this graph's backward (or its end), S(t0) is read
+            history.token = history.sens.add_reader()
         ctx.mark_non_differentiable(c_all, *trace)
         return (h, c_all, *trace)
 
@@ -107,7 +111,7 @@ class _Segment(torch.autograd.Function):
             d_x = (d_pre_flat @ torch.cat([F, Z, O])).view(T, B, D)
         d_F, d_Z = d_FZ.view(2, N, D)
         d_b_f, d_b_z, d_b_o = d_b.view(3, N)
-        no_grad = (None,) * 5  # c0 (the state is detached), keep, FZ, wb, link
+        no_grad = (None,) * 3  # c0 (the state is detached), keep, history
         return (d_x, d_F, d_Z, d_O, d_b_f, d_b_z, d_b_o, d_w_f, d_w_z, d_W_o, *no_grad)
 
 
@@ -123,14 +127,15 @@ def _history_gradient(ctx, d_hat, carried):
     if not carried:
         return None
     FZ, wb = carried
-    deferred.release_reader(FZ, ctx.token)
-    pending = ctx.link.pending
+    history = ctx.history
+    history.sens.release_reader(history.token)
+    pending = history.pending
     if pending is not None and pending.in_place_safe():  # S(t0) is read for the last time
         return pending.run_in_place(d_hat)
     return em.inject_gradients(d_hat, ELSTMSensitivity(FZ, wb))
 
 
-class ELSTM(nn.Module):
+class ELSTM(RecurrentCore):
     """eLSTM layer (SPEC.md section 1) trained by exact RTRL ("rtrl") or truncated BPTT ("bptt").
 
     Parameters carry the paper's names: input maps F, Z, O (N, D); recurrent vectors w_f, w_z
@@ -151,6 +156,10 @@ class ELSTM(nn.Module):
     `False` carries eagerly into new buffers and leaves every input state intact.
     """
 
+    RULES = RULES
+    State = ELSTMState
+    skips_carry = True
+
     def __init__(
         self,
         input_size: int,
@@ -161,11 +170,7 @@ class ELSTM(nn.Module):
         fused_step: bool = False,
         inplace_carry: bool = True,
     ):
-        super().__init__()
-        if input_size < 1 or hidden_size < 1:
-            raise ValueError(f"ELSTM: sizes must be positive, got D={input_size}, N={hidden_size}")
-        self.input_size, self.hidden_size = input_size, hidden_size
-        self.rule = check_rule(rule, RULES, "ELSTM")
+        super().__init__(input_size, hidden_size, rule)
         self.fused_step = fused_step  # T = 1 carry through a torch.compile'd kernel
         self.inplace_carry = inplace_carry  # carry over the input state after the backward
         N, D = hidden_size, input_size
@@ -193,39 +198,27 @@ class ELSTM(nn.Module):
         self.b_z.zero_()
         self.b_o.zero_()
 
-    def extra_repr(self) -> str:
-        return f"input_size={self.input_size}, hidden_size={self.hidden_size}, rule={self.rule!r}"
-
     def initial_state(self, batch_size: int, with_sensitivities: bool | None = None) -> ELSTMState:
         """Zero state for `batch_size` streams; for rule "rtrl" it carries zero sensitivities.
 
         `with_sensitivities=False` gives a light state (c only), for acting without a carry.
         """
-        if batch_size < 1:
-            raise ValueError(f"ELSTM: batch_size must be >= 1, got {batch_size}")
+        with_sens = self.wants_sensitivities(batch_size, with_sensitivities)
         N, D = self.hidden_size, self.input_size
         kw = {"device": self.F.device, "dtype": self.F.dtype}
         c = torch.zeros(batch_size, N, **kw)
-        if with_sensitivities is None:
-            with_sensitivities = self.rule != "bptt"
-        if not with_sensitivities:
+        if not with_sens:
             return ELSTMState(c, None)
         sens = ELSTMSensitivity(em.zero_FZ(batch_size, N, D, **kw), torch.zeros(batch_size, 4, N, **kw))
         return ELSTMState(c, sens)
 
-    def _check_state(self, state: ELSTMState, B: int) -> None:
-        if not isinstance(state, ELSTMState):
-            raise TypeError(f"ELSTM: state must be an ELSTMState, got {type(state).__name__}")
-        N, D = self.hidden_size, self.input_size
-        check_state_tensor("c", state.c, (B, N), self.F, "ELSTM")
-        if state.sens is not None:
-            check_state_tensor("sens.FZ", state.sens.FZ, (B, 2, N, D), self.F, "ELSTM")
-            check_state_tensor("sens.wb", state.sens.wb, (B, 4, N), self.F, "ELSTM")
-            deferred.settle(state.sens)  # run a carry still pending from the last segment
-
-    # forward accepts carry=False: a caller that discards the returned state (an IMPALA
-    # learner, whose actors carry the state) skips the O(B*N*D) sensitivity carry.
-    supports_skip_carry = True
+    def state_tensors(self, state: ELSTMState, batch_size: int) -> list[StateTensor]:
+        B, N, D = batch_size, self.hidden_size, self.input_size
+        out = [("c", state.c, (B, N))]
+        if state.sens is not None:  # reading them runs a carry still pending from the last segment
+            FZ, wb = state.sens
+            out += [("sens.FZ", FZ, (B, 2, N, D)), ("sens.wb", wb, (B, 4, N))]
+        return out
 
     def forward(
         self, x: Tensor, state: ELSTMState, reset: Tensor | None = None, carry: bool = True
@@ -235,34 +228,26 @@ class ELSTM(nn.Module):
         With carry=False the returned state has no sensitivities (sens=None): use it when the
         next state is not needed. The gradient is unaffected.
         """
-        T, B = check_segment(x, reset, self.input_size, self.F, "ELSTM")
-        self._check_state(state, B)
+        T, B = self.check_input(x, reset)
+        self.check_state(state, B)
         sens = state.sens
-        tracks_history = self.rule != "bptt" and torch.is_grad_enabled()
-        if tracks_history and sens is None:
-            raise ValueError(
-                "ELSTM(rule='rtrl'): the state carries no sensitivities, so the gradient would be"
-                " silently truncated; start from initial_state() (light states are for no_grad acting)"
-            )
+        history = _History(sens) if self.tracks_history(state) else None
         keep = keep_mask(reset, x.dtype)  # (T, B, 1) or None
-
-        FZ, wb, link = (sens.FZ, sens.wb, _CarryLink()) if tracks_history else (None, None, None)
         h, c_all, *trace = _Segment.apply(
             x, self.F, self.Z, self.O, self.b_f, self.b_z, self.b_o, self.w_f, self.w_z, self.W_o,
-            state.c.detach(), keep, FZ, wb, link,
+            state.c.detach(), keep, history,
         )  # fmt: skip
-
         new_sens = None
-        if self.rule != "bptt" and sens is not None and carry:
+        if sens is not None and carry and self.carries_sensitivities:
             trace, x = em.RecurrenceTrace(*trace), x.detach()
-            if tracks_history and self.inplace_carry and em.in_place_ready(sens):
+            if history is not None and self.inplace_carry and em.in_place_ready(sens):
                 # Deferred: the backward writes it over sens, unless the new state is read first.
-                link.pending = deferred.PendingCarry(
-                    (sens.FZ, sens.wb),
+                history.pending = PendingCarry(
+                    sens,
                     out_of_place=lambda: self._carry(sens, trace, x),
                     in_place=lambda d_hat: em.history_and_carry_in_place(d_hat, sens, trace, x),
                 )
-                new_sens = ELSTMSensitivity(*link.pending.targets)
+                new_sens = ELSTMSensitivity.deferred(history.pending)
             else:
                 with torch.no_grad():
                     new_sens = self._carry(sens, trace, x)
@@ -280,8 +265,8 @@ class ELSTM(nn.Module):
         For actors that act with a light state and bring the full state (with sensitivities)
         up to date once per segment: it skips the output gate and the autograd bookkeeping.
         """
-        T, B = check_segment(x, reset, self.input_size, self.F, "ELSTM")
-        self._check_state(state, B)
+        T, B = self.check_input(x, reset)
+        self.check_state(state, B)
         N = self.hidden_size
         pre = torch.nn.functional.linear(
             x, torch.cat([self.F, self.Z]), torch.cat([self.b_f, self.b_z])
@@ -290,6 +275,6 @@ class ELSTM(nn.Module):
             pre[..., :N], pre[..., N:], self.w_f, self.w_z, state.c, keep_mask(reset, x.dtype)
         )
         sens = None
-        if self.rule != "bptt" and state.sens is not None:
+        if self.carries_sensitivities and state.sens is not None:
             sens = self._carry(state.sens, trace, x)
         return ELSTMState(c_all[-1], sens)

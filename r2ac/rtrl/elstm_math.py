@@ -27,10 +27,18 @@ import torch
 from torch import Tensor
 
 from r2ac.rtrl import native
+from r2ac.rtrl.deferred import CarriedBuffer
 
 
-class ELSTMSensitivity(NamedTuple):
-    """d c(t) / d theta for the recurrent parameters (only the non-zero, diagonal part).
+class ELSTMSensitivity(CarriedBuffer):
+    """d c(t) / d theta for the recurrent parameters (only the non-zero, diagonal part):
+
+        FZ (B, 2, N, D): [k=0] d c_i / d F_ij, [k=1] d c_i / d Z_ij
+        wb (B, 4, N):    d c_i / d (w_f, w_z, b_f, b_z)_i
+
+    Built as `ELSTMSensitivity(FZ, wb)` and read as `.FZ`, `.wb` or `FZ, wb = sens`. It is
+    also the buffer of the deferred in-place carry (r2ac.rtrl.deferred): a state returned by a
+    forward under autograd may hold a carry still pending, which the first read runs.
 
     FZ is indexed (B, 2, N, D) but the layer stores it as a permuted view of a (B, D, 2, N)
     tensor (`zero_FZ`): the carry GEMM then writes each stream's (D, 2N) block with the long,
@@ -38,8 +46,18 @@ class ELSTMSensitivity(NamedTuple):
     (bench core). Every function here accepts either layout; only speed depends on it.
     """
 
-    FZ: Tensor  # (B, 2, N, D): [k=0] d c_i / d F_ij, [k=1] d c_i / d Z_ij
-    wb: Tensor  # (B, 4, N):    d c_i / d (w_f, w_z, b_f, b_z)_i
+    __slots__ = ()
+
+    def __init__(self, FZ: Tensor, wb: Tensor):
+        super().__init__(FZ, wb)
+
+    @property
+    def FZ(self) -> Tensor:
+        return self.tensors()[0]
+
+    @property
+    def wb(self) -> Tensor:
+        return self.tensors()[1]
 
 
 def zero_FZ(B: int, N: int, D: int, **tensor_kw) -> Tensor:

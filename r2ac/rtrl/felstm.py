@@ -32,8 +32,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from r2ac.rtrl.core import RecurrentCore, StateTensor
 from r2ac.rtrl.elstm_math import carry_factors
-from r2ac.rtrl.state import check_rule, check_segment, check_state_tensor, keep_mask
+from r2ac.rtrl.state import keep_mask
 
 RULES = ("bptt", "snap1")
 
@@ -112,12 +113,19 @@ class _HistoryGradient(torch.autograd.Function):
 # ----------------------------------------------------------------------------- the layer
 
 
-class FeLSTM(nn.Module):
+class FeLSTM(RecurrentCore):
     """feLSTM layer; rules "bptt" (truncated at segment starts) and "snap1" (see module doc).
 
     Parameter names as the eLSTM's, with W_f, W_z (N, N) for w_f, w_z. Initialisation as the
     eLSTM's; W_f, W_z ~ U(+-1/sqrt(N)).
     """
+
+    RULES = RULES
+    State = FeLSTMState
+
+    @property
+    def exact_gradient(self) -> bool:
+        return self.rule != "snap1"  # SnAp-1 drops the off-diagonal sensitivities of W_f, W_z
 
     def __init__(
         self,
@@ -127,11 +135,7 @@ class FeLSTM(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ):
-        super().__init__()
-        if input_size < 1 or hidden_size < 1:
-            raise ValueError(f"FeLSTM: sizes must be positive, got D={input_size}, N={hidden_size}")
-        self.input_size, self.hidden_size = input_size, hidden_size
-        self.rule = check_rule(rule, RULES, "FeLSTM")
+        super().__init__(input_size, hidden_size, rule)
         N, D = hidden_size, input_size
         kw = {"device": device, "dtype": dtype}
         self.F = nn.Parameter(torch.empty(N, D, **kw))
@@ -156,43 +160,30 @@ class FeLSTM(nn.Module):
         self.b_z.zero_()
         self.b_o.zero_()
 
-    def extra_repr(self) -> str:
-        return f"input_size={self.input_size}, hidden_size={self.hidden_size}, rule={self.rule!r}"
-
     def initial_state(self, batch_size: int, with_sensitivities: bool | None = None) -> FeLSTMState:
-        if batch_size < 1:
-            raise ValueError(f"FeLSTM: batch_size must be >= 1, got {batch_size}")
+        with_sens = self.wants_sensitivities(batch_size, with_sensitivities)
         N, D = self.hidden_size, self.input_size
         kw = {"device": self.F.device, "dtype": self.F.dtype}
         c = torch.zeros(batch_size, N, **kw)
-        if with_sensitivities is None:
-            with_sensitivities = self.rule == "snap1"
-        if not with_sensitivities:
+        if not with_sens:
             return FeLSTMState(c, None)
         sens = FeLSTMSensitivity(torch.zeros(batch_size, 2, N, D + N, **kw), torch.zeros(batch_size, 2, N, **kw))
         return FeLSTMState(c, sens)
 
-    def _check_state(self, state: FeLSTMState, B: int) -> None:
-        if not isinstance(state, FeLSTMState):
-            raise TypeError(f"FeLSTM: state must be an FeLSTMState, got {type(state).__name__}")
-        N, D = self.hidden_size, self.input_size
-        check_state_tensor("c", state.c, (B, N), self.F, "FeLSTM")
+    def state_tensors(self, state: FeLSTMState, batch_size: int) -> list[StateTensor]:
+        B, N, D = batch_size, self.hidden_size, self.input_size
+        out = [("c", state.c, (B, N))]
         if state.sens is not None:
-            check_state_tensor("sens.M", state.sens.M, (B, 2, N, D + N), self.F, "FeLSTM")
-            check_state_tensor("sens.b", state.sens.b, (B, 2, N), self.F, "FeLSTM")
+            out += [("sens.M", state.sens.M, (B, 2, N, D + N)), ("sens.b", state.sens.b, (B, 2, N))]
+        return out
 
     def forward(
-        self, x: Tensor, state: FeLSTMState, reset: Tensor | None = None
+        self, x: Tensor, state: FeLSTMState, reset: Tensor | None = None, carry: bool = True
     ) -> tuple[Tensor, FeLSTMState]:
-        T, B = check_segment(x, reset, self.input_size, self.F, "FeLSTM")
-        self._check_state(state, B)
+        T, B = self.check_input(x, reset)
+        self.check_state(state, B)
         sens = state.sens
-        tracks_history = self.rule == "snap1" and torch.is_grad_enabled()
-        if tracks_history and sens is None:
-            raise ValueError(
-                "FeLSTM(rule='snap1'): the state carries no sensitivities, so the gradient would be"
-                " silently truncated; start from initial_state() (light states are for no_grad acting)"
-            )
+        tracks_history = self.tracks_history(state)
         N = self.hidden_size
         keep = keep_mask(reset, x.dtype)  # (T, B, 1) or None
         c = state.c.detach()
@@ -219,7 +210,7 @@ class FeLSTM(nn.Module):
         h = o * c_all
 
         new_sens = None
-        if self.rule == "snap1" and sens is not None:
+        if self.carries_sensitivities and sens is not None:
             with torch.no_grad():
                 cp_all = torch.stack(cps).detach()
                 fh, zh, a = local_derivatives(

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from r2ac.rtrl.state import check_rule, check_segment, check_state_tensor
+from r2ac.rtrl.core import RecurrentCore, StateTensor
 
 RULES = ("bptt", "rtrl")
 
@@ -81,7 +81,7 @@ def history_gradients(
     return dK, dV
 
 
-def carry(
+def carry_segment(
     W0: Tensor, sens: FWPSensitivity | None, k: Tensor, v: Tensor, x: Tensor, m_last: Tensor,
     mask_last: Tensor,
 ) -> tuple[Tensor, FWPSensitivity | None]:
@@ -116,12 +116,15 @@ class _HistoryReadout(torch.autograd.Function):
 # ----------------------------------------------------------------------------- the layer
 
 
-class FWP(nn.Module):
+class FWP(RecurrentCore):
     """One-layer fast weight programmer; rules "rtrl" (exact, untruncated) and "bptt".
 
     Parameters K, V, Q (N, D), initialised U(+-1/sqrt(D)). Output y (T, B, N).
     State: fast weights W (B, N, N) and, for "rtrl", Kh, Vh (B, N, D).
     """
+
+    RULES = RULES
+    State = FWPState
 
     def __init__(
         self,
@@ -131,11 +134,7 @@ class FWP(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ):
-        super().__init__()
-        if input_size < 1 or hidden_size < 1:
-            raise ValueError(f"FWP: sizes must be positive, got D={input_size}, N={hidden_size}")
-        self.input_size, self.hidden_size = input_size, hidden_size
-        self.rule = check_rule(rule, RULES, "FWP")
+        super().__init__(input_size, hidden_size, rule)
         N, D = hidden_size, input_size
         kw = {"device": device, "dtype": dtype}
         self.K = nn.Parameter(torch.empty(N, D, **kw))
@@ -149,42 +148,29 @@ class FWP(nn.Module):
         for p in (self.K, self.V, self.Q):
             p.uniform_(-bound, bound)
 
-    def extra_repr(self) -> str:
-        return f"input_size={self.input_size}, hidden_size={self.hidden_size}, rule={self.rule!r}"
-
     def initial_state(self, batch_size: int, with_sensitivities: bool | None = None) -> FWPState:
-        if batch_size < 1:
-            raise ValueError(f"FWP: batch_size must be >= 1, got {batch_size}")
+        with_sens = self.wants_sensitivities(batch_size, with_sensitivities)
         N, D = self.hidden_size, self.input_size
         kw = {"device": self.K.device, "dtype": self.K.dtype}
         W = torch.zeros(batch_size, N, N, **kw)
-        if with_sensitivities is None:
-            with_sensitivities = self.rule == "rtrl"
-        if not with_sensitivities:
+        if not with_sens:
             return FWPState(W, None)
         return FWPState(W, FWPSensitivity(torch.zeros(batch_size, N, D, **kw), torch.zeros(batch_size, N, D, **kw)))
 
-    def _check_state(self, state: FWPState, B: int) -> None:
-        if not isinstance(state, FWPState):
-            raise TypeError(f"FWP: state must be an FWPState, got {type(state).__name__}")
-        N, D = self.hidden_size, self.input_size
-        check_state_tensor("W", state.W, (B, N, N), self.K, "FWP")
+    def state_tensors(self, state: FWPState, batch_size: int) -> list[StateTensor]:
+        B, N, D = batch_size, self.hidden_size, self.input_size
+        out = [("W", state.W, (B, N, N))]
         if state.sens is not None:
-            check_state_tensor("sens.Kh", state.sens.Kh, (B, N, D), self.K, "FWP")
-            check_state_tensor("sens.Vh", state.sens.Vh, (B, N, D), self.K, "FWP")
+            out += [("sens.Kh", state.sens.Kh, (B, N, D)), ("sens.Vh", state.sens.Vh, (B, N, D))]
+        return out
 
     def forward(
-        self, x: Tensor, state: FWPState, reset: Tensor | None = None
+        self, x: Tensor, state: FWPState, reset: Tensor | None = None, carry: bool = True
     ) -> tuple[Tensor, FWPState]:
-        T, B = check_segment(x, reset, self.input_size, self.K, "FWP")
-        self._check_state(state, B)
+        T, B = self.check_input(x, reset)
+        self.check_state(state, B)
         sens = state.sens
-        tracks_history = self.rule == "rtrl" and torch.is_grad_enabled()
-        if tracks_history and sens is None:
-            raise ValueError(
-                "FWP(rule='rtrl'): the state carries no sensitivities, so the gradient would be"
-                " silently truncated; start from initial_state() (light states are for no_grad acting)"
-            )
+        tracks_history = self.tracks_history(state)
         N = self.hidden_size
         kvq = torch.nn.functional.linear(x, torch.cat([self.K, self.V, self.Q]))  # (T, B, 3N)
         k, v, q = kvq[..., :N], kvq[..., N : 2 * N], kvq[..., 2 * N :]
@@ -200,6 +186,6 @@ class FWP(nn.Module):
         y = y_hist + torch.bmm(scores, v.transpose(0, 1)).transpose(0, 1)  # (T, B, N)
 
         with torch.no_grad():
-            carried = sens if self.rule == "rtrl" else None
-            W, new_sens = carry(W0, carried, k.detach(), v.detach(), x.detach(), m[-1], mask[:, -1])
+            carried = sens if self.carries_sensitivities else None
+            W, new_sens = carry_segment(W0, carried, k.detach(), v.detach(), x.detach(), m[-1], mask[:, -1])
         return y, FWPState(W, new_sens)

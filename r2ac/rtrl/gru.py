@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from r2ac.rtrl.state import check_rule, check_segment, check_state_tensor
+from r2ac.rtrl.core import RecurrentCore, StateTensor
 
 RULES = ("bptt",)
 
@@ -33,11 +33,14 @@ def _fused_gru(x: Tensor, h0: Tensor, weights: list[Tensor]) -> tuple[Tensor, Te
     return y, h[0]
 
 
-class GRU(nn.Module):
+class GRU(RecurrentCore):
     """GRU core, rule "bptt" only. Parameters W_ih (3N, D), W_hh (3N, N), b_ih, b_hh (3N,).
 
     Initialisation as nn.GRU: every parameter ~ U(+-1/sqrt(N)).
     """
+
+    RULES = RULES
+    State = GRUState
 
     def __init__(
         self,
@@ -47,11 +50,7 @@ class GRU(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ):
-        super().__init__()
-        if input_size < 1 or hidden_size < 1:
-            raise ValueError(f"GRU: sizes must be positive, got D={input_size}, N={hidden_size}")
-        self.input_size, self.hidden_size = input_size, hidden_size
-        self.rule = check_rule(rule, RULES, "GRU")
+        super().__init__(input_size, hidden_size, rule)
         N, D = hidden_size, input_size
         kw = {"device": device, "dtype": dtype}
         self.W_ih = nn.Parameter(torch.empty(3 * N, D, **kw))
@@ -66,23 +65,20 @@ class GRU(nn.Module):
         for p in self.parameters():
             p.uniform_(-bound, bound)
 
-    def extra_repr(self) -> str:
-        return f"input_size={self.input_size}, hidden_size={self.hidden_size}, rule={self.rule!r}"
-
     def initial_state(self, batch_size: int, with_sensitivities: bool | None = None) -> GRUState:
         """Zero h; `with_sensitivities` is accepted for a uniform interface (none carried)."""
-        if batch_size < 1:
-            raise ValueError(f"GRU: batch_size must be >= 1, got {batch_size}")
+        self.check_batch_size(batch_size)
         kw = {"device": self.W_ih.device, "dtype": self.W_ih.dtype}
         return GRUState(torch.zeros(batch_size, self.hidden_size, **kw))
 
+    def state_tensors(self, state: GRUState, batch_size: int) -> list[StateTensor]:
+        return [("h", state.h, (batch_size, self.hidden_size))]
+
     def forward(
-        self, x: Tensor, state: GRUState, reset: Tensor | None = None
+        self, x: Tensor, state: GRUState, reset: Tensor | None = None, carry: bool = True
     ) -> tuple[Tensor, GRUState]:
-        T, B = check_segment(x, reset, self.input_size, self.W_ih, "GRU")
-        if not isinstance(state, GRUState):
-            raise TypeError(f"GRU: state must be a GRUState, got {type(state).__name__}")
-        check_state_tensor("h", state.h, (B, self.hidden_size), self.W_ih, "GRU")
+        T, B = self.check_input(x, reset)
+        self.check_state(state, B)
         weights = [self.W_ih, self.W_hh, self.b_ih, self.b_hh]
         h = state.h.detach()
         # chunk boundaries: the segment start and every step where some stream restarts

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from r2ac.rtrl.state import check_rule, check_segment, check_state_tensor
+from r2ac.rtrl.core import RecurrentCore, StateTensor
 
 RULES = ("bptt",)
 
@@ -33,12 +33,15 @@ def _fused_lstm(x: Tensor, h0: Tensor, c0: Tensor, weights: list[Tensor]) -> tup
     return y, h[0], c[0]
 
 
-class LSTM(nn.Module):
+class LSTM(RecurrentCore):
     """Standard LSTM core, rule "bptt" only. Parameters W_ih (4N, D), W_hh (4N, N), b (4N,).
 
     Initialisation: W_ih ~ U(+-1/sqrt(D)), W_hh ~ U(+-1/sqrt(N)), b = 0 except the forget
     gate's 1 (as the eLSTM's b_f).
     """
+
+    RULES = RULES
+    State = LSTMState
 
     def __init__(
         self,
@@ -48,11 +51,7 @@ class LSTM(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ):
-        super().__init__()
-        if input_size < 1 or hidden_size < 1:
-            raise ValueError(f"LSTM: sizes must be positive, got D={input_size}, N={hidden_size}")
-        self.input_size, self.hidden_size = input_size, hidden_size
-        self.rule = check_rule(rule, RULES, "LSTM")
+        super().__init__(input_size, hidden_size, rule)
         N, D = hidden_size, input_size
         kw = {"device": device, "dtype": dtype}
         self.W_ih = nn.Parameter(torch.empty(4 * N, D, **kw))
@@ -68,24 +67,21 @@ class LSTM(nn.Module):
         self.b.zero_()
         self.b[N : 2 * N] = 1.0
 
-    def extra_repr(self) -> str:
-        return f"input_size={self.input_size}, hidden_size={self.hidden_size}, rule={self.rule!r}"
-
     def initial_state(self, batch_size: int, with_sensitivities: bool | None = None) -> LSTMState:
         """Zero (h, c); `with_sensitivities` is accepted for a uniform interface (none carried)."""
-        if batch_size < 1:
-            raise ValueError(f"LSTM: batch_size must be >= 1, got {batch_size}")
+        self.check_batch_size(batch_size)
         kw = {"device": self.W_ih.device, "dtype": self.W_ih.dtype}
         return LSTMState(torch.zeros(batch_size, self.hidden_size, **kw), torch.zeros(batch_size, self.hidden_size, **kw))
 
+    def state_tensors(self, state: LSTMState, batch_size: int) -> list[StateTensor]:
+        shape = (batch_size, self.hidden_size)
+        return [("h", state.h, shape), ("c", state.c, shape)]
+
     def forward(
-        self, x: Tensor, state: LSTMState, reset: Tensor | None = None
+        self, x: Tensor, state: LSTMState, reset: Tensor | None = None, carry: bool = True
     ) -> tuple[Tensor, LSTMState]:
-        T, B = check_segment(x, reset, self.input_size, self.W_ih, "LSTM")
-        if not isinstance(state, LSTMState):
-            raise TypeError(f"LSTM: state must be an LSTMState, got {type(state).__name__}")
-        for name in ("h", "c"):
-            check_state_tensor(name, getattr(state, name), (B, self.hidden_size), self.W_ih, "LSTM")
+        T, B = self.check_input(x, reset)
+        self.check_state(state, B)
         weights = [self.W_ih, self.W_hh, self.b, torch.zeros_like(self.b, requires_grad=False)]
         h, c = state.h.detach(), state.c.detach()
         # chunk boundaries: the segment start and every step where some stream restarts

@@ -1,17 +1,15 @@
 """Cores by name, so that configs and the agent can say `elstm-rtrl` or `lstm-bptt`.
 
-A name is `<core>-<rule>`; `make_core(name, input_size, hidden_size)` returns a module that
-obeys the core contract (`initial_state`, `forward(x, state, reset)`), with `input_size` and
-`hidden_size` attributes.
+A name is `<core>-<rule>`; `make_core(name, input_size, hidden_size)` returns a
+`RecurrentCore` (r2ac/rtrl/core.py). Every entry here is tested by tests/rtrl/test_contract.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from torch import nn
-
 from r2ac.errors import ConfigError
+from r2ac.rtrl.core import RecurrentCore
 from r2ac.rtrl.elman import Elman
 from r2ac.rtrl.elstm import ELSTM
 from r2ac.rtrl.felstm import FeLSTM
@@ -19,7 +17,7 @@ from r2ac.rtrl.fwp import FWP
 from r2ac.rtrl.gru import GRU
 from r2ac.rtrl.lstm import LSTM
 
-CoreFactory = Callable[..., nn.Module]
+CoreFactory = Callable[..., RecurrentCore]
 
 # name -> (factory(input_size, hidden_size, **kw), one-line description)
 CORES: dict[str, tuple[CoreFactory, str]] = {
@@ -41,7 +39,7 @@ def core_names() -> list[str]:
     return sorted(CORES)
 
 
-def make_core(name: str, input_size: int, hidden_size: int, **kwargs) -> nn.Module:
+def make_core(name: str, input_size: int, hidden_size: int, **kwargs) -> RecurrentCore:
     """Build the core called `name` (see `core_names()`); unknown names raise ConfigError."""
     if name not in CORES:
         raise ConfigError(f"unknown core {name!r}; choose one of {', '.join(core_names())}")

@@ -2,8 +2,8 @@
 
 Every core state is a NamedTuple pytree whose tensor leaves are batch-first ``(B, ...)``
 (leaves may be None). That single rule lets the RL runtime pick, stack and store the state of
-individual env streams without knowing which core it is talking to. The helpers below first
-run any carry still pending in the state (r2ac.rtrl.deferred), so they never see stale leaves.
+individual env streams without knowing which core it is talking to. A sensitivity buffer with a
+carry still pending (r2ac.rtrl.deferred) runs it when the helpers below flatten it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import torch
 from torch.utils import _pytree as pytree
 
 from r2ac.errors import ConfigError
-from r2ac.rtrl.deferred import settle
 
 
 def check_rule(rule: str, allowed: Sequence[str], core: str) -> str:
@@ -76,13 +75,12 @@ def keep_mask(reset: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | 
 
 def select_streams(state: Any, index: torch.Tensor | slice | int) -> Any:
     """The state of a subset of streams (indexing dim 0 of every leaf)."""
-    settle(state)
     return pytree.tree_map(lambda t: None if t is None else t[index], state)
 
 
 def cat_streams(states: Sequence[Any]) -> Any:
     """Concatenate the states of several batches of streams along the batch dim."""
-    leaves = [pytree.tree_flatten(settle(s)) for s in states]
+    leaves = [pytree.tree_flatten(s) for s in states]
     spec = leaves[0][1]
     columns = zip(*[leaf for leaf, _ in leaves])
     joined = [None if col[0] is None else torch.cat(col, 0) for col in columns]
@@ -90,10 +88,8 @@ def cat_streams(states: Sequence[Any]) -> Any:
 
 
 def detach_state(state: Any) -> Any:
-    settle(state)
     return pytree.tree_map(lambda t: None if t is None else t.detach(), state)
 
 
 def state_to(state: Any, device: torch.device | str) -> Any:
-    settle(state)
     return pytree.tree_map(lambda t: None if t is None else t.to(device), state)

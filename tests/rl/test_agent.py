@@ -10,6 +10,7 @@ from r2ac.errors import ConfigError
 from r2ac.rl import checkpoint
 from r2ac.rl.agent import Agent
 from r2ac.rl.nets import Feedforward, ImpalaResNetStem, MLPStem
+from r2ac.rtrl import RecurrentCore
 
 T, B, OBS, FEATURES, HIDDEN, ACTIONS = 6, 3, 5, 8, 7, 4
 
@@ -19,19 +20,20 @@ class LSTMState(NamedTuple):
     c: torch.Tensor  # (B, N)
 
 
-class LSTMCore(nn.Module):
+class LSTMCore(RecurrentCore):
     """Test-only adapter: torch's LSTMCell behind the core contract."""
 
+    State = LSTMState
+
     def __init__(self, input_size, hidden_size):
-        super().__init__()
-        self.input_size, self.hidden_size = input_size, hidden_size
+        super().__init__(input_size, hidden_size, "bptt")
         self.cell = nn.LSTMCell(input_size, hidden_size)
 
-    def initial_state(self, batch_size):
+    def initial_state(self, batch_size, with_sensitivities=None):
         zeros = torch.zeros(batch_size, self.hidden_size)
         return LSTMState(zeros, zeros.clone())
 
-    def forward(self, x, state, reset=None):
+    def forward(self, x, state, reset=None, carry=True):
         h, c = state
         outputs = []
         for t in range(x.shape[0]):
@@ -180,3 +182,9 @@ def test_config_and_shape_errors():
         agent(obs, last_reward[:, :2], None, ())
     with pytest.raises(ValueError, match="reset"):
         agent(obs, last_reward, torch.zeros(T, B + 1, dtype=torch.bool), ())
+
+
+def test_agent_takes_only_recurrent_cores():
+    stem = MLPStem(OBS, hidden=(6,), out_features=FEATURES)
+    with pytest.raises(ConfigError, match="not an r2ac.rtrl.RecurrentCore"):
+        Agent(stem, nn.LSTM(FEATURES + 1, HIDDEN), ACTIONS)

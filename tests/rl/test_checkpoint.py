@@ -90,3 +90,22 @@ def test_only_project_namedtuples_are_rebuilt(tmp_path):
     path = checkpoint.save_atomic({"x": forged}, tmp_path / "f.pt")
     with pytest.raises(checkpoint.CheckpointError, match="refused type 'os:system'"):
         checkpoint.load(path)
+
+
+def test_carried_sensitivities_round_trip_and_forged_buffers_are_refused(tmp_path):
+    """An RTRL state (its sensitivities are a CarriedBuffer, not a NamedTuple) survives a
+    checkpoint; a tagged buffer naming any other class is refused."""
+    from r2ac.rtrl import ELSTM
+    from r2ac.rtrl.elstm_math import ELSTMSensitivity, ELSTMState
+
+    layer = ELSTM(3, 4, "rtrl", dtype=torch.float64)
+    with torch.no_grad():
+        _, state = layer(torch.randn(5, 2, 3, dtype=torch.float64), layer.initial_state(2))
+    loaded = checkpoint.load(checkpoint.save_atomic({"s": state}, tmp_path / "s.pt"))["s"]
+    assert type(loaded) is ELSTMState and type(loaded.sens) is ELSTMSensitivity
+    for ours, theirs in zip(loaded.sens.tensors(), state.sens.tensors(), strict=True):
+        assert ours.equal(theirs) and float(theirs.abs().sum()) > 0
+    forged = {checkpoint.TAG: "carried", "type": "r2ac.rtrl.elstm_math:ELSTMState", "fields": []}
+    path = checkpoint.save_atomic({"x": forged}, tmp_path / "f.pt")
+    with pytest.raises(checkpoint.CheckpointError, match="not a CarriedBuffer"):
+        checkpoint.load(path)

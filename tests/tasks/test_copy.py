@@ -297,7 +297,7 @@ def test_mlp_readout_sits_outside_the_recurrence():
 @pytest.mark.parametrize("args", [
     ["--length", "0"], ["--rule", "snap"], ["--readout-hidden", "-1"], ["--online", "--rule", "bptt"],
     ["--segment", "0"], ["--hidden", "0"], ["--online", "--segment", "5"], ["--lr", "0"],
-    ["--lr-final", "-1"], ["--core", "lstm"], ["--core", "gru", "--rule", "bptt"],
+    ["--lr-final", "-1"], ["--core", "lstm"], ["--core", "gru", "--rule", "rtrl"],
     ["--core", "fwp", "--chrono-init"], ["--dtype", "float16"],
 ])
 def test_cli_rejects_bad_options_and_writes_nothing(tmp_path, capsys, args):
