@@ -40,6 +40,8 @@ class ExperimentConfig:
     """Only these tasks (table columns) of the grid (default: all)."""
     unroll_lengths: tuple[int, ...] = ()
     """Only the rows (variants) with these segment lengths M (default: all)."""
+    cores: tuple[str, ...] = ()
+    """Only the rows (variants) with these cores, e.g. elstm-rtrl elstm-bptt (default: all)."""
     total_frames: int | None = None
     """Override every run's training frames (e.g. a short slice); saved in experiment.json."""
     dry_run: bool = False
@@ -94,7 +96,7 @@ def _save_meta(out: Path, name: str, cfg: ExperimentConfig, seeds: int, argv: li
     """experiment.json: the options; a resumed grid must use the same run settings."""
     meta_path = out / "experiment.json"
     meta = {"experiment": name, "seeds": seeds, "tasks": list(cfg.tasks),
-            "unroll_lengths": list(cfg.unroll_lengths),
+            "unroll_lengths": list(cfg.unroll_lengths), "cores": list(cfg.cores),
             "total_frames": cfg.total_frames, "argv": argv}
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
@@ -108,6 +110,7 @@ def _save_meta(out: Path, name: str, cfg: ExperimentConfig, seeds: int, argv: li
 
 def run_experiment(name: str, cfg: ExperimentConfig, argv: list[str]) -> int:
     g = grids.select_unroll_lengths(grids.grid(name), cfg.unroll_lengths)
+    g = grids.select_cores(g, cfg.cores)
     seeds = cfg.seeds if cfg.seeds is not None else g.default_seeds
     tasks = grids.select_tasks(g, cfg.tasks)
     specs = grids.runs_of(g, seeds, tasks)

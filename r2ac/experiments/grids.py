@@ -264,6 +264,17 @@ def select_unroll_lengths(g: Grid, lengths: tuple[int, ...] | None) -> Grid:
     return dataclasses.replace(g, variants=tuple(v for v in g.variants if v.unroll_length in lengths))
 
 
+def select_cores(g: Grid, cores: tuple[str, ...] | None) -> Grid:
+    """The grid with only the rows (variants) of these cores (all if none given)."""
+    if not cores:
+        return g
+    known = sorted({v.core for v in g.variants})
+    unknown = sorted(set(cores) - set(known))
+    if unknown:
+        raise ConfigError(f"grid {g.name!r} has no rows with core in {unknown}; its cores: {known}")
+    return dataclasses.replace(g, variants=tuple(v for v in g.variants if v.core in cores))
+
+
 def runs_of(g: Grid, seeds: int, tasks: tuple[Task, ...] | None = None) -> list[RunSpec]:
     """Every run of the grid, seeds innermost so that partial grids fill whole rows first."""
     if seeds < 1:

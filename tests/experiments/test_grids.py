@@ -189,6 +189,16 @@ def test_dry_run_lists_without_training(tiny_grid, tmp_path, capsys):
     assert not out.exists()
 
 
+def test_cores_select_rows():
+    g = grids.GRIDS["popgym"]
+    sub = grids.select_cores(g, ("elstm-rtrl", "gru-bptt"))
+    assert [v.label for v in sub.variants] == [
+        "elstm-rtrl M=4", "gru-bptt M=4", "gru-bptt M=episode"]
+    assert grids.select_cores(g, ()) is g
+    with pytest.raises(ConfigError, match=r"no rows with core in \['elman-rtrl'\]"):
+        grids.select_cores(g, ("elman-rtrl",))
+
+
 def test_unroll_lengths_select_rows(tiny_grid, tmp_path, capsys):
     g = grids.GRIDS["memory-m"]
     sub = grids.select_unroll_lengths(g, (50, 100))
