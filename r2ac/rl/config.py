@@ -84,6 +84,9 @@ class TrainConfig:
     tasks with tiny rewards (POPGym: +-1/51 per step) train like tasks with unit rewards."""
     popart_beta: float = 1e-3
     """Step size of PopArt's running target mean and second moment (one move per update)."""
+    popart_advantages: bool = True
+    """With popart: divide the policy-gradient advantages by sigma too (PopArt's form);
+    --no-popart-advantages normalises only the value loss (the critic)."""
     advantage_norm: bool = False
     """Standardise the policy-gradient advantages over each batch (mean 0, std 1), PPO-style:
     the policy's step no longer depends on the reward scale."""

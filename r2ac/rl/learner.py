@@ -55,12 +55,15 @@ def segment_losses(
     value_scale: float | torch.Tensor = 1.0,
     returns: VTraceReturns | None = None,
     advantage_norm: bool = False,
+    scale_advantages: bool = True,
 ) -> dict[str, torch.Tensor]:
     """IMPALA losses of a segment from the agent's outputs on its M+1 steps.
 
     The targets are `segment_returns` (pass `returns` if already computed). `value_scale`
     (PopArt's sigma) divides the value errors and the policy-gradient advantages, so that
-    the losses are those of normalised returns; 1 gives IMPALA's losses unchanged. With
+    the losses are those of normalised returns; 1 gives IMPALA's losses unchanged;
+    `scale_advantages=False` divides only the value errors (a normalised critic, the actor
+    on the rewards' own scale). With
     `advantage_norm` the advantages are standardised over the batch instead (PPO's
     convention, which POPGym's baselines use): the policy gradient is then independent of
     the reward scale, whatever the spread of the returns.
@@ -68,7 +71,7 @@ def segment_losses(
     M = seg.actions.shape[0]
     if returns is None:
         returns = segment_returns(logits, values, seg, discount, reward_scale)
-    advantages = returns.pg_advantages / value_scale  # (M, B)
+    advantages = returns.pg_advantages / (value_scale if scale_advantages else 1.0)  # (M, B)
     if advantage_norm:
         advantages = standardise(returns.pg_advantages)
     return compute_loss(
@@ -120,7 +123,7 @@ class Learner:
         losses = segment_losses(
             logits, values, seg, cfg.discount, cfg.baseline_cost, cfg.entropy_cost,
             cfg.reward_scale, value_scale=heads.value_scale().detach(), returns=returns,
-            advantage_norm=cfg.advantage_norm,
+            advantage_norm=cfg.advantage_norm, scale_advantages=cfg.popart_advantages,
         )
         losses["loss"].backward()
         self._targets = returns.vs

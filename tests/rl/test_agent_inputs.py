@@ -130,3 +130,20 @@ def test_progress_lines_when_not_on_a_terminal():
         printed[0].startswith("[progress] 200/1000 frames (20%)") and "return 0.250" in printed[0]
     )
     assert printed[1].startswith("[progress] 1000/1000 frames (100%)")
+
+
+def test_critic_only_normalisation_keeps_the_actor_on_the_reward_scale():
+    cfg = tiny(learning_rate=0.0, prev_action=True)
+    env = make_env(cfg, cfg.num_envs, seed=4)
+    torch.manual_seed(0)
+    agent = agent_for_env(cfg, env, dtype=torch.float64)
+    seg, _ = Actor(agent, env, seed=4, unroll_length=cfg.unroll_length).collect()
+    with torch.no_grad():
+        logits, values, _ = agent(seg.obs, seg.last_reward, seg.reset, seg.state,
+                                  last_action=seg.last_action)
+    args, s = (cfg.discount, cfg.baseline_cost, cfg.entropy_cost), 7.0
+    plain = segment_losses(logits, values, seg, *args)
+    critic = segment_losses(logits, values, seg, *args, value_scale=s, scale_advantages=False)
+    torch.testing.assert_close(critic["pg_loss"], plain["pg_loss"], rtol=1e-12, atol=0)
+    torch.testing.assert_close(critic["baseline_loss"], plain["baseline_loss"] / s**2,
+                               rtol=1e-12, atol=0)
