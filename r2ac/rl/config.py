@@ -167,16 +167,18 @@ PRESETS: dict[str, TrainConfig] = {
     ),
     # POPGym (Morad et al. 2023): card games and CartPoles with returns in [-1, 1] and
     # per-step rewards of 1/51 .. 1/200. Measured on RepeatFirstEasy (docs/results.md,
-    # "POPGym"): rewards x50 (card games: +-1 per step) learn where PopArt, advantage
-    # standardisation or a low entropy cost collapse the policy or stay uniform; the previous
-    # action marks an episode's first step and disambiguates observations; the warm-up
-    # tames RMSProp's first, 10x-too-large steps; the linear decay keeps a learned policy
-    # (at a constant 2e-3 one run reached 0.96 and then collapsed); a trainable stem.
+    # "POPGym"): the actor needs rewards of about +-1 per step (x50) to learn at all, and the
+    # critic then needs PopArt's normalisation (value loss only), or its error spikes
+    # (baseline loss up to 1e5) wreck the shared core and the policy collapses for good; the
+    # previous action marks an episode's first step and disambiguates observations; the
+    # warm-up tames RMSProp's first, 10x-too-large steps; the linear decay keeps a learned
+    # policy; a trainable stem.
     "popgym": TrainConfig(
         env="gym/popgym-RepeatFirstEasy-v0", env_options=(), hidden_size=128,
         forget_bias=None, freeze_stem=False, unroll_length=4, total_frames=1_000_000,
         learning_rate=2e-3, lr_decay=True, lr_warmup_updates=200, entropy_cost=0.01,
-        reward_scale=50.0, prev_action=True, eval_sets=3, eval_episodes=100,
+        reward_scale=50.0, prev_action=True, popart=True, popart_advantages=False,
+        eval_sets=3, eval_episodes=100,
     ),
     "dmlab": _paper(
         env="dmlab/rooms_watermaze", env_options=(), hidden_size=512, unroll_length=100,

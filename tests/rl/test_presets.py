@@ -20,7 +20,8 @@ def test_popgym_preset_is_the_measured_recipe():
         "forget_bias": None, "freeze_stem": False, "unroll_length": 4,
         "total_frames": 1_000_000, "learning_rate": 2e-3, "lr_decay": True,
         "lr_warmup_updates": 200, "reward_scale": 50.0, "prev_action": True,
-        "entropy_cost": 0.01, "popart": False, "advantage_norm": False,
+        "entropy_cost": 0.01, "popart": True, "popart_advantages": False,
+        "advantage_norm": False,
     }
     chosen = PRESETS["popgym"]
     assert {k: getattr(chosen, k) for k in pinned} == pinned
