@@ -1,0 +1,199 @@
+"""Exact RTRL for recurrences that are element-wise in 2 x 2 blocks (RTU, LRU): pure functions.
+
+Unit i holds a pair s_i = (s1_i, s2_i) (the real and imaginary part of a complex state, or the
+RTU's c1, c2). One step, with cp(t) = keep(t) s(t-1) (zero where the stream restarts):
+
+    a(t) = K cp(t) + gamma * u(t),   K = [[g, -phi], [phi, g]],  u(t) = [W1 x(t); W2 x(t)]
+    s(t) = a(t)  (linear)   or   s(t) = act(a(t))  (non-linear RTU)
+
+with g = r cos(theta), phi = r sin(theta), r = exp(-exp(nu_log)), theta = exp(theta_log): K is
+multiplication by lambda = r e^{i theta}. The Jacobian d s(t) / d s(t-1) is block-diagonal,
+
+    J(t) = keep(t) diag(d(t)) K        d(t) = act'(a(t)), or 1 for a linear recurrence,
+
+so s_i depends on the parameters of unit i only, and the sensitivities are O(parameters):
+
+    S_W[c][k, i, j] = d s_{k,i} / d W_c[i, j]    (B, C, 2, N, D)  C input maps (W1, W2 / B_re, B_im)
+    S_v[m][k, i]    = d s_{k,i} / d v_m[i]       (B, M, 2, N)     M per-unit vectors (nu_log, ...)
+
+    S(t) = J(t) S(t-1) + E(t)       E: the immediate derivative of s(t) at fixed cp(t)
+
+Over a segment t0+1 .. t0+T, with P(tau) = J(t0+T) ... J(tau+1) (P(t0+T) = I) and
+G = P(t0) = J(t0+T) ... J(t0+1), the recursion unrolls to
+
+    S(t0+T) = G S(t0) + sum_tau P(tau) E(tau)
+
+For W_c, E(tau) = diag(d) gamma e_c outer x(tau), so the sum is one batched GEMM
+(B, C 2 N, T) @ (B, T, D); for the vectors it is an element-wise sum. For a linear recurrence
+the product of T rotations-with-decay is one rotation-with-decay, P(tau) = alive(tau)
+lambda^(t0+T-tau) (`rotation_powers`), with no loop; otherwise P comes from a loop of T
+2 x 2 products per unit (`block_products`). docs/rules/rtu.md derives it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+
+class PairSensitivity(NamedTuple):
+    """Exact RTRL sensitivities of the pair state s (B, 2, N) to the recurrent parameters."""
+
+    W: Tensor  # (B, C, 2, N, D): d s_{k,i} / d W_c[i, j] for the C input maps
+    v: Tensor  # (B, M, 2, N):    d s_{k,i} / d v_m[i]    for the M per-unit vectors
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+def decay_rotation(nu_log: Tensor, theta_log: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """g = r cos(theta), phi = r sin(theta) with r = exp(-nu), nu = exp(nu_log), theta = exp(theta_log).
+
+    Returns g, phi, nu, theta, all (N,).
+    """
+    nu, theta = torch.exp(nu_log), torch.exp(theta_log)
+    r = torch.exp(-nu)
+    return r * torch.cos(theta), r * torch.sin(theta), nu, theta
+
+
+def trace_gamma(nu: Tensor) -> Tensor:
+    """The RTU's input normalisation sqrt(1 - r^2), r = exp(-nu), as sqrt(-expm1(-2 nu)).
+
+    expm1 keeps 1 - r^2 accurate when r is close to 1 (1 - r^2 ~ 2 nu), where the literal
+    formula loses all digits in float32.
+    """
+    return torch.sqrt(-torch.expm1(-2.0 * nu))
+
+
+def rotation_derivatives(
+    g: Tensor, phi: Tensor, nu: Tensor, theta: Tensor
+) -> dict[str, tuple[Tensor, Tensor]]:
+    """(d g, d phi) with respect to nu_log and theta_log, each (N,).
+
+    d r / d nu_log = -nu r, so d(g, phi)/d nu_log = -nu (g, phi); d theta / d theta_log = theta,
+    so d(g, phi)/d theta_log = theta (-phi, g).
+    """
+    return {"nu_log": (-nu * g, -nu * phi), "theta_log": (-theta * phi, theta * g)}
+
+
+# ----------------------------------------------------------------------------- 2 x 2 blocks
+
+
+def rotate(g: Tensor, phi: Tensor, s: Tensor) -> Tensor:
+    """K s with K = [[g, -phi], [phi, g]] per unit: s (..., 2, N), g, phi (N,) -> (..., 2, N)."""
+    s1, s2 = s.unbind(-2)
+    return torch.stack([g * s1 - phi * s2, g * s2 + phi * s1], -2)
+
+
+def matvec2(A: Tensor, v: Tensor) -> Tensor:
+    """Per-unit 2 x 2 times 2-vector: A (..., 2, 2, N), v (..., 2, N) -> (..., 2, N)."""
+    return (A * v.unsqueeze(-3)).sum(-2)
+
+
+def matmul2(A: Tensor, B: Tensor) -> Tensor:
+    """Per-unit 2 x 2 product: A, B (..., 2, 2, N) -> A B (..., 2, 2, N)."""
+    return (A.unsqueeze(-2) * B.unsqueeze(-4)).sum(-3)
+
+
+def step_jacobians(g: Tensor, phi: Tensor, d: Tensor, keep: Tensor | None) -> Tensor:
+    """J(t) = keep(t) diag(d(t)) K: d (T, B, 2, N), keep (T, B, 1) or None -> (T, B, 2, 2, N)."""
+    K = torch.stack([torch.stack([g, -phi]), torch.stack([phi, g])])  # (2, 2, N)
+    J = d.unsqueeze(-2) * K  # row k scaled by d_k
+    return J if keep is None else J * keep[..., None, None]
+
+
+def block_products(J: Tensor) -> tuple[Tensor, Tensor]:
+    """P(tau) = J(T-1) ... J(tau+1) (T, B, 2, 2, N) and G = J(T-1) ... J(0) (B, 2, 2, N).
+
+    A loop of T per-unit 2 x 2 products (the general, non-linear case); P(T-1) = I.
+    """
+    T = J.shape[0]
+    P = torch.empty_like(J)
+    P[T - 1] = 0.0
+    P[T - 1, :, 0, 0] = 1.0
+    P[T - 1, :, 1, 1] = 1.0
+    for t in range(T - 1, 0, -1):
+        P[t - 1] = matmul2(P[t], J[t])
+    return P, matmul2(P[0], J[0])
+
+
+def rotation_powers(
+    nu: Tensor, theta: Tensor, keep: Tensor | None, T: int, B: int
+) -> tuple[Tensor, Tensor]:
+    """Closed form of `block_products` for J(t) = keep(t) K (a linear recurrence).
+
+    K^k = r^k [[cos k theta, -sin k theta], [sin k theta, cos k theta]] (a product of rotations
+    with decay is a rotation with decay), and the keeps contribute alive(tau) = prod_{s > tau}
+    keep(s), so P(tau) = alive(tau) K^(T-1-tau) and G = alive(-1) K^T, with no loop.
+    Returns P (T, B, 2, 2, N) and G (B, 2, 2, N).
+    """
+    k = torch.arange(T, -1, -1, dtype=nu.dtype, device=nu.device)[:, None]  # (T + 1, 1): T .. 0
+    rk, kt = torch.exp(-k * nu), k * theta  # (T + 1, N)
+    c, s = rk * torch.cos(kt), rk * torch.sin(kt)
+    powers = torch.stack([torch.stack([c, -s], 1), torch.stack([s, c], 1)], 1)  # (T + 1, 2, 2, N)
+    powers = powers.unsqueeze(1).expand(T + 1, B, 2, 2, nu.shape[0])
+    if keep is not None:
+        kk = keep[..., 0]  # (T, B)
+        suffix = torch.flip(torch.cumprod(torch.flip(kk, [0]), 0), [0])  # prod_{s >= t} keep(s)
+        alive = torch.cat(
+            [suffix, kk.new_ones(1, B)]
+        )  # alive[t] = prod_{s >= t} keep(s), (T + 1, B)
+        powers = powers * alive[..., None, None, None]
+    return powers[1:], powers[0]  # P(tau) = powers[tau + 1]: alive(tau) K^(T-1-tau)
+
+
+# ----------------------------------------------------------------------------- carry, history
+
+
+def input_directions(P: Tensor, gamma: Tensor, d: Tensor | None) -> Tensor:
+    """u[t, b, c] = P(t) diag(d(t)) gamma e_c, the factor of x(t) in S_W[c]: (T, B, 2, 2, N).
+
+    P (T, B, 2, 2, N); gamma (N,); d (T, B, 2, N) or None (linear). Index order (t, b, c, k, n).
+    """
+    u = P.transpose(-3, -2) * gamma  # column c of P, times gamma
+    return u if d is None else u * d.unsqueeze(-2)
+
+
+def carry_segment(
+    sens: PairSensitivity, P: Tensor, G: Tensor, u: Tensor, x: Tensor, E_v: Tensor
+) -> PairSensitivity:
+    """S(t0+T) = G S(t0) + sum_tau P(tau) E(tau): one batched GEMM for the input maps.
+
+    P (T, B, 2, 2, N); G (B, 2, 2, N); u (T, B, C, 2, N) from `input_directions`;
+    x (T, B, D); E_v (T, B, M, 2, N) the immediate derivatives of s(t) for the vectors.
+    """
+    T, B, C, _, N = u.shape
+    W = torch.bmm(u.permute(1, 2, 3, 4, 0).reshape(B, C * 2 * N, T), x.transpose(0, 1))
+    W = W.view(B, C, 2, N, -1)  # (B, C, 2, N, D)
+    old = sens.W  # G S_W(t0): row k of G against the pair axis of S_W
+    W.addcmul_(G[:, None, :, 0, :, None], old[:, :, 0:1])
+    W.addcmul_(G[:, None, :, 1, :, None], old[:, :, 1:2])
+    v = matvec2(G.unsqueeze(1), sens.v) + matvec2(P.unsqueeze(2), E_v).sum(0)
+    return PairSensitivity(W, v)
+
+
+def inject_gradients(d_hat: Tensor, sens: PairSensitivity) -> tuple[Tensor, Tensor]:
+    """History term: d_hat (B, 2, N) = dL_seg / ds(t0) contracted with S(t0).
+
+    Returns dL/dW (C, N, D) and dL/dv (M, N).
+    """
+    dW = torch.einsum("bkn,bcknd->cnd", d_hat, sens.W)
+    dv = torch.einsum("bkn,bmkn->mn", d_hat, sens.v)
+    return dW, dv
+
+
+def zero_sensitivity(B: int, C: int, M: int, N: int, D: int, **kw) -> PairSensitivity:
+    return PairSensitivity(torch.zeros(B, C, 2, N, D, **kw), torch.zeros(B, M, 2, N, **kw))
+
+
+def ring_init(
+    N: int, r_min: float, r_max: float, max_phase: float, generator=None, **kw
+) -> tuple[Tensor, Tensor]:
+    """nu_log, theta_log with |lambda| = r uniform on the ring r_min <= r <= r_max (in area:
+    r^2 uniform) and theta uniform on (0, max_phase] (Orvieto et al. 2023, Sec. 3.3)."""
+    u1 = torch.rand(N, generator=generator, **kw)
+    u2 = 1.0 - torch.rand(N, generator=generator, **kw)  # (0, 1]: log(theta) stays finite
+    nu = -0.5 * torch.log(u1 * (r_max**2 - r_min**2) + r_min**2)
+    return torch.log(nu), torch.log(max_phase * u2)

@@ -1,0 +1,283 @@
+"""Recurrent Trace Units (Elelimy, White, Bowling & White, NeurIPS 2024), exact RTRL or BPTT.
+
+The real-valued form of the paper's Sec. 4 (a complex diagonal recurrence written in pairs).
+Each of the N = hidden_size / 2 units holds a pair (c1, c2); with cp(t) = keep(t) c(t-1):
+
+    a1(t) = g cp1(t) - phi cp2(t) + gamma (W1 x(t))       W1, W2: (N, D)
+    a2(t) = g cp2(t) + phi cp1(t) + gamma (W2 x(t))
+    g = r cos(theta), phi = r sin(theta), r = exp(-exp(nu_log)), theta = exp(theta_log),
+    gamma = sqrt(1 - r^2)                                   nu_log, theta_log: (N,)
+
+    linear RTU      c(t) = a(t),        h(t) = act([c1(t); c2(t)])
+    non-linear RTU  c(t) = act(a(t)),   h(t) = [c1(t); c2(t)]
+
+h is the concatenation of both parts, (T, B, 2N = hidden_size), as in the paper's "linear RTU"
+(linear recurrence, non-linear output) and "non-linear RTU" (the non-linearity inside the
+recurrence). act is tanh (default, the released code's configuration) or relu.
+
+All four parameters take part in the recurrence. Rule "rtrl" carries exact sensitivities
+(r2ac.rtrl.pair_math): 4 N D + 4 N numbers per stream, O(parameters); inside a segment the
+gradient is plain BPTT, the history term d_hat(t0) . S(t0) enters through `_HistoryGradient`
+(an identity on c(t0)), and the carry over a segment is one batched GEMM. docs/rules/rtu.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from r2ac.errors import ConfigError
+from r2ac.rtrl import pair_math as pm
+from r2ac.rtrl.state import check_rule, check_segment, check_state_tensor, keep_mask
+
+RULES = ("bptt", "rtrl")
+ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu}
+
+
+class RTUState(NamedTuple):
+    c: Tensor  # (B, 2, N): the pairs (c1, c2)
+    sens: (
+        pm.PairSensitivity | None
+    )  # W: (B, 2, 2, N, D) for (W1, W2); v: (B, 2, 2, N) for (nu_log, theta_log)
+
+
+# ----------------------------------------------------------------------------- pure math
+
+
+def rtu_coefficients(
+    nu_log: Tensor, theta_log: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """g, phi, gamma and the raw nu = exp(nu_log), theta = exp(theta_log); all (N,)."""
+    g, phi, nu, theta = pm.decay_rotation(nu_log, theta_log)
+    return g, phi, pm.trace_gamma(nu), nu, theta
+
+
+def activation_derivative(a: Tensor, activation: str) -> Tensor:
+    """act'(a) for the non-linear RTU's Jacobian (relu' at 0 is 0, as autograd's)."""
+    if activation == "tanh":
+        t = torch.tanh(a)
+        return 1.0 - t * t
+    return (a > 0).to(a.dtype)
+
+
+def immediate_vector_derivatives(
+    cp: Tensor,
+    u: Tensor,
+    d: Tensor | None,
+    g: Tensor,
+    phi: Tensor,
+    gamma: Tensor,
+    nu: Tensor,
+    theta: Tensor,
+) -> Tensor:
+    """E_v(t) = d c(t) / d (nu_log, theta_log) at fixed cp(t): (T, B, 2, 2, N).
+
+    cp, u (T, B, 2, N): previous state (reset-masked) and [W1 x; W2 x]; d = act'(a) or None.
+    d gamma / d nu_log = nu r^2 / gamma (gamma = sqrt(1 - r^2)).
+    """
+    der = pm.rotation_derivatives(g, phi, nu, theta)
+    r2 = g * g + phi * phi
+    e_nu = pm.rotate(*der["nu_log"], cp) + (nu * r2 / gamma) * u
+    e_theta = pm.rotate(*der["theta_log"], cp)
+    E = torch.stack([e_nu, e_theta], 2)
+    return E if d is None else E * d.unsqueeze(2)
+
+
+def rtu_carry(
+    sens: pm.PairSensitivity,
+    x: Tensor,
+    cp: Tensor,
+    u: Tensor,
+    a: Tensor,
+    keep: Tensor | None,
+    params: tuple[Tensor, Tensor],
+    nonlinear: bool,
+    activation: str,
+) -> pm.PairSensitivity:
+    """Sensitivities at the segment end from those at its start (no grad): x (T, B, D), cp, u, a (T, B, 2, N)."""
+    T, B = x.shape[:2]
+    g, phi, gamma, nu, theta = rtu_coefficients(*params)
+    if nonlinear:
+        d = activation_derivative(a, activation)
+        P, G = pm.block_products(pm.step_jacobians(g, phi, d, keep))
+    else:  # a linear recurrence: the segment's product of rotations is a rotation, in closed form
+        d = None
+        P, G = pm.rotation_powers(nu, theta, keep, T, B)
+    E_v = immediate_vector_derivatives(cp, u, d, g, phi, gamma, nu, theta)
+    return pm.carry_segment(sens, P, G, pm.input_directions(P, gamma, d), x, E_v)
+
+
+class _HistoryGradient(torch.autograd.Function):
+    """Identity on c(t0); its backward adds d_hat(t0) . S(t0) to nu_log, theta_log, W1, W2."""
+
+    @staticmethod
+    def forward(ctx, c0, S_W, S_v, nu_log, theta_log, W1, W2):
+        ctx.save_for_backward(S_W, S_v)
+        return c0.clone()
+
+    @staticmethod
+    def backward(ctx, d_hat):
+        S_W, S_v = ctx.saved_tensors
+        dW, dv = pm.inject_gradients(d_hat, pm.PairSensitivity(S_W, S_v))
+        return None, None, None, dv[0], dv[1], dW[0], dW[1]
+
+
+# ----------------------------------------------------------------------------- the layer
+
+
+class RTU(nn.Module):
+    """RTU layer (module doc): hidden_size = 2N outputs from N trace units; rules "rtrl", "bptt".
+
+    `nonlinear=False` (default) is the paper's linear RTU, `True` the non-linear one;
+    `activation` is "tanh" (default) or "relu". Initialisation: r uniform in area on the ring
+    [r_min, r_max] (default [0.9, 0.999], LRU Sec. 3.3; the RTU code draws r in [0, 1]),
+    theta uniform on (0, max_phase = 2 pi], W1, W2 ~ U(+-1/sqrt(D)).
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        rule: str = "rtrl",
+        nonlinear: bool = False,
+        activation: str = "tanh",
+        r_min: float = 0.9,
+        r_max: float = 0.999,
+        max_phase: float = 2 * math.pi,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__()
+        if input_size < 1 or hidden_size < 1:
+            raise ValueError(f"RTU: sizes must be positive, got D={input_size}, N={hidden_size}")
+        if hidden_size % 2:
+            raise ConfigError(
+                f"RTU: hidden_size is 2 x units (c1 and c2 concatenated), must be even, got {hidden_size}"
+            )
+        if activation not in ACTIVATIONS:
+            raise ConfigError(
+                f"RTU: unknown activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}"
+            )
+        if not 0.0 < r_min <= r_max < 1.0:
+            raise ConfigError(f"RTU: need 0 < r_min <= r_max < 1, got r_min={r_min}, r_max={r_max}")
+        self.input_size, self.hidden_size, self.units = input_size, hidden_size, hidden_size // 2
+        self.rule = check_rule(rule, RULES, "RTU")
+        self.nonlinear, self.activation = nonlinear, activation
+        self.ring = (r_min, r_max, max_phase)
+        N, D = self.units, input_size
+        kw = {"device": device, "dtype": dtype}
+        self.nu_log = nn.Parameter(torch.empty(N, **kw))
+        self.theta_log = nn.Parameter(torch.empty(N, **kw))
+        self.W1 = nn.Parameter(torch.empty(N, D, **kw))
+        self.W2 = nn.Parameter(torch.empty(N, D, **kw))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        nu_log, theta_log = pm.ring_init(
+            self.units, *self.ring, dtype=self.W1.dtype, device=self.W1.device
+        )
+        self.nu_log.copy_(nu_log)
+        self.theta_log.copy_(theta_log)
+        bound = 1.0 / math.sqrt(self.input_size)
+        self.W1.uniform_(-bound, bound)
+        self.W2.uniform_(-bound, bound)
+
+    def extra_repr(self) -> str:
+        kind = "non-linear" if self.nonlinear else "linear"
+        return (
+            f"input_size={self.input_size}, hidden_size={self.hidden_size}, rule={self.rule!r}, "
+            f"{kind}, activation={self.activation!r}"
+        )
+
+    def initial_state(self, batch_size: int, with_sensitivities: bool | None = None) -> RTUState:
+        """Zero state; for rule "rtrl" with zero sensitivities (`with_sensitivities=False`: light)."""
+        if batch_size < 1:
+            raise ValueError(f"RTU: batch_size must be >= 1, got {batch_size}")
+        kw = {"device": self.W1.device, "dtype": self.W1.dtype}
+        c = torch.zeros(batch_size, 2, self.units, **kw)
+        if with_sensitivities is None:
+            with_sensitivities = self.rule == "rtrl"
+        if not with_sensitivities:
+            return RTUState(c, None)
+        return RTUState(c, pm.zero_sensitivity(batch_size, 2, 2, self.units, self.input_size, **kw))
+
+    def _check_state(self, state: RTUState, B: int) -> None:
+        if not isinstance(state, RTUState):
+            raise TypeError(f"RTU: state must be an RTUState, got {type(state).__name__}")
+        N, D = self.units, self.input_size
+        check_state_tensor("c", state.c, (B, 2, N), self.W1, "RTU")
+        if state.sens is not None:
+            check_state_tensor("sens.W", state.sens.W, (B, 2, 2, N, D), self.W1, "RTU")
+            check_state_tensor("sens.v", state.sens.v, (B, 2, 2, N), self.W1, "RTU")
+
+    # a caller that discards the returned state (an IMPALA learner) may skip the carry
+    supports_skip_carry = True
+
+    def forward(
+        self, x: Tensor, state: RTUState, reset: Tensor | None = None, carry: bool = True
+    ) -> tuple[Tensor, RTUState]:
+        """x (T, B, D), reset (T, B) bool or None -> h (T, B, 2N), state at the segment end.
+
+        carry=False returns a state without sensitivities (for a caller that drops it).
+        """
+        T, B = check_segment(x, reset, self.input_size, self.W1, "RTU")
+        self._check_state(state, B)
+        tracks_history = self.rule == "rtrl" and torch.is_grad_enabled()
+        if tracks_history and state.sens is None:
+            raise ValueError(
+                "RTU(rule='rtrl'): the state carries no sensitivities, so the gradient would be"
+                " silently truncated; start from initial_state() (light states are for no_grad acting)"
+            )
+        keep = keep_mask(reset, x.dtype)  # (T, B, 1) or None
+        c0 = state.c.detach()
+        if tracks_history:
+            c0 = _HistoryGradient.apply(
+                c0, state.sens.W, state.sens.v, self.nu_log, self.theta_log, self.W1, self.W2
+            )
+        c_all, cp_all, a_all, u = self._recurrence(x, c0, keep)
+        act = ACTIVATIONS[self.activation]
+        h = c_all if self.nonlinear else act(c_all)
+        new_sens = None
+        if self.rule == "rtrl" and state.sens is not None and carry:
+            with torch.no_grad():
+                params = (self.nu_log.detach(), self.theta_log.detach())
+                new_sens = rtu_carry(
+                    state.sens,
+                    x.detach(),
+                    cp_all.detach(),
+                    u.detach(),
+                    a_all.detach(),
+                    keep,
+                    params,
+                    self.nonlinear,
+                    self.activation,
+                )
+        return h.reshape(T, B, self.hidden_size), RTUState(c_all[-1].detach(), new_sens)
+
+    def _recurrence(
+        self, x: Tensor, c: Tensor, keep: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The step loop (autograd: BPTT inside the segment). Returns c, cp, a (T, B, 2, N) and u."""
+        T, B = x.shape[:2]
+        g, phi, gamma, _, _ = rtu_coefficients(self.nu_log, self.theta_log)
+        u = torch.nn.functional.linear(x, torch.cat([self.W1, self.W2])).view(T, B, 2, self.units)
+        gu = gamma * u  # (T, B, 2, N)
+        act = ACTIVATIONS[self.activation]
+        cs, cps, as_ = [], [], []
+        for t in range(T):
+            cp = c if keep is None else c * keep[t][:, :, None]
+            a = pm.rotate(g, phi, cp) + gu[t]
+            c = act(a) if self.nonlinear else a
+            cs.append(c)
+            cps.append(cp)
+            as_.append(a)
+        return torch.stack(cs), torch.stack(cps), torch.stack(as_), u
+
+    @torch.no_grad()
+    def advance_state(self, x: Tensor, state: RTUState, reset: Tensor | None = None) -> RTUState:
+        """The state after the segment (sensitivities carried), without keeping a graph."""
+        return self.forward(x, state, reset)[1]
