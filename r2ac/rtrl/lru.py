@@ -11,7 +11,8 @@ Complex state h (N units, stored as (re, im) pairs), with hp(t) = keep(t) h(t-1)
 As in the paper the layer is linear (its non-linearity lives in the block around it, which
 here is the agent's heads). The paper's D is a diagonal skip (input and output widths equal);
 here widths differ, so D is a full (H, D_in) matrix. Recurrent parameters: nu_log, theta_log,
-gamma_log, B_re, B_im (exact sensitivities, r2ac.rtrl.pair_math: 4 N D_in + 6 N per stream);
+gamma_log, B_re, B_im (exact sensitivities, r2ac.rtrl.pair_math: 2 N D_in + 6 N per stream,
+since d h / d B_im = i d h / d B_re);
 C_re, C_im and D are read out above the recurrence and get ordinary backprop.
 In pairs, Lambda acts as the RTU's rotation-with-decay K, so the carry is the linear RTU's
 (closed-form rotation powers, one batched GEMM); only gamma is free instead of sqrt(1 - r^2).
@@ -71,7 +72,8 @@ def lru_carry(
     gamma = torch.exp(gamma_log)
     P, G = pm.rotation_powers(nu, theta, keep, T, B)  # products of Lambda: closed form
     E_v = lru_immediate_vector_derivatives(hp, u, g, phi, gamma, nu, theta)
-    return pm.carry_segment(sens, P, G, pm.input_directions(P, gamma, None), x, E_v)
+    u_dir = pm.input_directions(P, gamma, None)[:, :, :1]  # S_B_im = i S_B_re: carry B_re's only
+    return pm.carry_segment(sens, P, G, u_dir, x, E_v)
 
 
 class _HistoryGradient(torch.autograd.Function):
@@ -85,7 +87,7 @@ class _HistoryGradient(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_hat):
         S_W, S_v = ctx.saved_tensors
-        dW, dv = pm.inject_gradients(d_hat, pm.PairSensitivity(S_W, S_v))
+        dW, dv = pm.inject_gradients(d_hat, pm.PairSensitivity(S_W, S_v), tied=True)
         return None, None, None, dv[0], dv[1], dv[2], dW[0], dW[1]
 
 
@@ -170,7 +172,7 @@ class LRU(nn.Module):
         if not with_sensitivities:
             return LRUState(h, None)
         return LRUState(
-            h, pm.zero_sensitivity(batch_size, 2, 3, self.state_size, self.input_size, **kw)
+            h, pm.zero_sensitivity(batch_size, 1, 3, self.state_size, self.input_size, **kw)
         )
 
     def _check_state(self, state: LRUState, B: int) -> None:
@@ -179,7 +181,7 @@ class LRU(nn.Module):
         N, D = self.state_size, self.input_size
         check_state_tensor("h", state.h, (B, 2, N), self.B_re, "LRU")
         if state.sens is not None:
-            check_state_tensor("sens.W", state.sens.W, (B, 2, 2, N, D), self.B_re, "LRU")
+            check_state_tensor("sens.W", state.sens.W, (B, 1, 2, N, D), self.B_re, "LRU")
             check_state_tensor("sens.v", state.sens.v, (B, 3, 2, N), self.B_re, "LRU")
 
     # a caller that discards the returned state (an IMPALA learner) may skip the carry
@@ -211,9 +213,9 @@ class LRU(nn.Module):
                 self.B_im,
             )
         h_all, hp_all, u = self._recurrence(x, h0, keep)  # (T, B, 2, N)
-        y = (
-            h_all[:, :, 0] @ self.C_re.t() - h_all[:, :, 1] @ self.C_im.t() + x @ self.D.t()
-        )  # Re(C h) + D x
+        C = torch.cat([self.C_re, -self.C_im], 1)  # (H, 2N): Re(C h) = C_re h_re - C_im h_im
+        y = torch.addmm(x.reshape(T * B, -1) @ self.D.t(), h_all.reshape(T * B, -1), C.t())
+        y = y.view(T, B, self.hidden_size)  # Re(C h) + D x
         new_sens = None
         if self.rule == "rtrl" and state.sens is not None and carry:
             with torch.no_grad():
@@ -233,10 +235,13 @@ class LRU(nn.Module):
             T, B, 2, self.state_size
         )
         gu = torch.exp(self.gamma_log) * u  # (T, B, 2, N)
+        gus = gu.unbind(
+            0
+        )  # one backward for all steps (indexing gu[t] would zero-fill (T, B, 2, N) per step)
         hs, hps = [], []
         for t in range(T):
             hp = h if keep is None else h * keep[t][:, :, None]
-            h = pm.rotate(g, phi, hp) + gu[t]
+            h = pm.rotate(g, phi, hp) + gus[t]
             hs.append(h)
             hps.append(hp)
         return torch.stack(hs), torch.stack(hps), u

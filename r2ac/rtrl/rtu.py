@@ -16,7 +16,9 @@ h is the concatenation of both parts, (T, B, 2N = hidden_size), as in the paper'
 recurrence). act is tanh (default, the released code's configuration) or relu.
 
 All four parameters take part in the recurrence. Rule "rtrl" carries exact sensitivities
-(r2ac.rtrl.pair_math): 4 N D + 4 N numbers per stream, O(parameters); inside a segment the
+(r2ac.rtrl.pair_math): 2 N D + 4 N numbers per stream for the linear RTU (a linear
+recurrence has d c / d W2 = i d c / d W1, read as complex numbers, so only one is carried),
+4 N D + 4 N for the non-linear one: O(parameters); inside a segment the
 gradient is plain BPTT, the history term d_hat(t0) . S(t0) enters through `_HistoryGradient`
 (an identity on c(t0)), and the carry over a segment is one batched GEMM. docs/rules/rtu.md.
 """
@@ -107,7 +109,10 @@ def rtu_carry(
         d = None
         P, G = pm.rotation_powers(nu, theta, keep, T, B)
     E_v = immediate_vector_derivatives(cp, u, d, g, phi, gamma, nu, theta)
-    return pm.carry_segment(sens, P, G, pm.input_directions(P, gamma, d), x, E_v)
+    u_dir = pm.input_directions(P, gamma, d)  # (T, B, 2, 2, N)
+    if not nonlinear:  # S_W2 = i S_W1: only the W1 direction is carried (pair_math, "tied")
+        u_dir = u_dir[:, :, :1]
+    return pm.carry_segment(sens, P, G, u_dir, x, E_v)
 
 
 class _HistoryGradient(torch.autograd.Function):
@@ -121,7 +126,8 @@ class _HistoryGradient(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_hat):
         S_W, S_v = ctx.saved_tensors
-        dW, dv = pm.inject_gradients(d_hat, pm.PairSensitivity(S_W, S_v))
+        tied = S_W.shape[1] == 1  # linear RTU: S_W2 = i S_W1 is not stored
+        dW, dv = pm.inject_gradients(d_hat, pm.PairSensitivity(S_W, S_v), tied)
         return None, None, None, dv[0], dv[1], dW[0], dW[1]
 
 
@@ -166,6 +172,8 @@ class RTU(nn.Module):
         self.input_size, self.hidden_size, self.units = input_size, hidden_size, hidden_size // 2
         self.rule = check_rule(rule, RULES, "RTU")
         self.nonlinear, self.activation = nonlinear, activation
+        # a linear recurrence has S_W2 = i S_W1, so it stores one input-map sensitivity, not two
+        self.stored_maps = 2 if nonlinear else 1
         self.ring = (r_min, r_max, max_phase)
         N, D = self.units, input_size
         kw = {"device": device, "dtype": dtype}
@@ -203,7 +211,10 @@ class RTU(nn.Module):
             with_sensitivities = self.rule == "rtrl"
         if not with_sensitivities:
             return RTUState(c, None)
-        return RTUState(c, pm.zero_sensitivity(batch_size, 2, 2, self.units, self.input_size, **kw))
+        return RTUState(
+            c,
+            pm.zero_sensitivity(batch_size, self.stored_maps, 2, self.units, self.input_size, **kw),
+        )
 
     def _check_state(self, state: RTUState, B: int) -> None:
         if not isinstance(state, RTUState):
@@ -211,7 +222,9 @@ class RTU(nn.Module):
         N, D = self.units, self.input_size
         check_state_tensor("c", state.c, (B, 2, N), self.W1, "RTU")
         if state.sens is not None:
-            check_state_tensor("sens.W", state.sens.W, (B, 2, 2, N, D), self.W1, "RTU")
+            check_state_tensor(
+                "sens.W", state.sens.W, (B, self.stored_maps, 2, N, D), self.W1, "RTU"
+            )
             check_state_tensor("sens.v", state.sens.v, (B, 2, 2, N), self.W1, "RTU")
 
     # a caller that discards the returned state (an IMPALA learner) may skip the carry
@@ -266,11 +279,14 @@ class RTU(nn.Module):
         g, phi, gamma, _, _ = rtu_coefficients(self.nu_log, self.theta_log)
         u = torch.nn.functional.linear(x, torch.cat([self.W1, self.W2])).view(T, B, 2, self.units)
         gu = gamma * u  # (T, B, 2, N)
+        gus = gu.unbind(
+            0
+        )  # one backward for all steps (indexing gu[t] would zero-fill (T, B, 2, N) per step)
         act = ACTIVATIONS[self.activation]
         cs, cps, as_ = [], [], []
         for t in range(T):
             cp = c if keep is None else c * keep[t][:, :, None]
-            a = pm.rotate(g, phi, cp) + gu[t]
+            a = pm.rotate(g, phi, cp) + gus[t]
             c = act(a) if self.nonlinear else a
             cs.append(c)
             cps.append(cp)

@@ -90,7 +90,7 @@ def test_state_shapes_and_errors():
     s = layer.initial_state(2)
     assert (
         s.h.shape == (2, 2, 3)
-        and s.sens.W.shape == (2, 2, 2, 3, 5)
+        and s.sens.W.shape == (2, 1, 2, 3, 5)
         and s.sens.v.shape == (2, 3, 2, 3)
     )
     assert make_layer("bptt").initial_state(2).sens is None

@@ -16,6 +16,7 @@ from r2ac.rtrl.gradcheck import (
     reference_gradients,
 )
 from r2ac.rtrl.reference import rtu_reference
+from r2ac.rtrl.rtu import rtu_coefficients
 
 from .common import F64, PATTERNS
 
@@ -66,6 +67,24 @@ def test_the_check_can_fail():
         make_layer("bptt"), reference(False, "tanh"), PATTERNS[0], 3, reset_prob=0.0, seed=3
     )
     assert min(err.rel_error.values()) > 1e-2, str(err)
+
+
+def test_tied_sensitivity_is_i_times_the_first():
+    """Linear RTU: the untied carry (both maps) gives S_W2 = i S_W1 exactly, the basis of storing one."""
+    layer = make_layer("rtrl")
+    problem = make_problem(5, 8, (7,), 3, reset_prob=0.2, seed=8)
+    with torch.no_grad():
+        _, st = layer(problem.x, layer.initial_state(3), reset=problem.reset)  # warm, non-zero
+        S0 = torch.cat([st.sens.W, pm.times_i(st.sens.W, 2)], 1)  # (B, 2, 2, N, D)
+        T, B = problem.x.shape[:2]
+        g, phi, gamma, nu, theta = rtu_coefficients(layer.nu_log, layer.theta_log)
+        P, G = pm.rotation_powers(nu, theta, None, T, B)
+        u_dir = pm.input_directions(P, gamma, None)  # both maps
+        E_v = torch.zeros(T, B, 2, 2, 4, dtype=F64)
+        S = pm.carry_segment(pm.PairSensitivity(S0, st.sens.v), P, G, u_dir, problem.x, E_v).W
+    i_S1 = pm.times_i(S[:, 0], 1)
+    torch.testing.assert_close(S[:, 1], i_S1, rtol=1e-13, atol=1e-13)
+    assert float(S.abs().max()) > 1e-2
 
 
 def test_closed_form_powers_equal_the_product_loop():
@@ -136,13 +155,14 @@ def test_state_shapes_and_errors():
     s = layer.initial_state(2)
     assert (
         s.c.shape == (2, 2, 4)
-        and s.sens.W.shape == (2, 2, 2, 4, 5)
+        and s.sens.W.shape == (2, 1, 2, 4, 5)  # linear: S_W2 = i S_W1 is not stored
         and s.sens.v.shape == (2, 2, 2, 4)
     )
+    assert make_layer("rtrl", nonlinear=True).initial_state(2).sens.W.shape == (2, 2, 2, 4, 5)
     assert make_layer("bptt").initial_state(2).sens is None
     x = torch.zeros(3, 2, 5, dtype=F64)
-    with pytest.raises(ValueError, match=r"state.sens.W has shape \(2, 2, 2, 4, 4\)"):
-        layer(x, RTUState(s.c, pm.PairSensitivity(torch.zeros(2, 2, 2, 4, 4, dtype=F64), s.sens.v)))
+    with pytest.raises(ValueError, match=r"state.sens.W has shape \(2, 1, 2, 4, 4\)"):
+        layer(x, RTUState(s.c, pm.PairSensitivity(torch.zeros(2, 1, 2, 4, 4, dtype=F64), s.sens.v)))
     with pytest.raises(ValueError, match=r"state.c has shape \(2, 4\)"):
         layer(x, RTUState(torch.zeros(2, 4, dtype=F64), s.sens))
     with pytest.raises(ValueError, match="silently truncated"):
