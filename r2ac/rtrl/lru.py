@@ -44,19 +44,6 @@ class LRUState(NamedTuple):
 # ----------------------------------------------------------------------------- pure math
 
 
-def lru_immediate_vector_derivatives(
-    hp: Tensor, u: Tensor, g: Tensor, phi: Tensor, gamma: Tensor, nu: Tensor, theta: Tensor
-) -> Tensor:
-    """E_v(t) = d h(t) / d (nu_log, theta_log, gamma_log) at fixed hp(t): (T, B, 3, 2, N).
-
-    hp, u (T, B, 2, N): the reset-masked previous state and B x in pairs; d gamma / d gamma_log = gamma.
-    """
-    der = pm.rotation_derivatives(g, phi, nu, theta)
-    return torch.stack(
-        [pm.rotate(*der["nu_log"], hp), pm.rotate(*der["theta_log"], hp), gamma * u], 2
-    )
-
-
 def lru_carry(
     sens: pm.PairSensitivity,
     x: Tensor,
@@ -65,15 +52,21 @@ def lru_carry(
     keep: Tensor | None,
     params: tuple[Tensor, Tensor, Tensor],
 ) -> pm.PairSensitivity:
-    """Sensitivities at the segment end from those at its start (no grad): x (T, B, D), hp, u (T, B, 2, N)."""
+    """Sensitivities at the segment end from those at its start (no grad): x (T, B, D), hp, u (T, B, 2, N).
+
+    The linear RTU's carry (pair_math.linear_carry) with gamma free: E_nu = -nu Lambda hp,
+    E_theta = i theta Lambda hp, E_gamma_log = gamma (B x).
+    """
     nu_log, theta_log, gamma_log = params
-    T, B = x.shape[:2]
     g, phi, nu, theta = pm.decay_rotation(nu_log, theta_log)
     gamma = torch.exp(gamma_log)
-    P, G = pm.rotation_powers(nu, theta, keep, T, B)  # products of Lambda: closed form
-    E_v = lru_immediate_vector_derivatives(hp, u, g, phi, gamma, nu, theta)
-    u_dir = pm.input_directions(P, gamma, None)[:, :, :1]  # S_B_im = i S_B_re: carry B_re's only
-    return pm.carry_segment(sens, P, G, u_dir, x, E_v)
+    lam = torch.complex(g, phi)
+    zero = torch.zeros_like(lam)
+    dlam = torch.stack(
+        [-nu * lam, 1j * theta * lam, zero]
+    )  # d Lambda / d (nu_log, theta_log, gamma_log)
+    dgamma = torch.stack([torch.zeros_like(nu), torch.zeros_like(nu), gamma])
+    return pm.linear_carry(sens, x, hp, u, keep, (nu, theta), gamma, dlam, dgamma)
 
 
 class _HistoryGradient(torch.autograd.Function):

@@ -24,16 +24,18 @@ G = P(t0) = J(t0+T) ... J(t0+1), the recursion unrolls to
     S(t0+T) = G S(t0) + sum_tau P(tau) E(tau)
 
 For W_c, E(tau) = diag(d) gamma e_c outer x(tau), so the sum is one batched GEMM
-(B, C 2 N, T) @ (B, T, D); for the vectors it is an element-wise sum. For a linear recurrence
-the product of T rotations-with-decay is one rotation-with-decay, P(tau) = alive(tau)
-lambda^(t0+T-tau) (`rotation_powers`), with no loop; otherwise P comes from a loop of T
-2 x 2 products per unit (`block_products`). docs/rules/rtu.md derives it.
+(B, C 2 N, T) @ (B, T, D); for the vectors it is an element-wise sum. In general P comes from
+a loop of T 2 x 2 products per unit (`block_products`, the non-linear RTU).
 
-Tied input maps: in a linear recurrence the immediate derivatives for W2 are i times those
-for W1 (gamma e_2 = i gamma e_1, and K commutes with i), so S_W2 = i S_W1 at all times from
-a zero start, whatever the weights were when each step was taken. Such a layer stores S_W1
-only (C = 1) and `inject_gradients(..., tied=True)` derives W2's history term from it: half
-the state and half the carry GEMM.
+Linear recurrences (linear RTU, LRU; `linear_carry`): everything is complex arithmetic per
+unit. The product of rotations-with-decay is a rotation-with-decay, P(tau) = alive(tau)
+lambda^(t0+T-tau) with alive(tau) = prod_{s > tau} keep(s), no loop. The immediate
+derivatives for W2 are i times those for W1 (gamma e_2 = i gamma e_1, and K commutes with
+i), so S_W2 = i S_W1 at all times from a zero start, whatever the weights were when each
+step was taken: such a layer stores S_W1 only (C = 1) and `inject_gradients(..., tied=True)`
+derives W2's history term from it (half the state, half the GEMM). And since P(tau) is a
+per-unit complex power times a per-stream scalar alive(tau), the carry GEMM is one plain
+(2N, T) @ (T, B D) product with alive folded into x. docs/rules/rtu.md derives all of it.
 """
 
 from __future__ import annotations
@@ -125,31 +127,6 @@ def block_products(J: Tensor) -> tuple[Tensor, Tensor]:
     return P, matmul2(P[0], J[0])
 
 
-def rotation_powers(
-    nu: Tensor, theta: Tensor, keep: Tensor | None, T: int, B: int
-) -> tuple[Tensor, Tensor]:
-    """Closed form of `block_products` for J(t) = keep(t) K (a linear recurrence).
-
-    K^k = r^k [[cos k theta, -sin k theta], [sin k theta, cos k theta]] (a product of rotations
-    with decay is a rotation with decay), and the keeps contribute alive(tau) = prod_{s > tau}
-    keep(s), so P(tau) = alive(tau) K^(T-1-tau) and G = alive(-1) K^T, with no loop.
-    Returns P (T, B, 2, 2, N) and G (B, 2, 2, N).
-    """
-    k = torch.arange(T, -1, -1, dtype=nu.dtype, device=nu.device)[:, None]  # (T + 1, 1): T .. 0
-    rk, kt = torch.exp(-k * nu), k * theta  # (T + 1, N)
-    c, s = rk * torch.cos(kt), rk * torch.sin(kt)
-    powers = torch.stack([torch.stack([c, -s], 1), torch.stack([s, c], 1)], 1)  # (T + 1, 2, 2, N)
-    powers = powers.unsqueeze(1).expand(T + 1, B, 2, 2, nu.shape[0])
-    if keep is not None:
-        kk = keep[..., 0]  # (T, B)
-        suffix = torch.flip(torch.cumprod(torch.flip(kk, [0]), 0), [0])  # prod_{s >= t} keep(s)
-        alive = torch.cat(
-            [suffix, kk.new_ones(1, B)]
-        )  # alive[t] = prod_{s >= t} keep(s), (T + 1, B)
-        powers = powers * alive[..., None, None, None]
-    return powers[1:], powers[0]  # P(tau) = powers[tau + 1]: alive(tau) K^(T-1-tau)
-
-
 # ----------------------------------------------------------------------------- carry, history
 
 
@@ -208,6 +185,79 @@ def inject_gradients(
             dW[:, :, c].baddbmm_(w[:, k].permute(1, 2, 0), sens.W[:, c, k].transpose(0, 1))
     dv = torch.einsum("bkn,bmkn->mn", d_hat, sens.v)
     return dW.permute(1, 2, 0, 3).reshape(-1, N, D), dv
+
+
+# ----------------------------------------------------------------------------- linear: complex
+
+
+def complex_of_pairs(s: Tensor, dim: int = -2) -> Tensor:
+    """Pairs (re, im) along `dim` -> complex tensor without that dim (copies unless laid out so)."""
+    return torch.view_as_complex(s.movedim(dim, -1).contiguous())
+
+
+def pairs_of_complex(z: Tensor, dim: int = -2) -> Tensor:
+    """Complex tensor -> real view with the (re, im) pair inserted at `dim` (no copy)."""
+    return torch.view_as_real(z).movedim(-1, dim)
+
+
+def lambda_powers(nu: Tensor, theta: Tensor, T: int) -> tuple[Tensor, Tensor]:
+    """lambda^(T-1-t) for t = 0 .. T-1 (T, N) and lambda^T (N,), complex; lambda = e^{-nu + i theta}."""
+    k = torch.arange(T - 1, -1, -1, dtype=nu.dtype, device=nu.device)[:, None]  # (T, 1)
+    return torch.polar(torch.exp(-k * nu), k * theta), torch.polar(torch.exp(-T * nu), T * theta)
+
+
+def survival(keep: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    """alive (T, B) = prod_{s > t} keep(s) and alive_all (B,) = prod_s keep(s); (None, None) without resets."""
+    if keep is None:
+        return None, None
+    kk = keep[..., 0]  # (T, B)
+    suffix = torch.flip(torch.cumprod(torch.flip(kk, [0]), 0), [0])  # prod_{s >= t} keep(s)
+    return torch.cat([suffix[1:], torch.ones_like(kk[:1])]), suffix[0]
+
+
+def rotate_accumulate(W: Tensor, S: Tensor, G: Tensor) -> None:
+    """W += G S in place, G complex per (stream, unit): W, S (B, 2, N, D) pairs, G (B, N)."""
+    g_re, g_im = G.real[:, :, None], G.imag[:, :, None]  # (B, N, 1)
+    W[:, 0].addcmul_(S[:, 0], g_re).addcmul_(S[:, 1], -g_im)
+    W[:, 1].addcmul_(S[:, 1], g_re).addcmul_(S[:, 0], g_im)
+
+
+def linear_carry(
+    sens: PairSensitivity,
+    x: Tensor,
+    cp: Tensor,
+    u: Tensor,
+    keep: Tensor | None,
+    lam: tuple[Tensor, Tensor],
+    gamma: Tensor,
+    dlam: Tensor,
+    dgamma: Tensor,
+) -> PairSensitivity:
+    """The segment carry of a linear recurrence s(t) = lambda cp(t) + gamma u(t) (no grad).
+
+    sens.W (B, 1, 2, N, D) holds S_W1 only (tied); x (T, B, D); cp, u (T, B, 2, N);
+    lam = (nu, theta) (N,); gamma (N,); dlam (M, N) complex and dgamma (M, N) real: the
+    derivatives of lambda and gamma with respect to the M vectors, so that
+    E_m(t) = dlam_m cp(t) + dgamma_m u(t). The new S_W is a permuted view of a (2, N, B, D)
+    buffer: the GEMM's own output, whose (N, B, D) blocks are also what the history term reads.
+    """
+    T, B, D = x.shape
+    N = gamma.shape[0]
+    lam_pow, lam_T = lambda_powers(*lam, T)  # (T, N), (N,)
+    alive, alive_all = survival(keep)
+    G = lam_T.expand(B, N) if alive_all is None else lam_T * alive_all[:, None]  # (B, N)
+    xa = x if alive is None else x * alive[..., None]  # alive(t) is a per-stream scalar of P(t)
+    U = pairs_of_complex(gamma * lam_pow, 1).reshape(T, 2 * N)  # (T, 2N): gamma P(t) e_1
+    W = torch.mm(U.t(), xa.reshape(T, B * D)).view(2, N, B, D).permute(2, 0, 1, 3)  # (B, 2, N, D)
+    rotate_accumulate(W, sens.W[:, 0], G)
+    P = (
+        lam_pow[:, None, :] if alive is None else lam_pow[:, None, :] * alive[..., None]
+    )  # (T, B, N)
+    A = (P * complex_of_pairs(cp)).sum(0)  # sum_t P(t) cp(t), (B, N)
+    Bu = (P * complex_of_pairs(u)).sum(0)  # sum_t P(t) u(t)
+    E = dlam[:, None, :] * A + dgamma[:, None, :] * Bu  # (M, B, N)
+    v = complex_of_pairs(sens.v) * G[:, None, :] + E.transpose(0, 1)  # (B, M, N)
+    return PairSensitivity(W.unsqueeze(1), pairs_of_complex(v))
 
 
 def zero_sensitivity(B: int, C: int, M: int, N: int, D: int, **kw) -> PairSensitivity:

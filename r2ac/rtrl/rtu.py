@@ -68,24 +68,23 @@ def activation_derivative(a: Tensor, activation: str) -> Tensor:
 def immediate_vector_derivatives(
     cp: Tensor,
     u: Tensor,
-    d: Tensor | None,
+    d: Tensor,
     g: Tensor,
     phi: Tensor,
     gamma: Tensor,
     nu: Tensor,
     theta: Tensor,
 ) -> Tensor:
-    """E_v(t) = d c(t) / d (nu_log, theta_log) at fixed cp(t): (T, B, 2, 2, N).
+    """E_v(t) = d c(t) / d (nu_log, theta_log) at fixed cp(t), non-linear RTU: (T, B, 2, 2, N).
 
-    cp, u (T, B, 2, N): previous state (reset-masked) and [W1 x; W2 x]; d = act'(a) or None.
+    cp, u (T, B, 2, N): previous state (reset-masked) and [W1 x; W2 x]; d = act'(a).
     d gamma / d nu_log = nu r^2 / gamma (gamma = sqrt(1 - r^2)).
     """
     der = pm.rotation_derivatives(g, phi, nu, theta)
     r2 = g * g + phi * phi
     e_nu = pm.rotate(*der["nu_log"], cp) + (nu * r2 / gamma) * u
     e_theta = pm.rotate(*der["theta_log"], cp)
-    E = torch.stack([e_nu, e_theta], 2)
-    return E if d is None else E * d.unsqueeze(2)
+    return torch.stack([e_nu, e_theta], 2) * d.unsqueeze(2)
 
 
 def rtu_carry(
@@ -100,19 +99,16 @@ def rtu_carry(
     activation: str,
 ) -> pm.PairSensitivity:
     """Sensitivities at the segment end from those at its start (no grad): x (T, B, D), cp, u, a (T, B, 2, N)."""
-    T, B = x.shape[:2]
     g, phi, gamma, nu, theta = rtu_coefficients(*params)
-    if nonlinear:
-        d = activation_derivative(a, activation)
-        P, G = pm.block_products(pm.step_jacobians(g, phi, d, keep))
-    else:  # a linear recurrence: the segment's product of rotations is a rotation, in closed form
-        d = None
-        P, G = pm.rotation_powers(nu, theta, keep, T, B)
+    if not nonlinear:  # complex arithmetic: lambda = g + i phi, closed-form powers, tied W1/W2
+        lam = torch.complex(g, phi)
+        dlam = torch.stack([-nu * lam, 1j * theta * lam])  # d lambda / d (nu_log, theta_log)
+        dgamma = torch.stack([nu * (g * g + phi * phi) / gamma, torch.zeros_like(nu)])
+        return pm.linear_carry(sens, x, cp, u, keep, (nu, theta), gamma, dlam, dgamma)
+    d = activation_derivative(a, activation)
+    P, G = pm.block_products(pm.step_jacobians(g, phi, d, keep))
     E_v = immediate_vector_derivatives(cp, u, d, g, phi, gamma, nu, theta)
-    u_dir = pm.input_directions(P, gamma, d)  # (T, B, 2, 2, N)
-    if not nonlinear:  # S_W2 = i S_W1: only the W1 direction is carried (pair_math, "tied")
-        u_dir = u_dir[:, :, :1]
-    return pm.carry_segment(sens, P, G, u_dir, x, E_v)
+    return pm.carry_segment(sens, P, G, pm.input_directions(P, gamma, d), x, E_v)
 
 
 class _HistoryGradient(torch.autograd.Function):

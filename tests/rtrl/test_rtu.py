@@ -16,7 +16,7 @@ from r2ac.rtrl.gradcheck import (
     reference_gradients,
 )
 from r2ac.rtrl.reference import rtu_reference
-from r2ac.rtrl.rtu import rtu_coefficients
+from r2ac.rtrl.rtu import immediate_vector_derivatives, rtu_carry, rtu_coefficients
 
 from .common import F64, PATTERNS
 
@@ -69,39 +69,37 @@ def test_the_check_can_fail():
     assert min(err.rel_error.values()) > 1e-2, str(err)
 
 
-def test_tied_sensitivity_is_i_times_the_first():
-    """Linear RTU: the untied carry (both maps) gives S_W2 = i S_W1 exactly, the basis of storing one."""
-    layer = make_layer("rtrl")
-    problem = make_problem(5, 8, (7,), 3, reset_prob=0.2, seed=8)
-    with torch.no_grad():
-        _, st = layer(problem.x, layer.initial_state(3), reset=problem.reset)  # warm, non-zero
-        S0 = torch.cat([st.sens.W, pm.times_i(st.sens.W, 2)], 1)  # (B, 2, 2, N, D)
-        T, B = problem.x.shape[:2]
-        g, phi, gamma, nu, theta = rtu_coefficients(layer.nu_log, layer.theta_log)
-        P, G = pm.rotation_powers(nu, theta, None, T, B)
-        u_dir = pm.input_directions(P, gamma, None)  # both maps
-        E_v = torch.zeros(T, B, 2, 2, 4, dtype=F64)
-        S = pm.carry_segment(pm.PairSensitivity(S0, st.sens.v), P, G, u_dir, problem.x, E_v).W
-    i_S1 = pm.times_i(S[:, 0], 1)
-    torch.testing.assert_close(S[:, 1], i_S1, rtol=1e-13, atol=1e-13)
-    assert float(S.abs().max()) > 1e-2
-
-
-def test_closed_form_powers_equal_the_product_loop():
-    """Linear case: alive(tau) K^(T-1-tau) (no loop) equals the loop of 2 x 2 products, resets included."""
+@pytest.mark.parametrize("with_reset", [False, True])
+def test_linear_complex_carry_equals_the_general_2x2_carry(with_reset):
+    """The linear RTU's carry (complex powers, one stored map) against the general per-unit
+    2 x 2 loop with both maps carried: S_W1 equal, S_W2 = i S_W1, S_v equal."""
     torch.manual_seed(4)
-    T, B, N = 7, 3, 5
-    nu_log, theta_log = pm.ring_init(N, 0.5, 0.99, 6.0, dtype=F64)
-    g, phi, nu, theta = pm.decay_rotation(nu_log, theta_log)
-    keep = torch.ones(T, B, 1, dtype=F64)
-    keep[2, 1] = keep[6, 2] = keep[0, 0] = 0.0
-    for k in (None, keep):
-        P, G = pm.rotation_powers(nu, theta, k, T, B)
-        P_loop, G_loop = pm.block_products(
-            pm.step_jacobians(g, phi, torch.ones(T, B, 2, N, dtype=F64), k)
-        )
-        torch.testing.assert_close(P, P_loop, rtol=1e-13, atol=1e-13)
-        torch.testing.assert_close(G, G_loop, rtol=1e-13, atol=1e-13)
+    T, B, N, D = 7, 3, 4, 5
+    layer = make_layer("rtrl", D=D, H=2 * N)
+    S1 = torch.randn(B, 1, 2, N, D, dtype=F64)
+    S_v = torch.randn(B, 2, 2, N, dtype=F64)
+    x, cp, u = (
+        torch.randn(T, B, D, dtype=F64),
+        torch.randn(T, B, 2, N, dtype=F64),
+        torch.randn(T, B, 2, N, dtype=F64),
+    )
+    keep = None
+    if with_reset:
+        keep = torch.ones(T, B, 1, dtype=F64)
+        keep[2, 1] = keep[6, 2] = keep[0, 0] = 0.0
+    params = (layer.nu_log.detach(), layer.theta_log.detach())
+    lin = rtu_carry(pm.PairSensitivity(S1, S_v), x, cp, u, cp, keep, params, False, "tanh")
+    g, phi, gamma, nu, theta = rtu_coefficients(*params)
+    ones = torch.ones(T, B, 2, N, dtype=F64)
+    P, G = pm.block_products(pm.step_jacobians(g, phi, ones, keep))
+    E_v = immediate_vector_derivatives(cp, u, ones, g, phi, gamma, nu, theta)
+    S_both = torch.cat([S1, pm.times_i(S1, 2)], 1)  # (B, 2, 2, N, D)
+    gen = pm.carry_segment(
+        pm.PairSensitivity(S_both, S_v), P, G, pm.input_directions(P, gamma, ones), x, E_v
+    )
+    torch.testing.assert_close(lin.W[:, 0], gen.W[:, 0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(pm.times_i(lin.W[:, 0], 1), gen.W[:, 1], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lin.v, gen.v, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("nonlinear", [False, True])
