@@ -1,6 +1,7 @@
 """Recurrent Trace Units (Elelimy, White, Bowling & White, NeurIPS 2024), exact RTRL or BPTT.
 
-The real-valued form of the paper's Sec. 4 (a complex diagonal recurrence written in pairs).
+The real-valued form of the paper's RTUs (a complex diagonal recurrence written in pairs;
+the exact form read from the paper and its code, esraaelelimy/rtus, src/nets/rtus/).
 Each of the N = hidden_size / 2 units holds a pair (c1, c2); with cp(t) = keep(t) c(t-1):
 
     a1(t) = g cp1(t) - phi cp2(t) + gamma (W1 x(t))       W1, W2: (N, D)
@@ -20,7 +21,8 @@ All four parameters take part in the recurrence. Rule "rtrl" carries exact sensi
 recurrence has d c / d W2 = i d c / d W1, read as complex numbers, so only one is carried),
 4 N D + 4 N for the non-linear one: O(parameters); inside a segment the
 gradient is plain BPTT, the history term d_hat(t0) . S(t0) enters through `_HistoryGradient`
-(an identity on c(t0)), and the carry over a segment is one batched GEMM. docs/rules/rtu.md.
+(an identity on c(t0)), and the carry over a segment is one GEMM (with the segment's
+product of rotations in closed form for the linear RTU). docs/rules/rtu.md.
 """
 
 from __future__ import annotations
