@@ -14,6 +14,9 @@ Three parts, all printed as markdown tables:
    A log-log plot shows Elman/RTRL's N^4 against the O(N D) per-step cost of the others.
 3. Hybrid vs per-step full RTRL for the Elman RNN: one segment of T steps with the hybrid
    BPTT-RTRL carry (one O(N^4) product per segment) against T online steps (one per step).
+4. Segments, rtrl against bptt: for each core kind with both rules (by default the eLSTM, RTU
+   and LRU), one segment of T steps (forward, backward, carry) at the eLSTM's R2AC shapes,
+   both rules timed alternately in one loop; the ratio is time_bptt / time_rtrl.
 """
 
 from __future__ import annotations
@@ -38,13 +41,16 @@ from r2ac.rtrl.reference import (
     elstm_reference,
     felstm_reference,
     fwp_reference,
+    lru_reference,
     lstm_reference,
+    rtu_reference,
 )
 
 REFERENCES = {
     "elstm": elstm_reference, "felstm": felstm_reference, "fwp": fwp_reference,
     "elman": elman_reference, "lstm": lstm_reference,
 }
+REFERENCES.update(rtu=rtu_reference, lru=lru_reference)
 RECURRENT = ("F", "Z", "W_f", "W_z", "b_f", "b_z")  # the feLSTM parameters SnAp-1 approximates
 
 
@@ -66,6 +72,10 @@ class BenchCoresConfig:
     """N for the hybrid vs per-step Elman comparison (D = input_size // 2, B = batch_size // 2)."""
     hybrid_lengths: tuple[int, ...] = (10, 50)
     """Segment lengths T for the hybrid vs per-step Elman comparison."""
+    segment_shapes: tuple[str, ...] = ("50,32,256,257",)
+    """Shapes T,B,N,D of the rtrl-vs-bptt segment part (empty: skip it)."""
+    segment_kinds: tuple[str, ...] = ("elstm", "rtu", "lru")
+    """Core kinds timed in the segment part (each needs both `-rtrl` and `-bptt` in cores)."""
     repeats: int = 5
     """Timed repeats (medians are reported)."""
     warmup: int = 2
@@ -293,6 +303,34 @@ def hybrid_vs_step(cfg: BenchCoresConfig) -> list[HybridRow]:
     return rows
 
 
+def segments_rtrl_vs_bptt(cfg: BenchCoresConfig) -> list[dict]:
+    """Part 4: per shape and core kind, median ms of one segment under rtrl and bptt, alternated."""
+    rows = []
+    for text in cfg.segment_shapes:
+        T, B, N, D = (int(p) for p in text.split(","))
+        for kind in cfg.segment_kinds:
+            names = {rule: f"{kind}-{rule}" for rule in ("bptt", "rtrl")}
+            if not set(names.values()) <= set(cfg.cores):
+                continue
+            fns = {rule: segment_fn(*_setup(name, N, D, B, T, DTYPES[cfg.dtype], cfg.device))
+                   for rule, name in names.items()}
+            ms = time_alternating(fns, cfg.repeats, cfg.warmup, cfg.device)
+            rows.append({"core": kind, "shape": (T, B, N, D), "bptt_ms": ms["bptt"], "rtrl_ms": ms["rtrl"]})
+            print(f"  {kind} T,B,N,D={text}: bptt {ms['bptt']:.1f} ms, rtrl {ms['rtrl']:.1f} ms",
+                  file=sys.stderr, flush=True)
+            del fns
+    return rows
+
+
+def format_segments(rows: list[dict]) -> str:
+    lines = ["| core | T, B, N, D | bptt ms | rtrl ms | rtrl/bptt speed (bptt ms / rtrl ms) |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['core']} | {', '.join(map(str, r['shape']))} | {r['bptt_ms']:.1f} "
+                     f"| {r['rtrl_ms']:.1f} | {r['bptt_ms'] / r['rtrl_ms']:.2f}x |")
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- output
 
 
@@ -430,11 +468,15 @@ def _run(cfg: BenchCoresConfig) -> int:
     if hybrid:
         print(f"\nElman/RTRL, hybrid vs per-step (D={max(cfg.input_size // 2, 1)}, B={max(cfg.batch_size // 2, 1)}):\n")
         print(format_hybrid(hybrid))
+    segments = segments_rtrl_vs_bptt(cfg) if cfg.segment_shapes else []
+    if segments:
+        print(f"\nOne segment, rtrl against bptt ({cfg.repeats} repeats, medians, alternated):\n")
+        print(format_segments(segments), flush=True)
     if cfg.plot and rows:
         plot_scaling(rows, cfg.plot, cfg.input_size, cfg.batch_size)
         print(f"\nplot: {cfg.plot}")
     if cfg.json_out:
-        result.update(scaling=[asdict(r) for r in rows], hybrid=[asdict(r) for r in hybrid])
+        result.update(scaling=[asdict(r) for r in rows], hybrid=[asdict(r) for r in hybrid], segments=segments)
         with open(cfg.json_out, "w") as fh:
             json.dump(result, fh, indent=1)
     return 0

@@ -129,3 +129,56 @@ def gru_reference(
         h = (1 - z) * n + z * h
         hs.append(h)
     return torch.stack(hs), (h,)
+
+
+def rtu_reference(
+    params: dict[str, Tensor],
+    x: Tensor,
+    reset: Tensor,
+    c0: tuple[Tensor, Tensor] | None = None,
+    nonlinear: bool = False,
+    activation: str = "tanh",
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """Recurrent trace units (Elelimy et al. 2024, Sec. 4), real form, one step at a time.
+
+    Linear: c <- rotation, h = act([c1; c2]); non-linear: c <- act(rotation), h = [c1; c2].
+    """
+    nu_log, theta_log, W1, W2 = params["nu_log"], params["theta_log"], params["W1"], params["W2"]
+    act = torch.tanh if activation == "tanh" else torch.relu
+    r = torch.exp(-torch.exp(nu_log))
+    theta = torch.exp(theta_log)
+    g, phi, gamma = r * torch.cos(theta), r * torch.sin(theta), torch.sqrt(1 - r**2)
+    T, B, _ = x.shape
+    c1, c2 = (x.new_zeros(B, W1.shape[0]), x.new_zeros(B, W1.shape[0])) if c0 is None else c0
+    hs = []
+    for t in range(T):
+        c1 = torch.where(reset[t, :, None], torch.zeros_like(c1), c1)
+        c2 = torch.where(reset[t, :, None], torch.zeros_like(c2), c2)
+        a1 = g * c1 - phi * c2 + gamma * (x[t] @ W1.T)
+        a2 = g * c2 + phi * c1 + gamma * (x[t] @ W2.T)
+        c1, c2 = (act(a1), act(a2)) if nonlinear else (a1, a2)
+        hs.append(torch.cat([c1, c2], -1) if nonlinear else act(torch.cat([c1, c2], -1)))
+    return torch.stack(hs), (c1, c2)
+
+
+def lru_reference(
+    params: dict[str, Tensor], x: Tensor, reset: Tensor, h0: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Linear recurrent unit (Orvieto et al. 2023), in complex arithmetic, one step at a time.
+
+    h <- Lambda h + exp(gamma_log) (B x), Lambda = exp(-exp(nu_log) + i exp(theta_log));
+    y = Re(C h) + D x. The state is a complex tensor (the layer under test uses real pairs).
+    """
+    lam = torch.exp(torch.complex(-torch.exp(params["nu_log"]), torch.exp(params["theta_log"])))
+    Bc = torch.complex(params["B_re"], params["B_im"])
+    C = torch.complex(params["C_re"], params["C_im"])
+    gamma = torch.exp(params["gamma_log"])
+    T, B, _ = x.shape
+    xc = x.to(Bc.dtype)
+    h = torch.zeros(B, Bc.shape[0], dtype=Bc.dtype, device=x.device) if h0 is None else h0
+    ys = []
+    for t in range(T):
+        h = torch.where(reset[t, :, None], torch.zeros_like(h), h)
+        h = lam * h + gamma * (xc[t] @ Bc.T)
+        ys.append((h @ C.T).real + x[t] @ params["D"].T)
+    return torch.stack(ys), h

@@ -15,7 +15,9 @@ from r2ac.rtrl.elstm import ELSTM
 from r2ac.rtrl.felstm import FeLSTM
 from r2ac.rtrl.fwp import FWP
 from r2ac.rtrl.gru import GRU
+from r2ac.rtrl.lru import LRU
 from r2ac.rtrl.lstm import LSTM
+from r2ac.rtrl.rtu import RTU
 
 CoreFactory = Callable[..., RecurrentCore]
 
@@ -32,6 +34,10 @@ CORES: dict[str, tuple[CoreFactory, str]] = {
     "fwp-bptt": (lambda d, n, **kw: FWP(d, n, "bptt", **kw), "fast weight programmer, truncated BPTT"),
     "elman-rtrl": (lambda d, n, **kw: Elman(d, n, "rtrl", **kw), "Elman RNN, full RTRL (hybrid per segment), O(N^4)"),
     "elman-bptt": (lambda d, n, **kw: Elman(d, n, "bptt", **kw), "Elman RNN, truncated BPTT"),
+    "rtu-rtrl": (lambda d, n, **kw: RTU(d, n, "rtrl", **kw), "linear RTU (n/2 trace units, tanh output), exact RTRL"),
+    "rtu-bptt": (lambda d, n, **kw: RTU(d, n, "bptt", **kw), "linear RTU, truncated BPTT"),
+    "lru-rtrl": (lambda d, n, **kw: LRU(d, n, "rtrl", **kw), "linear recurrent unit (complex diagonal), exact RTRL"),
+    "lru-bptt": (lambda d, n, **kw: LRU(d, n, "bptt", **kw), "linear recurrent unit, truncated BPTT"),
 }
 
 

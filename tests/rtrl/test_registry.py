@@ -14,7 +14,9 @@ from r2ac.rtrl.reference import (
     felstm_reference,
     fwp_reference,
     gru_reference,
+    lru_reference,
     lstm_reference,
+    rtu_reference,
 )
 from r2ac.rtrl.state import cat_streams, select_streams
 
@@ -24,6 +26,7 @@ REFERENCES = {
     "elstm": elstm_reference, "felstm": felstm_reference, "fwp": fwp_reference,
     "elman": elman_reference, "lstm": lstm_reference, "gru": gru_reference,
 }
+REFERENCES.update(rtu=rtu_reference, lru=lru_reference)
 D, N = 5, 4
 
 
@@ -40,6 +43,7 @@ def test_names():
     assert set(NAMES) == {
         "elstm-rtrl", "elstm-bptt", "elstm-snap1", "felstm-bptt", "felstm-snap1", "lstm-bptt",
         "gru-bptt", "fwp-rtrl", "fwp-bptt", "elman-rtrl", "elman-bptt",
+        "rtu-rtrl", "rtu-bptt", "lru-rtrl", "lru-bptt",
     }
     assert all(desc for _, desc in CORES.values())
     with pytest.raises(ConfigError, match="unknown core 'gru-rtrl'"):
