@@ -19,9 +19,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "envs": ("r2ac.envs.cli", "list env families and whether they run on this machine"),
     "train": ("r2ac.rl.train_cli", "train R2AC (--preset NAME, --resume RUN_DIR; --help)"),
     "eval": ("r2ac.rl.evaluate", "evaluate a run: K sets of E episodes -> RUN_DIR/eval.json"),
-    "copy": ("r2ac.tasks.copy_cli", "the copy task: train an eLSTM by RTRL or BPTT, score every bit"),
-    "experiment": ("r2ac.experiments.cli",
-                   "run a named grid (memory-m | ablation | reactive) or the cost study"),
+    "copy": (
+        "r2ac.tasks.copy_cli",
+        "the copy task: train an eLSTM by RTRL or BPTT, score every bit",
+    ),
+    "experiment": (
+        "r2ac.experiments.cli",
+        "run a named grid (memory-m | ablation | reactive) or the cost study",
+    ),
 }
 
 

@@ -37,12 +37,19 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
     segments = (7, 1, 5, 1, 1, 12)
     print(f"gradient check, float64, segments {segments}, 4 streams, resets with p = 0.15")
-    for rule, truncated, against in (("rtrl", False, "full BPTT"), ("bptt", True, "truncated BPTT")):
+    for rule, truncated, against in (
+        ("rtrl", False, "full BPTT"),
+        ("bptt", True, "truncated BPTT"),
+    ):
         torch.manual_seed(cfg.seed)
         layer = ELSTM(8, 6, rule, dtype=torch.float64)
-        result = check_gradients(layer, elstm_reference, segments, 4, truncated=truncated, seed=cfg.seed)
+        result = check_gradients(
+            layer, elstm_reference, segments, 4, truncated=truncated, seed=cfg.seed
+        )
         worst = max(result.rel_error, key=result.rel_error.get)
-        print(f"  {rule:>4} vs {against:<15} max rel error {result.max_rel_error:.1e} (param {worst})")
+        print(
+            f"  {rule:>4} vs {against:<15} max rel error {result.max_rel_error:.1e} (param {worst})"
+        )
         if result.max_rel_error > 1e-9:
             print("gradient check FAILED", file=sys.stderr)
             return 1

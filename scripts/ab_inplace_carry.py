@@ -19,5 +19,8 @@ for shape in [(50, 32, 256, 257), (100, 32, 512, 257)]:
         fns[name] = core.segment_fn(layer, x, readout, state)
     for _ in range(3):
         ms = core.time_alternating(fns, 20, 3, "cpu")
-        print(shape, {k: round(v, 2) for k, v in ms.items()},
-              f"in place {ms['bptt'] / ms['rtrl_inplace']:.3f}, eager {ms['bptt'] / ms['rtrl_eager']:.3f}")
+        print(
+            shape,
+            {k: round(v, 2) for k, v in ms.items()},
+            f"in place {ms['bptt'] / ms['rtrl_inplace']:.3f}, eager {ms['bptt'] / ms['rtrl_eager']:.3f}",
+        )

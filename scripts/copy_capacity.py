@@ -41,18 +41,37 @@ def load(run_dirs: list[str]) -> list[dict]:
 def group_label(r: dict) -> str:
     readout = f"MLP readout {r['readout_hidden']}" if r.get("readout_hidden") else "linear readout"
     lr = f"lr {r['lr']:g}" + (f" -> {r['lr_final']:g}" if r.get("lr_final") is not None else "")
-    extras = [name for name, on in (("chrono init", r.get("chrono_init")),
-                                    ("float64", r.get("dtype") == "float64")) if on]
-    return ", ".join([f"{r['core']}-{r['rule']}", readout, *extras, f"B = {r['batch_size']}", lr,
-                      f"{r['train_steps']:,} batches", f"l = {r['length']}"])
+    extras = [
+        name
+        for name, on in (
+            ("chrono init", r.get("chrono_init")),
+            ("float64", r.get("dtype") == "float64"),
+        )
+        if on
+    ]
+    return ", ".join(
+        [
+            f"{r['core']}-{r['rule']}",
+            readout,
+            *extras,
+            f"B = {r['batch_size']}",
+            lr,
+            f"{r['train_steps']:,} batches",
+            f"l = {r['length']}",
+        ]
+    )
 
 
 def table(runs: list[dict]) -> str:
-    lines = ["| model | N | every test sequence right up to k | test bits | test sequences | training s |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| model | N | every test sequence right up to k | test bits | test sequences | training s |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for r in sorted(runs, key=lambda r: (group_label(r), r["hidden"])):
-        lines.append(f"| {group_label(r)} | {r['hidden']} | {r['longest_all_right']} | "
-                     f"{r['bit_accuracy']:.4f} | {r['sequence_accuracy']:.3f} | {r['train_seconds']:.0f} |")
+        lines.append(
+            f"| {group_label(r)} | {r['hidden']} | {r['longest_all_right']} | "
+            f"{r['bit_accuracy']:.4f} | {r['sequence_accuracy']:.3f} | {r['train_seconds']:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -69,14 +88,22 @@ def plot(runs: list[dict], path: str) -> None:
     markers = "osD^vP"  # distinct shapes, shrinking, so that coinciding points stay visible
     for i, (label, rs) in enumerate(sorted(groups.items())):
         rs.sort(key=lambda r: r["hidden"])
-        ax.plot([r["hidden"] for r in rs], [r["longest_all_right"] for r in rs], "-",
-                marker=markers[i % len(markers)], markersize=11 - 2 * (i % 4), label=label)
+        ax.plot(
+            [r["hidden"] for r in rs],
+            [r["longest_all_right"] for r in rs],
+            "-",
+            marker=markers[i % len(markers)],
+            markersize=11 - 2 * (i % 4),
+            label=label,
+        )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("hidden units N")
     ax.set_ylabel("every test pattern right up to k bits")
     ax.set_title("copy task: bits held and written back, against width")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15))  # below: lines stay visible
+    ax.legend(
+        fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15)
+    )  # below: lines stay visible
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

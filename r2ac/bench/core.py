@@ -91,7 +91,9 @@ def _setup(shape, rule, dtype, device, seed=0, input_grad=False):
     if rule == "rtrl":  # a realistic, non-zero carried state
         state = ELSTMState(
             torch.randn_like(state.c),
-            ELSTMSensitivity(0.1 * torch.randn_like(state.sens.FZ), torch.randn_like(state.sens.wb)),
+            ELSTMSensitivity(
+                0.1 * torch.randn_like(state.sens.FZ), torch.randn_like(state.sens.wb)
+            ),
         )
     return layer, x, readout, state
 
@@ -220,7 +222,6 @@ def saved_for_backward_mb(run: Callable[[], object], exclude: Iterable[torch.Ten
     return sum(held.values()) / 2**20
 
 
-
 def held_for_backward_mb(shape, rule, dtype, device) -> float:
     """Memory autograd holds between forward and backward, parameters, inputs and the
     incoming state excluded (each storage counted once). This is what grows with T."""
@@ -245,7 +246,9 @@ def bench_shape(shape, cfg: BenchCoreConfig) -> Row:
     for rule in ("bptt", "rtrl"):
         fns[rule] = segment_fn(*_setup(shape, rule, dtype, cfg.device, input_grad=cfg.input_grad))
     if cfg.naive:
-        fns["naive"] = _naive_fn(*_setup(shape, "bptt", dtype, cfg.device, input_grad=cfg.input_grad))
+        fns["naive"] = _naive_fn(
+            *_setup(shape, "bptt", dtype, cfg.device, input_grad=cfg.input_grad)
+        )
     row.ms = time_alternating(fns, cfg.repeats, cfg.warmup, cfg.device)
     T, B, N, D = shape
     row.state_mb = B * N * (2 * D + 4) * torch.finfo(dtype).bits / 8 / 2**20
@@ -258,8 +261,10 @@ def bench_shape(shape, cfg: BenchCoreConfig) -> Row:
 
 
 def format_rows(rows: list[Row]) -> str:
-    head = ("| T, B, N, D | bptt ms | rtrl ms | naive ms | rtrl/bptt speed | rtrl steps/s "
-            "| held for backward MB bptt / rtrl | peak MB bptt / rtrl | state MB | T=1 carry GB/s: eager / fused / copy |")
+    head = (
+        "| T, B, N, D | bptt ms | rtrl ms | naive ms | rtrl/bptt speed | rtrl steps/s "
+        "| held for backward MB bptt / rtrl | peak MB bptt / rtrl | state MB | T=1 carry GB/s: eager / fused / copy |"
+    )
     lines = [head, "|" + "---|" * 10]
     for r in rows:
         T, B, _, _ = r.shape
@@ -275,21 +280,32 @@ def format_rows(rows: list[Row]) -> str:
 
 
 def machine_line(device: str) -> str:
-    name = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or platform.machine()
+    name = (
+        torch.cuda.get_device_name()
+        if device.startswith("cuda")
+        else platform.processor() or platform.machine()
+    )
     kernel = "on" if native.load() is not None else "off (PyTorch path)"
-    return (f"machine: {name}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
-            f"python {platform.python_version()}, native eLSTM carry kernel {kernel}")
+    return (
+        f"machine: {name}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+        f"python {platform.python_version()}, native eLSTM carry kernel {kernel}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg = tyro.cli(BenchCoreConfig, args=argv, prog="r2ac bench core", description=__doc__)
     if cfg.dtype not in DTYPES:
-        print(f"r2ac bench core: unknown dtype {cfg.dtype!r}; choose float32 or float64", file=sys.stderr)
+        print(
+            f"r2ac bench core: unknown dtype {cfg.dtype!r}; choose float32 or float64",
+            file=sys.stderr,
+        )
         return 2
     try:
         shapes = [parse_shape(s) for s in cfg.shapes]
         if cfg.repeats < 1 or cfg.warmup < 0:
-            raise ConfigError(f"need --repeats >= 1 and --warmup >= 0, got {cfg.repeats}, {cfg.warmup}")
+            raise ConfigError(
+                f"need --repeats >= 1 and --warmup >= 0, got {cfg.repeats}, {cfg.warmup}"
+            )
         if cfg.json_out:
             check_writable(cfg.json_out, "--json-out", is_file=True)
     except (ValueError, ConfigError) as exc:
@@ -298,8 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    print(machine_line(cfg.device), f"dtype {cfg.dtype}, {cfg.repeats} repeats (median)",
-          "input requires grad" if cfg.input_grad else "input without grad")
+    print(
+        machine_line(cfg.device),
+        f"dtype {cfg.dtype}, {cfg.repeats} repeats (median)",
+        "input requires grad" if cfg.input_grad else "input without grad",
+    )
     rows = []
     for shape in shapes:
         rows.append(bench_shape(shape, cfg))

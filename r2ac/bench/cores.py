@@ -47,8 +47,11 @@ from r2ac.rtrl.reference import (
 )
 
 REFERENCES = {
-    "elstm": elstm_reference, "felstm": felstm_reference, "fwp": fwp_reference,
-    "elman": elman_reference, "lstm": lstm_reference,
+    "elstm": elstm_reference,
+    "felstm": felstm_reference,
+    "fwp": fwp_reference,
+    "elman": elman_reference,
+    "lstm": lstm_reference,
 }
 REFERENCES.update(rtu=rtu_reference, lru=lru_reference)
 RECURRENT = ("F", "Z", "W_f", "W_z", "b_f", "b_z")  # the feLSTM parameters SnAp-1 approximates
@@ -110,7 +113,9 @@ class ScaleRow:
 class HybridRow:
     n: int
     t: int
-    ms: dict[str, float] = field(default_factory=dict)  # hybrid, per_step, carry_hybrid, carry_per_step
+    ms: dict[str, float] = field(
+        default_factory=dict
+    )  # hybrid, per_step, carry_hybrid, carry_per_step
 
 
 # ----------------------------------------------------------------------------- exactness
@@ -128,21 +133,33 @@ def exactness(names: list[str]) -> dict[str, float]:
                 layer.W_f.copy_(torch.diag(layer.W_f.diagonal()))
                 layer.W_z.copy_(torch.diag(layer.W_z.diagonal()))
         result = check_gradients(
-            layer, REFERENCES[kind], (3, 1, 7, 5), 3, truncated=rule == "bptt", reset_prob=0.15, seed=1
+            layer,
+            REFERENCES[kind],
+            (3, 1, 7, 5),
+            3,
+            truncated=rule == "bptt",
+            reset_prob=0.15,
+            seed=1,
         )
         out[name] = result.max_rel_error
     return out
 
 
-def snap1_cosine(segment_length: int, N: int = 32, D: int = 8, B: int = 4, steps: int = 100, seed: int = 0):
+def snap1_cosine(
+    segment_length: int, N: int = 32, D: int = 8, B: int = 4, steps: int = 100, seed: int = 0
+):
     """Cosine of dense-feLSTM gradients (recurrent parameters) with the exact one: (snap1, bptt)."""
     grads = {}
     for rule in ("snap1", "bptt"):
         torch.manual_seed(seed)
         layer = make_core(f"felstm-{rule}", D, N, dtype=torch.float64)
-        problem = make_problem(D, N, (segment_length,) * (steps // segment_length), B, reset_prob=0.0, seed=seed)
+        problem = make_problem(
+            D, N, (segment_length,) * (steps // segment_length), B, reset_prob=0.0, seed=seed
+        )
         grads[rule] = layer_gradients(layer, problem)
-    exact = reference_gradients(felstm_reference, dict(layer.named_parameters()), problem, truncated=False)
+    exact = reference_gradients(
+        felstm_reference, dict(layer.named_parameters()), problem, truncated=False
+    )
 
     def flat(g):
         return torch.cat([g[k].flatten() for k in RECURRENT])
@@ -226,13 +243,20 @@ def peaks_probe(points: list[list], D: int, B: int, dtype: str) -> list[PeakRow]
     return rows
 
 
-def peaks(points: list[tuple[str, int]], cfg: BenchCoresConfig) -> dict[tuple[str, int], float | None]:
+def peaks(
+    points: list[tuple[str, int]], cfg: BenchCoresConfig
+) -> dict[tuple[str, int], float | None]:
     """Peak memory growth of one step per (core, N); on CPU in one fresh child process."""
     dtype, D, B = DTYPES[cfg.dtype], cfg.input_size, cfg.batch_size
     if cfg.device.startswith("cuda"):
-        return {(n, N): peak_mib(segment_fn(*_setup(n, N, D, B, 1, dtype, cfg.device)), cfg.device) for n, N in points}
+        return {
+            (n, N): peak_mib(segment_fn(*_setup(n, N, D, B, 1, dtype, cfg.device)), cfg.device)
+            for n, N in points
+        }
     try:
-        rows = run_fresh_rows(peaks_probe, PeakRow, points=[list(p) for p in points], D=D, B=B, dtype=cfg.dtype)
+        rows = run_fresh_rows(
+            peaks_probe, PeakRow, points=[list(p) for p in points], D=D, B=B, dtype=cfg.dtype
+        )
     except ProbeError as exc:
         print(f"r2ac bench cores: memory probe failed: {exc}", file=sys.stderr)
         return {}
@@ -253,8 +277,11 @@ def scaling(cfg: BenchCoresConfig) -> list[ScaleRow]:
             ms = time_alternating({name: run}, cfg.repeats, cfg.warmup, cfg.device)[name]
             row = ScaleRow(name, N, ms, state_bytes(state) / B / 2**10)
             rows.append(row)
-            print(f"  {name:<13} N={N:<4} {ms:9.3f} ms/step  state {row.state_kib_per_stream:,.1f} KiB/stream",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  {name:<13} N={N:<4} {ms:9.3f} ms/step  state {row.state_kib_per_stream:,.1f} KiB/stream",
+                file=sys.stderr,
+                flush=True,
+            )
             del layer, x, readout, state, run
     if cfg.memory:
         measured = peaks([(r.core, r.n) for r in rows], cfg)
@@ -284,7 +311,11 @@ def hybrid_vs_step(cfg: BenchCoresConfig) -> list[HybridRow]:
                     hps.append(h)
                     h = torch.sigmoid(x[t] @ layer.W.T + h @ layer.R.T + layer.b)
                     hs.append(h)
-                h_all, u_all, R = torch.stack(hs), el.inputs_u(x, torch.stack(hps)), layer.R.detach()
+                h_all, u_all, R = (
+                    torch.stack(hs),
+                    el.inputs_u(x, torch.stack(hps)),
+                    layer.R.detach(),
+                )
 
             def carry_step_loop(sens=state.sens, h_all=h_all, u_all=u_all, R=R, T=T):
                 for t in range(T):
@@ -293,13 +324,19 @@ def hybrid_vs_step(cfg: BenchCoresConfig) -> list[HybridRow]:
             fns = {
                 "hybrid": segment_fn(layer, x, readout, state),
                 "per_step": per_step,
-                "carry_hybrid": lambda s=state.sens, h=h_all, u=u_all, R=R: el.carry_segment(s, h, u, None, R),
+                "carry_hybrid": lambda s=state.sens, h=h_all, u=u_all, R=R: el.carry_segment(
+                    s, h, u, None, R
+                ),
                 "carry_per_step": carry_step_loop,
             }
             row = HybridRow(N, T, time_alternating(fns, cfg.repeats, cfg.warmup, cfg.device))
             rows.append(row)
-            print(f"  elman-rtrl N={N} T={T}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in row.ms.items()),
-                  file=sys.stderr, flush=True)
+            print(
+                f"  elman-rtrl N={N} T={T}: "
+                + ", ".join(f"{k} {v:.1f} ms" for k, v in row.ms.items()),
+                file=sys.stderr,
+                flush=True,
+            )
     return rows
 
 
@@ -312,22 +349,33 @@ def segments_rtrl_vs_bptt(cfg: BenchCoresConfig) -> list[dict]:
             names = {rule: f"{kind}-{rule}" for rule in ("bptt", "rtrl")}
             if not set(names.values()) <= set(cfg.cores):
                 continue
-            fns = {rule: segment_fn(*_setup(name, N, D, B, T, DTYPES[cfg.dtype], cfg.device))
-                   for rule, name in names.items()}
+            fns = {
+                rule: segment_fn(*_setup(name, N, D, B, T, DTYPES[cfg.dtype], cfg.device))
+                for rule, name in names.items()
+            }
             ms = time_alternating(fns, cfg.repeats, cfg.warmup, cfg.device)
-            rows.append({"core": kind, "shape": (T, B, N, D), "bptt_ms": ms["bptt"], "rtrl_ms": ms["rtrl"]})
-            print(f"  {kind} T,B,N,D={text}: bptt {ms['bptt']:.1f} ms, rtrl {ms['rtrl']:.1f} ms",
-                  file=sys.stderr, flush=True)
+            rows.append(
+                {"core": kind, "shape": (T, B, N, D), "bptt_ms": ms["bptt"], "rtrl_ms": ms["rtrl"]}
+            )
+            print(
+                f"  {kind} T,B,N,D={text}: bptt {ms['bptt']:.1f} ms, rtrl {ms['rtrl']:.1f} ms",
+                file=sys.stderr,
+                flush=True,
+            )
             del fns
     return rows
 
 
 def format_segments(rows: list[dict]) -> str:
-    lines = ["| core | T, B, N, D | bptt ms | rtrl ms | rtrl/bptt speed (bptt ms / rtrl ms) |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| core | T, B, N, D | bptt ms | rtrl ms | rtrl/bptt speed (bptt ms / rtrl ms) |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['core']} | {', '.join(map(str, r['shape']))} | {r['bptt_ms']:.1f} "
-                     f"| {r['rtrl_ms']:.1f} | {r['bptt_ms'] / r['rtrl_ms']:.2f}x |")
+        lines.append(
+            f"| {r['core']} | {', '.join(map(str, r['shape']))} | {r['bptt_ms']:.1f} "
+            f"| {r['rtrl_ms']:.1f} | {r['bptt_ms'] / r['rtrl_ms']:.2f}x |"
+        )
     return "\n".join(lines)
 
 
@@ -338,13 +386,20 @@ def format_exactness(errors: dict[str, float], cosines: dict[int, tuple[float, f
     lines = ["| core | compared with | max rel. error (float64) |", "|---|---|---|"]
     for name, err in errors.items():
         kind, rule = name.split("-")
-        what = "BPTT truncated at segment starts" if rule == "bptt" else "full BPTT through the history"
+        what = (
+            "BPTT truncated at segment starts"
+            if rule == "bptt"
+            else "full BPTT through the history"
+        )
         if name == "felstm-snap1":
             what += " (diagonal W_f, W_z)"
         lines.append(f"| {name} | {what} | {err:.1e} |")
     if cosines:
-        lines += ["", "| feLSTM, dense W_f, W_z (N=32, D=8, B=4, 100 steps) | cosine with exact gradient |",
-                  "|---|---|"]
+        lines += [
+            "",
+            "| feLSTM, dense W_f, W_z (N=32, D=8, B=4, 100 steps) | cosine with exact gradient |",
+            "|---|---|",
+        ]
         for T, (c_snap, c_bptt) in cosines.items():
             lines.append(f"| segments of T={T}: snap1 / bptt | {c_snap:.4f} / {c_bptt:.4f} |")
     return "\n".join(lines)
@@ -354,16 +409,31 @@ def format_scaling(rows: list[ScaleRow], sizes: tuple[int, ...]) -> str:
     by_core: dict[str, dict[int, ScaleRow]] = {}
     for r in rows:
         by_core.setdefault(r.core, {})[r.n] = r
-    head = "| core | " + " | ".join(f"N={n}" for n in sizes) + " | state/stream at largest N | slope (time) |"
+    head = (
+        "| core | "
+        + " | ".join(f"N={n}" for n in sizes)
+        + " | state/stream at largest N | slope (time) |"
+    )
     lines = [head, "|" + "---|" * (len(sizes) + 3)]
     for core, cells in by_core.items():
         times = [f"{cells[n].ms_per_step:.2f}" if n in cells else "-" for n in sizes]
         last = cells[max(cells)]
-        lines.append(f"| {core} | " + " | ".join(times) + f" | {last.state_kib_per_stream:,.0f} KiB (N={last.n})"
-                     f" | {_slope([(n, c.ms_per_step) for n, c in cells.items()]):.1f} |")
-    lines += ["", "| core | " + " | ".join(f"N={n}" for n in sizes) + " |", "|" + "---|" * (len(sizes) + 1)]
+        lines.append(
+            f"| {core} | "
+            + " | ".join(times)
+            + f" | {last.state_kib_per_stream:,.0f} KiB (N={last.n})"
+            f" | {_slope([(n, c.ms_per_step) for n, c in cells.items()]):.1f} |"
+        )
+    lines += [
+        "",
+        "| core | " + " | ".join(f"N={n}" for n in sizes) + " |",
+        "|" + "---|" * (len(sizes) + 1),
+    ]
     for core, cells in by_core.items():
-        peaks = [f"{cells[n].peak_mib:.1f}" if n in cells and cells[n].peak_mib is not None else "-" for n in sizes]
+        peaks = [
+            f"{cells[n].peak_mib:.1f}" if n in cells and cells[n].peak_mib is not None else "-"
+            for n in sizes
+        ]
         lines.append(f"| {core} | " + " | ".join(peaks) + " |")
     return "\n".join(lines)
 
@@ -377,12 +447,16 @@ def _slope(points: list[tuple[int, float]]) -> float:
 
 
 def format_hybrid(rows: list[HybridRow]) -> str:
-    lines = ["| N, T | hybrid segment ms | T per-step segments ms | speed-up | carry only: hybrid / per-step ms | speed-up |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| N, T | hybrid segment ms | T per-step segments ms | speed-up | carry only: hybrid / per-step ms | speed-up |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         m = r.ms
-        lines.append(f"| {r.n}, {r.t} | {m['hybrid']:.1f} | {m['per_step']:.1f} | {m['per_step'] / m['hybrid']:.1f}x "
-                     f"| {m['carry_hybrid']:.1f} / {m['carry_per_step']:.1f} | {m['carry_per_step'] / m['carry_hybrid']:.1f}x |")
+        lines.append(
+            f"| {r.n}, {r.t} | {m['hybrid']:.1f} | {m['per_step']:.1f} | {m['per_step'] / m['hybrid']:.1f}x "
+            f"| {m['carry_hybrid']:.1f} / {m['carry_per_step']:.1f} | {m['carry_per_step'] / m['carry_hybrid']:.1f}x |"
+        )
     return "\n".join(lines)
 
 
@@ -399,16 +473,34 @@ def plot_scaling(rows: list[ScaleRow], path: str, D: int, B: int) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for core, rs in by_core.items():
         style = "-" if core.endswith(("rtrl", "snap1")) else "--"
-        axes[0].loglog([r.n for r in rs], [r.ms_per_step for r in rs], style, marker="o", ms=3, label=core)
-        axes[1].loglog([r.n for r in rs], [r.state_kib_per_stream for r in rs], style, marker="o", ms=3, label=core)
+        axes[0].loglog(
+            [r.n for r in rs], [r.ms_per_step for r in rs], style, marker="o", ms=3, label=core
+        )
+        axes[1].loglog(
+            [r.n for r in rs],
+            [r.state_kib_per_stream for r in rs],
+            style,
+            marker="o",
+            ms=3,
+            label=core,
+        )
     ns = sorted({r.n for r in rows})
-    guides = [(0, "ms_per_step", "elman-rtrl", 4), (1, "state_kib_per_stream", "elman-rtrl", 3),
-              (1, "state_kib_per_stream", "elstm-rtrl", 1)]
+    guides = [
+        (0, "ms_per_step", "elman-rtrl", 4),
+        (1, "state_kib_per_stream", "elman-rtrl", 3),
+        (1, "state_kib_per_stream", "elstm-rtrl", 1),
+    ]
     for i, key, core, p in guides:  # slope guides through the core's last point
         if by_core.get(core):
             last = by_core[core][-1]
-            axes[i].loglog(ns, [getattr(last, key) * (n / last.n) ** p for n in ns], ":", color="grey",
-                           lw=1, label=f"~N^{p}" if p > 1 else "~N (N D)")
+            axes[i].loglog(
+                ns,
+                [getattr(last, key) * (n / last.n) ** p for n in ns],
+                ":",
+                color="grey",
+                lw=1,
+                label=f"~N^{p}" if p > 1 else "~N (N D)",
+            )
     for ax in axes:
         ax.set_xticks(ns)
         ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
@@ -428,15 +520,23 @@ def plot_scaling(rows: list[ScaleRow], path: str, D: int, B: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     cfg = tyro.cli(BenchCoresConfig, args=argv, prog="r2ac bench cores", description=__doc__)
     if cfg.dtype not in DTYPES:
-        print(f"r2ac bench cores: unknown dtype {cfg.dtype!r}; choose float32 or float64", file=sys.stderr)
+        print(
+            f"r2ac bench cores: unknown dtype {cfg.dtype!r}; choose float32 or float64",
+            file=sys.stderr,
+        )
         return 2
     unknown = sorted(set(cfg.cores) - set(core_names()))
     if unknown:
-        print(f"r2ac bench cores: unknown core(s) {unknown}; choose from {core_names()}", file=sys.stderr)
+        print(
+            f"r2ac bench cores: unknown core(s) {unknown}; choose from {core_names()}",
+            file=sys.stderr,
+        )
         return 2
     try:
         if cfg.repeats < 1 or cfg.warmup < 0:
-            raise ConfigError(f"need --repeats >= 1 and --warmup >= 0, got {cfg.repeats}, {cfg.warmup}")
+            raise ConfigError(
+                f"need --repeats >= 1 and --warmup >= 0, got {cfg.repeats}, {cfg.warmup}"
+            )
         for option, path in (("--json-out", cfg.json_out), ("--plot", cfg.plot)):
             if path:
                 check_writable(path, option, is_file=True)
@@ -458,7 +558,9 @@ def _run(cfg: BenchCoresConfig) -> int:
     result: dict = {}
     if cfg.exactness:
         errors = exactness(list(cfg.cores))
-        cosines = {T: snap1_cosine(T) for T in (1, 5, 10, 50)} if "felstm-snap1" in cfg.cores else {}
+        cosines = (
+            {T: snap1_cosine(T) for T in (1, 5, 10, 50)} if "felstm-snap1" in cfg.cores else {}
+        )
         result.update(exactness=errors, snap1_cosine=cosines)
         print("\n" + format_exactness(errors, cosines), flush=True)
     rows = scaling(cfg)
@@ -466,7 +568,9 @@ def _run(cfg: BenchCoresConfig) -> int:
     print(format_scaling(rows, cfg.sizes), flush=True)
     hybrid = hybrid_vs_step(cfg) if "elman-rtrl" in cfg.cores else []
     if hybrid:
-        print(f"\nElman/RTRL, hybrid vs per-step (D={max(cfg.input_size // 2, 1)}, B={max(cfg.batch_size // 2, 1)}):\n")
+        print(
+            f"\nElman/RTRL, hybrid vs per-step (D={max(cfg.input_size // 2, 1)}, B={max(cfg.batch_size // 2, 1)}):\n"
+        )
         print(format_hybrid(hybrid))
     segments = segments_rtrl_vs_bptt(cfg) if cfg.segment_shapes else []
     if segments:
@@ -476,7 +580,9 @@ def _run(cfg: BenchCoresConfig) -> int:
         plot_scaling(rows, cfg.plot, cfg.input_size, cfg.batch_size)
         print(f"\nplot: {cfg.plot}")
     if cfg.json_out:
-        result.update(scaling=[asdict(r) for r in rows], hybrid=[asdict(r) for r in hybrid], segments=segments)
+        result.update(
+            scaling=[asdict(r) for r in rows], hybrid=[asdict(r) for r in hybrid], segments=segments
+        )
         with open(cfg.json_out, "w") as fh:
             json.dump(result, fh, indent=1)
     return 0

@@ -16,8 +16,12 @@ from r2ac.errors import ConfigError
 
 # One representative env per family.
 DEFAULT_ENVS = (
-    "builtin/delayed-cue", "builtin/watermaze", "atari/Breakout", "procgen/chaser",
-    "minigrid/MemoryS13Random", "gym/popgym-RepeatPreviousEasy-v0",
+    "builtin/delayed-cue",
+    "builtin/watermaze",
+    "atari/Breakout",
+    "procgen/chaser",
+    "minigrid/MemoryS13Random",
+    "gym/popgym-RepeatPreviousEasy-v0",
     "dmlab/rooms_watermaze",
 )
 
@@ -41,12 +45,22 @@ def steps_per_second(name: str, num_envs: int, seconds: float, seed: int = 0) ->
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="r2ac bench envs", description=__doc__)
-    parser.add_argument("--envs", nargs="+", default=list(DEFAULT_ENVS),
-                        help="env names (one per family by default)")
-    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16, 64, 256],
-                        help="numbers of streams per batch")
-    parser.add_argument("--seconds", type=float, default=1.0,
-                        help="timed seconds per (env, batch size) cell")
+    parser.add_argument(
+        "--envs",
+        nargs="+",
+        default=list(DEFAULT_ENVS),
+        help="env names (one per family by default)",
+    )
+    parser.add_argument(
+        "--batch-sizes",
+        nargs="+",
+        type=int,
+        default=[1, 16, 64, 256],
+        help="numbers of streams per batch",
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=1.0, help="timed seconds per (env, batch size) cell"
+    )
     return parser
 
 

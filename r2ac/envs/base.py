@@ -161,7 +161,9 @@ def merge_final_obs(final_obs: np.ndarray, reset_obs: np.ndarray, done: np.ndarr
 def check_options(factory, name: str, options: dict[str, Any], fixed: int = 3) -> None:
     """ConfigError unless every option is a keyword parameter of factory (after the first
     `fixed` positional ones); a factory with **kwargs validates its own options."""
-    bad = [f"{k}={v!r}" for k, v in options.items() if isinstance(v, float) and not math.isfinite(v)]
+    bad = [
+        f"{k}={v!r}" for k, v in options.items() if isinstance(v, float) and not math.isfinite(v)
+    ]
     if bad:
         raise ConfigError(f"env options must be finite: {', '.join(bad)}")
     parameters = list(inspect.signature(factory).parameters.values())
@@ -172,8 +174,11 @@ def check_options(factory, name: str, options: dict[str, Any], fixed: int = 3) -
     if unknown:
         raise ConfigError(f"unknown options {unknown} for {name}; known: {known}")
     by_name = {p.name: p for p in parameters}
-    bad = [f"{k}={v!r} (expected {kind})" for k, v in options.items()
-           if (kind := _option_type(by_name[k])) and not _fits(v, kind)]
+    bad = [
+        f"{k}={v!r} (expected {kind})"
+        for k, v in options.items()
+        if (kind := _option_type(by_name[k])) and not _fits(v, kind)
+    ]
     if bad:
         raise ConfigError(f"env options of the wrong type for {name}: {', '.join(bad)}")
 

@@ -125,8 +125,9 @@ class DelayedCue(_CounterRNGEnv):
 
     _task_arrays = ("cue", "other", "novel_slot")
 
-    def __init__(self, num_envs: int, seed: int = 0, delay: int = 64, num_cues: int = 2,
-                 variant: str = "cue"):
+    def __init__(
+        self, num_envs: int, seed: int = 0, delay: int = 64, num_cues: int = 2, variant: str = "cue"
+    ):
         if delay < 0:
             raise ConfigError(f"delay must be >= 0, got {delay}")
         if variant not in ("cue", "nonmatch"):
@@ -196,8 +197,14 @@ class Watermaze(_CounterRNGEnv):
     _task_arrays = ("pos", "goal", "last_reward")
     num_actions = 4
 
-    def __init__(self, num_envs: int, seed: int = 0, size: int = 8, episode_steps: int = 200,
-                 last_action: bool = False):
+    def __init__(
+        self,
+        num_envs: int,
+        seed: int = 0,
+        size: int = 8,
+        episode_steps: int = 200,
+        last_action: bool = False,
+    ):
         if size < 2:
             raise ConfigError(f"size must be >= 2, got {size}")
         if episode_steps < 1:

@@ -9,9 +9,13 @@ from r2ac.envs.registry import DEFAULT_ENV, available
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="r2ac envs", description="List env families and whether they run here.")
-    parser.add_argument("--ids", action="store_true",
-                        help="also list every POPGym and MinAtar env id (when installed)")
+        prog="r2ac envs", description="List env families and whether they run here."
+    )
+    parser.add_argument(
+        "--ids",
+        action="store_true",
+        help="also list every POPGym and MinAtar env id (when installed)",
+    )
     return parser
 
 
@@ -34,12 +38,15 @@ def _print_ids() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    rows = [(s.family, "yes" if s.available else "no", s.examples, s.reason)
-            for s in available()]
+    rows = [(s.family, "yes" if s.available else "no", s.examples, s.reason) for s in available()]
     header = ("family", "available", "names", "backend / why not")
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(3)]
     for row in [header, *rows]:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)) + "  " + row[3])
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True))
+            + "  "
+            + row[3]
+        )
     if args.ids:
         _print_ids()
     else:

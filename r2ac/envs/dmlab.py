@@ -24,17 +24,20 @@ REACTIVE_LEVELS = ("rooms_keys_doors_puzzle",)
 
 # IMPALA's action set: (look left/right, look down/up, strafe left/right, forward/back,
 # fire, jump, crouch).
-ACTION_SET = np.array([
-    (0, 0, 0, 1, 0, 0, 0),  # forward
-    (0, 0, 0, -1, 0, 0, 0),  # backward
-    (0, 0, -1, 0, 0, 0, 0),  # strafe left
-    (0, 0, 1, 0, 0, 0, 0),  # strafe right
-    (-20, 0, 0, 0, 0, 0, 0),  # look left
-    (20, 0, 0, 0, 0, 0, 0),  # look right
-    (-20, 0, 0, 1, 0, 0, 0),  # look left + forward
-    (20, 0, 0, 1, 0, 0, 0),  # look right + forward
-    (0, 0, 0, 0, 1, 0, 0),  # fire
-], dtype=np.intc)
+ACTION_SET = np.array(
+    [
+        (0, 0, 0, 1, 0, 0, 0),  # forward
+        (0, 0, 0, -1, 0, 0, 0),  # backward
+        (0, 0, -1, 0, 0, 0, 0),  # strafe left
+        (0, 0, 1, 0, 0, 0, 0),  # strafe right
+        (-20, 0, 0, 0, 0, 0, 0),  # look left
+        (20, 0, 0, 0, 0, 0, 0),  # look right
+        (-20, 0, 0, 1, 0, 0, 0),  # look left + forward
+        (20, 0, 0, 1, 0, 0, 0),  # look right + forward
+        (0, 0, 0, 0, 1, 0, 0),  # fire
+    ],
+    dtype=np.intc,
+)
 
 INSTALL_HINT = (
     "deepmind_lab is not installed and is not on PyPI. Build it from source: "
@@ -63,13 +66,23 @@ class DMLabEnv(BatchedEnv):
 
     num_actions = len(ACTION_SET)
 
-    def __init__(self, level: str, num_envs: int, seed: int = 0, action_repeat: int = 4,
-                 width: int = 96, height: int = 72, renderer: str = "software"):
+    def __init__(
+        self,
+        level: str,
+        num_envs: int,
+        seed: int = 0,
+        action_repeat: int = 4,
+        width: int = 96,
+        height: int = 72,
+        renderer: str = "software",
+    ):
         lab = _deepmind_lab()
         config = {"width": str(width), "height": str(height)}
         self.level, self.num_envs, self.action_repeat = level, num_envs, action_repeat
-        self.envs = [lab.Lab(level_path(level), ["RGB_INTERLEAVED"], config=config,
-                             renderer=renderer) for _ in range(num_envs)]
+        self.envs = [
+            lab.Lab(level_path(level), ["RGB_INTERLEAVED"], config=config, renderer=renderer)
+            for _ in range(num_envs)
+        ]
         self.observation_spec = ArraySpec((3, height, width), np.dtype(np.uint8))
         self.stats = EpisodeStats(num_envs)
         self._seed_streams(seed)
@@ -116,9 +129,21 @@ class DMLabEnv(BatchedEnv):
 
 
 def make_dmlab(
-    level: str, num_envs: int, seed: int = 0, action_repeat: int = 4, width: int = 96,
-    height: int = 72, renderer: str = "software",
+    level: str,
+    num_envs: int,
+    seed: int = 0,
+    action_repeat: int = 4,
+    width: int = 96,
+    height: int = 72,
+    renderer: str = "software",
 ) -> DMLabEnv:
     # Explicit keywords (not **options) so that check_options rejects unknown ones.
-    return DMLabEnv(level, num_envs, seed, action_repeat=action_repeat, width=width,
-                    height=height, renderer=renderer)
+    return DMLabEnv(
+        level,
+        num_envs,
+        seed,
+        action_repeat=action_repeat,
+        width=width,
+        height=height,
+        renderer=renderer,
+    )

@@ -40,12 +40,24 @@ ATARI_GAMES = ("Breakout", "Gravitar", "MsPacman", "Qbert", "Seaquest", "Solaris
 # The paper's Atari preprocessing; reward clipping is left to the learner. envpool's own
 # episodic_life stays off (see the module doc; make_atari's `episodic_life` replaces it).
 ATARI_DEFAULTS = dict(
-    img_height=84, img_width=84, gray_scale=True, stack_num=4, frame_skip=4, noop_max=30,
-    reward_clip=False, episodic_life=False, repeat_action_probability=0.0,
+    img_height=84,
+    img_width=84,
+    gray_scale=True,
+    stack_num=4,
+    frame_skip=4,
+    noop_max=30,
+    reward_clip=False,
+    episodic_life=False,
+    repeat_action_probability=0.0,
 )
 
-PROCGEN_MODES = {"easy": "Easy", "hard": "Hard", "extreme": "Extreme", "memory": "Memory",
-                 "exploration": "Exploration"}
+PROCGEN_MODES = {
+    "easy": "Easy",
+    "hard": "Hard",
+    "extreme": "Extreme",
+    "memory": "Memory",
+    "exploration": "Exploration",
+}
 QT_HINT = "ProcGen needs the Qt5 GUI runtime: apt-get install -y libqt5gui5"
 
 
@@ -70,8 +82,14 @@ def _channel_first(obs: np.ndarray) -> np.ndarray:
 class EnvpoolEnv(BatchedEnv):
     """A synchronous envpool pool (batch_size == num_envs) behind the batched protocol."""
 
-    def __init__(self, task_id: str, num_envs: int, seed: int = 0, life_loss_terminal: bool = False,
-                 **config: Any):
+    def __init__(
+        self,
+        task_id: str,
+        num_envs: int,
+        seed: int = 0,
+        life_loss_terminal: bool = False,
+        **config: Any,
+    ):
         envpool = _envpool()
         _check_task(task_id)
         fields = envpool.make_spec(task_id).config._fields
@@ -149,19 +167,32 @@ def _game_id(name: str, suffix: str) -> str:
     return name if name.endswith(suffix) else f"{name}{suffix}"
 
 
-def make_atari(game: str, num_envs: int, seed: int = 0, episodic_life: bool = False,
-               **options: Any) -> EnvpoolEnv:
+def make_atari(
+    game: str, num_envs: int, seed: int = 0, episodic_life: bool = False, **options: Any
+) -> EnvpoolEnv:
     """`atari/<Game>`: 84x84 grey, 4-frame stack, action repeat 4, up to 30 no-op starts.
 
     episodic_life: a lost life is terminal for the learner, the game goes on (module doc).
     """
-    return EnvpoolEnv(_game_id(game, "-v5"), num_envs, seed, life_loss_terminal=bool(episodic_life),
-                      **{**ATARI_DEFAULTS, **options})
+    return EnvpoolEnv(
+        _game_id(game, "-v5"),
+        num_envs,
+        seed,
+        life_loss_terminal=bool(episodic_life),
+        **{**ATARI_DEFAULTS, **options},
+    )
 
 
-def make_procgen(game: str, num_envs: int, seed: int = 0, mode: str = "hard",
-                 split: str = "train", num_levels: int = 500, test_levels: int = 100_000,
-                 **options: Any) -> EnvpoolEnv:
+def make_procgen(
+    game: str,
+    num_envs: int,
+    seed: int = 0,
+    mode: str = "hard",
+    split: str = "train",
+    num_levels: int = 500,
+    test_levels: int = 100_000,
+    **options: Any,
+) -> EnvpoolEnv:
     """`procgen/<game>`: 64x64 RGB, no action repeat. split "train" plays levels
     [0, num_levels); split "test" plays the disjoint range [num_levels, num_levels + test_levels)."""
     if mode not in PROCGEN_MODES:
@@ -174,8 +205,9 @@ def make_procgen(game: str, num_envs: int, seed: int = 0, mode: str = "hard",
         raise ConfigError(f"{QT_HINT} ({exc})") from exc
     levels = (0, num_levels) if split == "train" else (num_levels, test_levels)
     task_id = f"{game.capitalize()}{PROCGEN_MODES[mode]}-v0"
-    return EnvpoolEnv(task_id, num_envs, seed, start_level=levels[0], num_levels=levels[1],
-                      **options)
+    return EnvpoolEnv(
+        task_id, num_envs, seed, start_level=levels[0], num_levels=levels[1], **options
+    )
 
 
 # MiniGrid's symbolic cell codes (minigrid.core.constants; envpool's port uses the same):
@@ -199,8 +231,10 @@ def one_hot_grid(codes: np.ndarray, sizes: tuple[int, ...] = MINIGRID_CODES) -> 
     for channel, size in enumerate(sizes):
         plane = codes[:, channel].astype(np.int64)  # (B, H, W)
         if plane.size and (plane.min() < 0 or plane.max() >= size):
-            raise ValueError(f"code channel {channel} out of range [0, {size}): {plane.min()}..{plane.max()}")
-        np.put_along_axis(out[:, offset:offset + size], plane[:, None], 1.0, axis=1)
+            raise ValueError(
+                f"code channel {channel} out of range [0, {size}): {plane.min()}..{plane.max()}"
+            )
+        np.put_along_axis(out[:, offset : offset + size], plane[:, None], 1.0, axis=1)
         offset += size
     return out.reshape(b, -1)
 
@@ -211,8 +245,15 @@ class OneHotGrid(BatchedEnv):
     def __init__(self, env: BatchedEnv, sizes: tuple[int, ...] = MINIGRID_CODES):
         c, h, w = env.observation_spec.shape
         if c != len(sizes):
-            raise ConfigError(f"expected {len(sizes)} code channels, got observations of shape {(c, h, w)}")
-        self.env, self.sizes, self.num_envs, self.num_actions = env, sizes, env.num_envs, env.num_actions
+            raise ConfigError(
+                f"expected {len(sizes)} code channels, got observations of shape {(c, h, w)}"
+            )
+        self.env, self.sizes, self.num_envs, self.num_actions = (
+            env,
+            sizes,
+            env.num_envs,
+            env.num_actions,
+        )
         self.observation_spec = ArraySpec((sum(sizes) * h * w,), np.dtype(np.float32))
 
     def reset(self, seed: int | None = None) -> np.ndarray:
@@ -230,8 +271,9 @@ class OneHotGrid(BatchedEnv):
         self.env.close()
 
 
-def make_minigrid(name: str, num_envs: int, seed: int = 0, obs_encoding: str = "onehot",
-                  **options: Any) -> BatchedEnv:
+def make_minigrid(
+    name: str, num_envs: int, seed: int = 0, obs_encoding: str = "onehot", **options: Any
+) -> BatchedEnv:
     """`minigrid/MemoryS13Random` etc.: envpool's MiniGrid; falls back to the `minigrid`
     Gymnasium package through the gym adapter when envpool lacks it.
 
@@ -239,8 +281,9 @@ def make_minigrid(name: str, num_envs: int, seed: int = 0, obs_encoding: str = "
     (3, 7, 7) uint8 codes, which the image stem would scale by 1/255 like pixels).
     """
     if obs_encoding not in MINIGRID_ENCODINGS:
-        raise ConfigError(f"minigrid obs_encoding must be one of {list(MINIGRID_ENCODINGS)}, "
-                          f"got {obs_encoding!r}")
+        raise ConfigError(
+            f"minigrid obs_encoding must be one of {list(MINIGRID_ENCODINGS)}, got {obs_encoding!r}"
+        )
     task_id = name if name.startswith("MiniGrid-") else f"MiniGrid-{name}-v0"
     try:
         has_task = task_id in _envpool().list_all_envs()

@@ -130,14 +130,21 @@ class _ObsConverter:
 class GymEnv(BatchedEnv):
     """num_envs Gymnasium envs stepped in lock-step with same-step auto-reset."""
 
-    def __init__(self, env_id: str, num_envs: int, seed: int = 0, obs_key: str | None = None,
-                 **make_kwargs: Any):
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        seed: int = 0,
+        obs_key: str | None = None,
+        **make_kwargs: Any,
+    ):
         self.env_id, self.num_envs = env_id, num_envs
         self.envs = [_make_one(env_id, **make_kwargs) for _ in range(num_envs)]
         action_space = self.envs[0].action_space
         if not hasattr(action_space, "n"):
-            raise ConfigError(f"{env_id}: only discrete action spaces are supported, "
-                              f"got {action_space}")
+            raise ConfigError(
+                f"{env_id}: only discrete action spaces are supported, got {action_space}"
+            )
         self.num_actions = int(action_space.n)
         self._convert = _ObsConverter(self.envs[0].observation_space, obs_key)
         self.observation_spec = self._convert.spec

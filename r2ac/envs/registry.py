@@ -18,20 +18,25 @@ DEFAULT_ENV = "builtin/delayed-cue"
 
 # family -> (module, factory, example names)
 FAMILIES: dict[str, tuple[str, str, str]] = {
-    "builtin": ("r2ac.envs.builtin", "make_builtin",
-                "builtin/delayed-cue, builtin/watermaze"),
-    "atari": ("r2ac.envs.envpool_adapter", "make_atari",
-              "atari/Breakout, atari/MsPacman, ..."),
-    "procgen": ("r2ac.envs.envpool_adapter", "make_procgen",
-                "procgen/chaser"),
-    "minigrid": ("r2ac.envs.envpool_adapter", "make_minigrid",
-                 "minigrid/MemoryS7 .. minigrid/MemoryS17Random"),
-    "envpool": ("r2ac.envs.envpool_adapter", "make_envpool",
-                "envpool/CartPole-v1"),
-    "gym": ("r2ac.envs.gym_adapter", "make_gym",
-            "gym/popgym-RepeatPreviousEasy-v0, gym/MinAtar/Breakout-v1"),
-    "dmlab": ("r2ac.envs.dmlab", "make_dmlab",
-              "dmlab/rooms_watermaze, dmlab/rooms_select_nonmatching_object"),
+    "builtin": ("r2ac.envs.builtin", "make_builtin", "builtin/delayed-cue, builtin/watermaze"),
+    "atari": ("r2ac.envs.envpool_adapter", "make_atari", "atari/Breakout, atari/MsPacman, ..."),
+    "procgen": ("r2ac.envs.envpool_adapter", "make_procgen", "procgen/chaser"),
+    "minigrid": (
+        "r2ac.envs.envpool_adapter",
+        "make_minigrid",
+        "minigrid/MemoryS7 .. minigrid/MemoryS17Random",
+    ),
+    "envpool": ("r2ac.envs.envpool_adapter", "make_envpool", "envpool/CartPole-v1"),
+    "gym": (
+        "r2ac.envs.gym_adapter",
+        "make_gym",
+        "gym/popgym-RepeatPreviousEasy-v0, gym/MinAtar/Breakout-v1",
+    ),
+    "dmlab": (
+        "r2ac.envs.dmlab",
+        "make_dmlab",
+        "dmlab/rooms_watermaze, dmlab/rooms_select_nonmatching_object",
+    ),
 }
 
 
@@ -104,8 +109,11 @@ def _probe_envpool_family(family: str) -> tuple[bool, str]:
     if family == "minigrid":
         envs = importlib.import_module("envpool").list_all_envs()
         if not any(e.startswith("MiniGrid-Memory") for e in envs):
-            return (True, "minigrid package via gym adapter") if not _import_error(
-                "minigrid") else (False, "this envpool lacks MiniGrid; pip install -e '.[minigrid]'")
+            return (
+                (True, "minigrid package via gym adapter")
+                if not _import_error("minigrid")
+                else (False, "this envpool lacks MiniGrid; pip install -e '.[minigrid]'")
+            )
     return True, "envpool"
 
 
@@ -114,14 +122,20 @@ def _probe(family: str) -> tuple[bool, str]:
     if family == "builtin":
         return True, "numpy only"
     if family == "dmlab":
-        return (True, "deepmind_lab") if not _import_error("deepmind_lab") else (
-            False, "deepmind_lab not importable (build it from source, see docs/envs.md)")
+        return (
+            (True, "deepmind_lab")
+            if not _import_error("deepmind_lab")
+            else (False, "deepmind_lab not importable (build it from source, see docs/envs.md)")
+        )
     if family == "gym":
         if _import_error("gymnasium"):
             return False, "gymnasium missing: pip install -e '.[gym]'"
         extras = [
             f"{name} {'yes' if not _import_error(module) else f'missing (.[{extra}])'}"
-            for name, module, extra in (("popgym", "popgym", "popgym"), ("MinAtar", "minatar", "minatar"))
+            for name, module, extra in (
+                ("popgym", "popgym", "popgym"),
+                ("MinAtar", "minatar", "minatar"),
+            )
         ]
         return True, f"gymnasium; {', '.join(extras)}"
     return _probe_envpool_family(family)

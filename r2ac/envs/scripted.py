@@ -152,8 +152,10 @@ def _autoencode(env) -> int:
 
 
 POPGYM_ORACLES: dict[str, Callable] = {
-    "RepeatFirst": _repeat_first, "RepeatPrevious": _repeat_previous,
-    "CountRecall": _count_recall, "Autoencode": _autoencode,
+    "RepeatFirst": _repeat_first,
+    "RepeatPrevious": _repeat_previous,
+    "CountRecall": _count_recall,
+    "Autoencode": _autoencode,
 }
 
 

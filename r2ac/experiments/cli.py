@@ -54,19 +54,27 @@ def _usage() -> str:
     names = [*grids.GRIDS, *grids.STUDIES]
     lines = [f"  {g.name:<10} {g.description}" for g in grids.GRIDS.values()]
     lines += [f"  {'cost':<10} learner memory and update time against M (App. B.3)"]
-    return ("usage: r2ac experiment {" + ",".join(names) + "} [options]   (--help per experiment)\n\n"
-            + "\n".join(lines))
+    return (
+        "usage: r2ac experiment {"
+        + ",".join(names)
+        + "} [options]   (--help per experiment)\n\n"
+        + "\n".join(lines)
+    )
 
 
 def _header(name: str, seeds: int, argv: list[str]) -> str:
     from r2ac.rl.run_dir import git_revision
 
-    return (f"Command: `r2ac experiment {name} {shlex.join(argv)}`. Machine: {platform.machine()}, "
-            f"{os.cpu_count()} CPUs, torch {torch.__version__}; git {git_revision()[:10]}; "
-            f"{seeds} seeds per cell; report written {datetime.datetime.now():%Y-%m-%d %H:%M}.")
+    return (
+        f"Command: `r2ac experiment {name} {shlex.join(argv)}`. Machine: {platform.machine()}, "
+        f"{os.cpu_count()} CPUs, torch {torch.__version__}; git {git_revision()[:10]}; "
+        f"{seeds} seeds per cell; report written {datetime.datetime.now():%Y-%m-%d %H:%M}."
+    )
 
 
-def _validate(specs: list[grids.RunSpec], total_frames: int | None, out: Path) -> dict[str, list[str]]:
+def _validate(
+    specs: list[grids.RunSpec], total_frames: int | None, out: Path
+) -> dict[str, list[str]]:
     """Validate every run's config before starting any (unknown core, bad sizes, ...).
 
     Returns the stale runs: run_id -> fields where the existing run directory's config
@@ -89,21 +97,29 @@ def _refuse_stale(stale: dict[str, list[str]], out: Path) -> None:
     raise ConfigError(
         f"{len(stale)} run directories under {out / 'runs'} hold a different config than the "
         f"grid now asks for (field names in brackets): {listed}{more}. Move them away or use "
-        "another --out; nothing was started.")
+        "another --out; nothing was started."
+    )
 
 
 def _save_meta(out: Path, name: str, cfg: ExperimentConfig, seeds: int, argv: list[str]) -> None:
     """experiment.json: the options; a resumed grid must use the same run settings."""
     meta_path = out / "experiment.json"
-    meta = {"experiment": name, "seeds": seeds, "tasks": list(cfg.tasks),
-            "unroll_lengths": list(cfg.unroll_lengths), "cores": list(cfg.cores),
-            "total_frames": cfg.total_frames, "argv": argv}
+    meta = {
+        "experiment": name,
+        "seeds": seeds,
+        "tasks": list(cfg.tasks),
+        "unroll_lengths": list(cfg.unroll_lengths),
+        "cores": list(cfg.cores),
+        "total_frames": cfg.total_frames,
+        "argv": argv,
+    }
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
         if old.get("total_frames") != cfg.total_frames:
             raise ConfigError(
                 f"{out} was run with --total-frames {old.get('total_frames')}, not "
-                f"{cfg.total_frames}; use the same value or another --out")
+                f"{cfg.total_frames}; use the same value or another --out"
+            )
     out.mkdir(parents=True, exist_ok=True)
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
 
@@ -121,7 +137,9 @@ def run_experiment(name: str, cfg: ExperimentConfig, argv: list[str]) -> int:
     stale = _validate(specs, cfg.total_frames, out)
     if cfg.dry_run:
         for spec in specs:
-            state = "stale" if spec.run_id in stale else runner.run_state(out / "runs" / spec.run_id)
+            state = (
+                "stale" if spec.run_id in stale else runner.run_state(out / "runs" / spec.run_id)
+            )
             print(f"{state:<12} {spec.run_id}")
         return 0
     _refuse_stale(stale, out)
@@ -139,18 +157,24 @@ def _train(specs: list[grids.RunSpec], out: Path, cfg: ExperimentConfig) -> None
 
     failed = []
     with tqdm(total=len(specs), desc="runs", unit="run", file=sys.stderr) as bar:
+
         def on_result(result: runner.RunResult) -> None:
             bar.update(1)
             score = "-" if result.eval_mean is None else f"{result.eval_mean:.3f}"
-            bar.write(f"{result.status:<7} {result.spec.run_id}  eval {score}  "
-                      f"{result.seconds:.0f} s {result.message}")
+            bar.write(
+                f"{result.status:<7} {result.spec.run_id}  eval {score}  "
+                f"{result.seconds:.0f} s {result.message}"
+            )
             if result.status == "failed":
                 failed.append(result)
 
         runner.run_grid(specs, out, cfg.jobs, cfg.total_frames, on_result)
     if failed:
-        print(f"{len(failed)} run(s) failed; their logs are in {out / 'logs'}; re-run the "
-              "same command to retry them", file=sys.stderr)
+        print(
+            f"{len(failed)} run(s) failed; their logs are in {out / 'logs'}; re-run the "
+            "same command to retry them",
+            file=sys.stderr,
+        )
 
 
 def main(argv: list[str]) -> int:
@@ -164,8 +188,12 @@ def main(argv: list[str]) -> int:
         grids.grid(name)  # unknown name: a clear error before tyro sees the options
         import tyro
 
-        cfg = tyro.cli(ExperimentConfig, args=rest, prog=f"r2ac experiment {name}",
-                       description=grids.GRIDS[name].description)
+        cfg = tyro.cli(
+            ExperimentConfig,
+            args=rest,
+            prog=f"r2ac experiment {name}",
+            description=grids.GRIDS[name].description,
+        )
         return run_experiment(name, cfg, rest)
     except ConfigError as exc:
         print(f"r2ac experiment: error: {exc}", file=sys.stderr)

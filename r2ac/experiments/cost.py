@@ -105,14 +105,22 @@ def validate(cfg: CostConfig) -> CostConfig:
     """Raise ConfigError for unknown cores, spans below 1 or bad sizes; return cfg unchanged."""
     unknown = [c for c in cfg.cores if c not in core_names()]
     if not cfg.cores or unknown:
-        raise ConfigError(f"unknown core(s) {unknown or '(none given)'}; "
-                          f"choose from {', '.join(core_names())}")
+        raise ConfigError(
+            f"unknown core(s) {unknown or '(none given)'}; choose from {', '.join(core_names())}"
+        )
     if not cfg.spans or min(cfg.spans) < 1:
         raise ConfigError(f"spans (segment lengths M) must all be >= 1, got {list(cfg.spans)}")
     if len(set(cfg.spans)) != len(cfg.spans) or len(set(cfg.cores)) != len(cfg.cores):
         raise ConfigError("spans and cores must not repeat")
-    minimum = {"hidden_size": 1, "batch_size": 1, "input_size": 2, "num_actions": 1,
-               "repeats": 1, "warmup": 0, "threads": 0}
+    minimum = {
+        "hidden_size": 1,
+        "batch_size": 1,
+        "input_size": 2,
+        "num_actions": 1,
+        "repeats": 1,
+        "warmup": 0,
+        "threads": 0,
+    }
     bad = [f"{k}={getattr(cfg, k)} (< {m})" for k, m in minimum.items() if getattr(cfg, k) < m]
     if bad:
         raise ConfigError(f"bad sizes: {', '.join(bad)}")
@@ -134,9 +142,15 @@ def gradient_span(core: str, M: int) -> int | str:
 def train_config(cfg: CostConfig, core: str, M: int) -> TrainConfig:
     """The DMLab preset (the paper's hyper-parameters) at this study's sizes, stem frozen."""
     return dataclasses.replace(
-        PRESETS["dmlab"], core=core, hidden_size=cfg.hidden_size,
-        stem_features=cfg.input_size - 1, mlp_hidden=STEM_HIDDEN, freeze_stem=True,
-        unroll_length=M, batch_size=cfg.batch_size, num_envs=cfg.batch_size,
+        PRESETS["dmlab"],
+        core=core,
+        hidden_size=cfg.hidden_size,
+        stem_features=cfg.input_size - 1,
+        mlp_hidden=STEM_HIDDEN,
+        freeze_stem=True,
+        unroll_length=M,
+        batch_size=cfg.batch_size,
+        num_envs=cfg.batch_size,
     )
 
 
@@ -259,11 +273,14 @@ def torch_threads(n: int):
 def measure_span(cfg: CostConfig, M: int) -> list[dict]:
     """Rows of every core at segment length M (timings alternate the cores in one loop)."""
     cases = {core: build_case(cfg, core, M) for core in cfg.cores}
-    ms = time_alternating({c: case.run for c, case in cases.items()}, cfg.repeats, cfg.warmup,
-                          cfg.device)
+    ms = time_alternating(
+        {c: case.run for c, case in cases.items()}, cfg.repeats, cfg.warmup, cfg.device
+    )
     rows = [
         {
-            "core": core, "M": M, "gradient_span": gradient_span(core, M),
+            "core": core,
+            "M": M,
+            "gradient_span": gradient_span(core, M),
             "update_ms": ms[core],
             "peak_mb": None,
             "held_mb": saved_for_backward_mb(case.run, case.held_before()),
@@ -287,7 +304,7 @@ def measure(cfg: CostConfig, log: Callable[[str], None] | None = None) -> list[d
         for M in cfg.spans:
             rows += measure_span(cfg, M)
             if log:
-                log("\n".join(format_table(rows[-len(cfg.cores):]).splitlines()[2:]))
+                log("\n".join(format_table(rows[-len(cfg.cores) :]).splitlines()[2:]))
     return rows
 
 
@@ -306,11 +323,17 @@ def bptt_fits(rows: list[dict]) -> dict[str, dict[str, float]]:
     """Per BPTT core: peak MB = a*M + b, and its value at a 1000-step span."""
     fits = {}
     for core in dict.fromkeys(r["core"] for r in rows if r["core"].endswith("-bptt")):
-        points = [(r["M"], r["peak_mb"]) for r in rows if r["core"] == core and r["peak_mb"] is not None]
+        points = [
+            (r["M"], r["peak_mb"]) for r in rows if r["core"] == core and r["peak_mb"] is not None
+        ]
         fit = linear_fit(points)
         if fit:
             a, b = fit
-            fits[core] = {"a_mb_per_step": a, "b_mb": b, f"mb_at_{EPISODE_STEPS}": a * EPISODE_STEPS + b}
+            fits[core] = {
+                "a_mb_per_step": a,
+                "b_mb": b,
+                f"mb_at_{EPISODE_STEPS}": a * EPISODE_STEPS + b,
+            }
     return fits
 
 
@@ -328,11 +351,15 @@ def _num(value: float | None) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
-    lines = ["| core | M | gradient span | update ms | peak MB | held-for-backward MB | state MB |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| core | M | gradient span | update ms | peak MB | held-for-backward MB | state MB |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in _ordered(rows):
         cells = [_num(r[k]) for k in ("update_ms", "peak_mb", "held_mb", "state_mb")]
-        lines.append(f"| {r['core']} | {r['M']} | {r['gradient_span']} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {r['core']} | {r['M']} | {r['gradient_span']} | " + " | ".join(cells) + " |"
+        )
     return "\n".join(lines)
 
 
@@ -345,17 +372,24 @@ def summary_lines(rows: list[dict]) -> list[str]:
     """The linear law of the BPTT rows (the paper's analogue) and what RTRL pays instead."""
     lines = []
     for core, fit in bptt_fits(rows).items():
-        lines.append(f"- {core}: peak MB = {fit['a_mb_per_step']:.3f}*M + {fit['b_mb']:.1f} "
-                     f"(paper: {PAPER_LAW}); an untruncated gradient through a {EPISODE_STEPS}-step "
-                     f"episode by TBPTT (M = {EPISODE_STEPS}) would need about "
-                     f"{fit[f'mb_at_{EPISODE_STEPS}']:,.0f} MB.")
+        lines.append(
+            f"- {core}: peak MB = {fit['a_mb_per_step']:.3f}*M + {fit['b_mb']:.1f} "
+            f"(paper: {PAPER_LAW}); an untruncated gradient through a {EPISODE_STEPS}-step "
+            f"episode by TBPTT (M = {EPISODE_STEPS}) would need about "
+            f"{fit[f'mb_at_{EPISODE_STEPS}']:,.0f} MB."
+        )
     bptt = {r["M"]: r for r in rows if r["core"].endswith("-bptt")}  # the first BPTT core's rows
     for core in dict.fromkeys(r["core"] for r in rows if r["gradient_span"] == UNBOUNDED):
         rs = [r for r in _ordered(rows) if r["core"] == core]
-        line = (f"- {core}: gradient span unbounded at every M, for a carried state of "
-                f"{_num(rs[0]['state_mb'])} MB whatever the span")
-        pairs = [f"M={r['M']}: {_num(_total_mb(r))} vs {_num(_total_mb(bptt[r['M']]))}"
-                 for r in rs if r["M"] in bptt]
+        line = (
+            f"- {core}: gradient span unbounded at every M, for a carried state of "
+            f"{_num(rs[0]['state_mb'])} MB whatever the span"
+        )
+        pairs = [
+            f"M={r['M']}: {_num(_total_mb(r))} vs {_num(_total_mb(bptt[r['M']]))}"
+            for r in rs
+            if r["M"] in bptt
+        ]
         if pairs:
             line += "; peak + state MB against TBPTT (span M) at equal M: " + ", ".join(pairs)
         lines.append(line + ".")
@@ -369,7 +403,9 @@ def machine_description(device: str) -> str:
         model = ""
         try:
             with open("/proc/cpuinfo") as fh:
-                model = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), "")
+                model = next(
+                    (ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), ""
+                )
         except OSError:
             pass
         line += f", {model or '?'} x {os.cpu_count()}, load {os.getloadavg()[0]:.1f}"
@@ -409,31 +445,64 @@ def plot(rows: list[dict], path: str, cfg: CostConfig) -> None:
         peaks = [(r["M"], r["peak_mb"]) for r in rs if r["peak_mb"] is not None]
         if peaks:
             mem_ax.plot(*zip(*peaks), "-o", color=color, label=f"{core}: peak ({span})")
-        mem_ax.plot([r["M"] for r in rs], [r["held_mb"] for r in rs], "--x", color=color,
-                    label=f"{core}: held for backward")
+        mem_ax.plot(
+            [r["M"] for r in rs],
+            [r["held_mb"] for r in rs],
+            "--x",
+            color=color,
+            label=f"{core}: held for backward",
+        )
         if rs[0]["gradient_span"] == UNBOUNDED:
-            mem_ax.axhline(rs[0]["state_mb"], color=color, ls=":", lw=1,
-                           label=f"{core}: carried state (any span)")
+            mem_ax.axhline(
+                rs[0]["state_mb"],
+                color=color,
+                ls=":",
+                lw=1,
+                label=f"{core}: carried state (any span)",
+            )
         if core in fits:
             a, b = fits[core]["a_mb_per_step"], fits[core]["b_mb"]
             xs = [0, max(r["M"] for r in rs)]
-            mem_ax.plot(xs, [a * x + b for x in xs], ":", color="grey", lw=1,
-                        label=f"fit {a:.2f}*M + {b:.0f} MB")
-        time_ax.plot([r["M"] for r in rs], [r["update_ms"] for r in rs], "-o", color=color,
-                     label=f"{core} ({span})")
+            mem_ax.plot(
+                xs,
+                [a * x + b for x in xs],
+                ":",
+                color="grey",
+                lw=1,
+                label=f"fit {a:.2f}*M + {b:.0f} MB",
+            )
+        time_ax.plot(
+            [r["M"] for r in rs],
+            [r["update_ms"] for r in rs],
+            "-o",
+            color=color,
+            label=f"{core} ({span})",
+        )
     note = ["RTRL: span unbounded at any M", "TBPTT: span = M"]
-    note += [f"{core} at span {EPISODE_STEPS}:\n~{fit[f'mb_at_{EPISODE_STEPS}']:,.0f} MB (fit)"
-             for core, fit in fits.items()]
-    mem_ax.text(0.98, 0.34, "\n".join(note), transform=mem_ax.transAxes, ha="right", va="bottom",
-                fontsize=8, bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
+    note += [
+        f"{core} at span {EPISODE_STEPS}:\n~{fit[f'mb_at_{EPISODE_STEPS}']:,.0f} MB (fit)"
+        for core, fit in fits.items()
+    ]
+    mem_ax.text(
+        0.98,
+        0.34,
+        "\n".join(note),
+        transform=mem_ax.transAxes,
+        ha="right",
+        va="bottom",
+        fontsize=8,
+        bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
+    )
     mem_ax.set_ylabel("MB (peak growth of one update / saved tensors)")
     time_ax.set_ylabel("ms per learner update (median)")
     for ax in (mem_ax, time_ax):
         ax.set_xlabel("segment length M (steps per update)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle(f"R2AC learner update: N={cfg.hidden_size}, B={cfg.batch_size}, "
-                 f"D={cfg.input_size}, frozen stem")
+    fig.suptitle(
+        f"R2AC learner update: N={cfg.hidden_size}, B={cfg.batch_size}, "
+        f"D={cfg.input_size}, frozen stem"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -445,19 +514,33 @@ def write_report(rows: list[dict], cfg: CostConfig, out_dir: str) -> dict[str, s
     paths = {kind: os.path.join(out_dir, f"cost.{kind}") for kind in ("json", "md", "png")}
     with torch_threads(cfg.threads):  # the machine line names the threads the rows ran on
         machine = machine_description(cfg.device)
-    meta = {"machine": machine, "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": command_line(cfg),
-            "config": asdict(cfg)}
+    meta = {
+        "machine": machine,
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": command_line(cfg),
+        "config": asdict(cfg),
+    }
     with open(paths["json"], "w") as fh:
         json.dump({**meta, "rows": rows, "bptt_fits": bptt_fits(rows)}, fh, indent=1)
         fh.write("\n")
-    md = [f"# Cost of one R2AC learner update: {', '.join(cfg.cores)}", "",
-          f"Command: `{meta['command']}`  ", f"{machine}  ", f"date: {meta['date']}", "",
-          f"N = {cfg.hidden_size}, B = {cfg.batch_size}, D = {cfg.input_size}, "
-          f"A = {cfg.num_actions}, frozen MLP stem on {OBS_DIM}-dim observations; medians of "
-          f"{cfg.repeats} updates after {cfg.warmup} warm-up; peak MB: growth of one update in "
-          "a fresh process, over the parameters, optimiser state, segment and state it holds.",
-          "", format_table(rows), "", *summary_lines(rows), ""]
+    md = [
+        f"# Cost of one R2AC learner update: {', '.join(cfg.cores)}",
+        "",
+        f"Command: `{meta['command']}`  ",
+        f"{machine}  ",
+        f"date: {meta['date']}",
+        "",
+        f"N = {cfg.hidden_size}, B = {cfg.batch_size}, D = {cfg.input_size}, "
+        f"A = {cfg.num_actions}, frozen MLP stem on {OBS_DIM}-dim observations; medians of "
+        f"{cfg.repeats} updates after {cfg.warmup} warm-up; peak MB: growth of one update in "
+        "a fresh process, over the parameters, optimiser state, segment and state it holds.",
+        "",
+        format_table(rows),
+        "",
+        *summary_lines(rows),
+        "",
+    ]
     with open(paths["md"], "w") as fh:
         fh.write("\n".join(md))
     plot(rows, paths["png"], cfg)

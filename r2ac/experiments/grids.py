@@ -101,60 +101,114 @@ def _slug(text: str) -> str:
 
 # Tasks. Reference scores are those of `r2ac bench envs` (docs/results.md, "Environments").
 DELAYED_CUE = Task(
-    "delayed-cue", "delayed-cue", {"env_options": ("delay=32",), "total_frames": 5_000_000},
+    "delayed-cue",
+    "delayed-cue",
+    {"env_options": ("delay=32",), "total_frames": 5_000_000},
     note="delayed-cue (33-step memory): memoryless bound 0 (exact), scripted 1.00",
 )
 WATERMAZE = Task(
-    "watermaze", "watermaze",
-    {"env_options": ("size=4", "episode_steps=50"), "entropy_cost": 0.003,
-     "total_frames": 5_000_000},
+    "watermaze",
+    "watermaze",
+    {
+        "env_options": ("size=4", "episode_steps=50"),
+        "entropy_cost": 0.003,
+        "total_frames": 5_000_000,
+    },
     note="watermaze 4x4 (50 steps): random 1.70, memoryless 5.94 (cycle; bound ~2H/N = 6.25), "
-         "scripted 16.90, oracle 18.97",
+    "scripted 16.90, oracle 18.97",
 )
 MINIGRID_MEMORY = Task(
-    "minigrid-memory", "delayed-cue",
-    {"env": "minigrid/MemoryS11", "env_options": ("max_episode_steps=100",), "hidden_size": 128,
-     "stem_features": 64, "total_frames": 5_000_000, "entropy_cost": 0.001, "learning_rate": 4e-3,
-     "forget_bias": 3.0, "freeze_stem": False},
+    "minigrid-memory",
+    "delayed-cue",
+    {
+        "env": "minigrid/MemoryS11",
+        "env_options": ("max_episode_steps=100",),
+        "hidden_size": 128,
+        "stem_features": 64,
+        "total_frames": 5_000_000,
+        "entropy_cost": 0.001,
+        "learning_rate": 4e-3,
+        "forget_bias": 3.0,
+        "freeze_stem": False,
+    },
     note="MiniGrid MemoryS11, 100 steps, one-hot observations (envpool; needs the envpool extra): "
-         "random 0.075; memoryless 0.46-0.48 (go to the split, pick one side; measured), optimal "
-         "~0.91 estimated; S7 and S9 show the cue from the split, so they need no memory",
+    "random 0.075; memoryless 0.46-0.48 (go to the split, pick one side; measured), optimal "
+    "~0.91 estimated; S7 and S9 show the cue from the split, so they need no memory",
 )
 CARTPOLE = Task(
-    "cartpole", "delayed-cue",
-    {"env": "envpool/CartPole-v1", "env_options": (), "freeze_stem": False,
-     "total_frames": 1_000_000, "learning_rate": 2e-3, "entropy_cost": 0.01, "forget_bias": None,
-     "reward_scale": 0.01},
+    "cartpole",
+    "delayed-cue",
+    {
+        "env": "envpool/CartPole-v1",
+        "env_options": (),
+        "freeze_stem": False,
+        "total_frames": 1_000_000,
+        "learning_rate": 2e-3,
+        "entropy_cost": 0.01,
+        "forget_bias": None,
+        "reward_scale": 0.01,
+    },
     note="CartPole-v1 (envpool; fully observed, so memory cannot help): max return 500; rewards "
     "scaled by 0.01 so that values (up to 100 unscaled) fit a linear head on the core's bounded h",
 )
 MINATAR_BREAKOUT = Task(
-    "minatar-breakout", "delayed-cue",
-    {"env": "gym/MinAtar/Breakout-v1", "env_options": (), "freeze_stem": False,
-     "hidden_size": 128, "mlp_hidden": (256,), "stem_features": 128,
-     "total_frames": 3_000_000, "learning_rate": 2e-3, "entropy_cost": 0.01, "forget_bias": None},
+    "minatar-breakout",
+    "delayed-cue",
+    {
+        "env": "gym/MinAtar/Breakout-v1",
+        "env_options": (),
+        "freeze_stem": False,
+        "hidden_size": 128,
+        "mlp_hidden": (256,),
+        "stem_features": 128,
+        "total_frames": 3_000_000,
+        "learning_rate": 2e-3,
+        "entropy_cost": 0.01,
+        "forget_bias": None,
+    },
     note="MinAtar Breakout (10x10 Atari Breakout, sticky actions 0.1; needs the minatar extra), "
     "reactive: the ball's trail channel makes it Markov; random 0.4",
 )
 BREAKOUT = Task(
-    "breakout", "atari",
-    {"runtime": "serial", "num_envs": 16, "batch_size": 32, "total_frames": 2_000_000,
-     "hidden_size": 256, "num_threads": 1, "checkpoint_every": 200, "log_every": 10},
+    "breakout",
+    "atari",
+    {
+        "runtime": "serial",
+        "num_envs": 16,
+        "batch_size": 32,
+        "total_frames": 2_000_000,
+        "hidden_size": 256,
+        "num_threads": 1,
+        "checkpoint_every": 200,
+        "log_every": 10,
+    },
     note="Atari Breakout (envpool; needs the envpool extra), reactive: memory should not matter",
 )
 # Atari on a CPU: IMPALA's shallow stem (~1 k frames/s per core), one serial job per core.
-_ATARI_CPU = {"image_stem": "shallow", "runtime": "serial", "num_envs": 16, "batch_size": 16,
-              "learning_rate": 2e-3, "hidden_size": 256, "num_threads": 1,
-              "checkpoint_every": 200, "log_every": 10, "eval_greedy": False}
+_ATARI_CPU = {
+    "image_stem": "shallow",
+    "runtime": "serial",
+    "num_envs": 16,
+    "batch_size": 16,
+    "learning_rate": 2e-3,
+    "hidden_size": 256,
+    "num_threads": 1,
+    "checkpoint_every": 200,
+    "log_every": 10,
+    "eval_greedy": False,
+}
 BREAKOUT_CPU = Task(
-    "breakout-cpu", "atari",
+    "breakout-cpu",
+    "atari",
     {**_ATARI_CPU, "total_frames": 1_000_000, "eval_sets": 3, "eval_episodes": 16},
     note="Atari Breakout (envpool) with IMPALA's shallow two-conv stem instead of the ResNet, so "
     "that it trains on a CPU (~1 k frames/s per core); reactive; sampled evaluation, because a "
     "greedy policy that never presses FIRE stalls an episode until the step limit; random 1.4",
 )
 SEAQUEST_CPU = Task(
-    "seaquest-cpu", "atari", {**_ATARI_CPU, "env": "atari/Seaquest", "total_frames": 500_000},
+    "seaquest-cpu",
+    "atari",
+    {**_ATARI_CPU, "env": "atari/Seaquest", "total_frames": 500_000},
     note="Atari Seaquest (envpool; the paper's preprocessing) with the shallow stem; reactive (the "
     "oxygen gauge is on screen); learns from the first 100 k frames on a CPU, unlike Breakout; "
     "sampled evaluation 5 x 30 episodes, because at this budget the policies are near uniform "
@@ -167,30 +221,61 @@ _MEMORY_M = (5, 10, 50, 100)
 def _popgym(name: str, env_id: str, episode_steps: int, note: str) -> Task:
     """A POPGym Easy env on the popgym preset. Every POPGym return lies in [-1, 1] with the
     optimum at +1 (Morad et al. 2023); random scores: `python scripts/popgym_scores.py`."""
-    return Task(name, "popgym", {"env": f"gym/popgym-{env_id}-v0"}, note=note,
-                episode_steps=episode_steps)
+    return Task(
+        name, "popgym", {"env": f"gym/popgym-{env_id}-v0"}, note=note, episode_steps=episode_steps
+    )
 
 
 POPGYM_TASKS = (
-    _popgym("repeat-first", "RepeatFirstEasy", 51,
-            "RepeatFirst (say the first card's suit at every step; span 51): random -0.50, "
-            "oracle 1.00"),
-    _popgym("repeat-previous", "RepeatPreviousEasy", 51,
-            "RepeatPrevious (say the suit of the card 4 steps back; span 4): random -0.50, "
-            "oracle 1.00"),
-    _popgym("count-recall", "CountRecallEasy", 51,
-            "CountRecall (how often was this card's value seen; span 51): random -0.93"),
-    _popgym("autoencode", "AutoencodeEasy", 103,
-            "Autoencode (watch 52 suits, then say them back; span 103): random -0.52"),
-    _popgym("higher-lower", "HigherLowerEasy", 51,
-            "HigherLower (will the next card be higher; card counting helps; span 51): random 0.01"),
-    _popgym("concentration", "ConcentrationEasy", 104,
-            "Concentration (flip matching pairs; span 104): random -0.21"),
-    _popgym("position-cartpole", "PositionOnlyCartPoleEasy", 200,
-            "CartPole seeing positions only (velocities must be inferred; span 2+): random 0.11"),
-    _popgym("velocity-cartpole", "VelocityOnlyCartpoleEasy", 200,
-            "CartPole seeing velocities only (positions must be integrated; span up to 200): "
-            "random 0.11"),
+    _popgym(
+        "repeat-first",
+        "RepeatFirstEasy",
+        51,
+        "RepeatFirst (say the first card's suit at every step; span 51): random -0.50, oracle 1.00",
+    ),
+    _popgym(
+        "repeat-previous",
+        "RepeatPreviousEasy",
+        51,
+        "RepeatPrevious (say the suit of the card 4 steps back; span 4): random -0.50, oracle 1.00",
+    ),
+    _popgym(
+        "count-recall",
+        "CountRecallEasy",
+        51,
+        "CountRecall (how often was this card's value seen; span 51): random -0.93",
+    ),
+    _popgym(
+        "autoencode",
+        "AutoencodeEasy",
+        103,
+        "Autoencode (watch 52 suits, then say them back; span 103): random -0.52",
+    ),
+    _popgym(
+        "higher-lower",
+        "HigherLowerEasy",
+        51,
+        "HigherLower (will the next card be higher; card counting helps; span 51): random 0.01",
+    ),
+    _popgym(
+        "concentration",
+        "ConcentrationEasy",
+        104,
+        "Concentration (flip matching pairs; span 104): random -0.21",
+    ),
+    _popgym(
+        "position-cartpole",
+        "PositionOnlyCartPoleEasy",
+        200,
+        "CartPole seeing positions only (velocities must be inferred; span 2+): random 0.11",
+    ),
+    _popgym(
+        "velocity-cartpole",
+        "VelocityOnlyCartpoleEasy",
+        200,
+        "CartPole seeing velocities only (positions must be integrated; span up to 200): "
+        "random 0.11",
+    ),
 )
 
 GRIDS: dict[str, Grid] = {
@@ -207,8 +292,10 @@ GRIDS: dict[str, Grid] = {
         "Table 2 shape: architectures with TBPTT, SnAp-1 on the feLSTM, and exact RTRL on the "
         "eLSTM, at one short M.",
         (DELAYED_CUE,),
-        tuple(Variant(core, 10) for core in
-              ("lstm-bptt", "felstm-bptt", "elstm-bptt", "felstm-snap1", "elstm-rtrl")),
+        tuple(
+            Variant(core, 10)
+            for core in ("lstm-bptt", "felstm-bptt", "elstm-bptt", "felstm-snap1", "elstm-rtrl")
+        ),
     ),
     "reactive": Grid(
         "reactive",
@@ -226,9 +313,15 @@ GRIDS["popgym"] = Grid(
     "against truncated BPTT at the same M and against full BPTT (LSTM and GRU with M as long as "
     "the episode), plus a memoryless agent; the same frame budget on every env.",
     POPGYM_TASKS,
-    (Variant("elstm-rtrl", 4), Variant("elstm-bptt", 4), Variant("lstm-bptt", 4),
-     Variant("gru-bptt", 4), Variant("lstm-bptt", FULL_EPISODE), Variant("gru-bptt", FULL_EPISODE),
-     Variant("feedforward", 4)),
+    (
+        Variant("elstm-rtrl", 4),
+        Variant("elstm-bptt", 4),
+        Variant("lstm-bptt", 4),
+        Variant("gru-bptt", 4),
+        Variant("lstm-bptt", FULL_EPISODE),
+        Variant("gru-bptt", FULL_EPISODE),
+        Variant("feedforward", 4),
+    ),
 )
 
 # Studies that are measurements, not grids of training runs (r2ac.experiments.cli dispatches).
@@ -261,7 +354,9 @@ def select_unroll_lengths(g: Grid, lengths: tuple[int, ...] | None) -> Grid:
     unknown = sorted(set(lengths) - set(known))
     if unknown:
         raise ConfigError(f"grid {g.name!r} has no rows with M in {unknown}; its M: {known}")
-    return dataclasses.replace(g, variants=tuple(v for v in g.variants if v.unroll_length in lengths))
+    return dataclasses.replace(
+        g, variants=tuple(v for v in g.variants if v.unroll_length in lengths)
+    )
 
 
 def select_cores(g: Grid, cores: tuple[str, ...] | None) -> Grid:

@@ -29,7 +29,7 @@ def final_train_return(run_dir: Path, fraction: float = 0.1) -> float | None:
     if curve is None:
         return None
     returns = curve[1]
-    return float(returns[-max(1, int(len(returns) * fraction)):].mean())
+    return float(returns[-max(1, int(len(returns) * fraction)) :].mean())
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -38,7 +38,9 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return float(arr.mean()), float(arr.std())
 
 
-def collect(specs: list[RunSpec], out: Path, metric=eval_score) -> dict[tuple[str, str], list[float]]:
+def collect(
+    specs: list[RunSpec], out: Path, metric=eval_score
+) -> dict[tuple[str, str], list[float]]:
     """(task name, variant label) -> `metric` of each finished seed's run directory."""
     scores: dict[tuple[str, str], list[float]] = {}
     for spec in specs:
@@ -59,8 +61,15 @@ def format_cell(values: list[float], seeds: int) -> str:
     return f"{mean:.3f} ± {std:.3f}{partial}"
 
 
-def markdown_table(grid: Grid, tasks: tuple[Task, ...], specs: list[RunSpec], out: Path,
-                   seeds: int, metric=eval_score, notes: bool = True) -> str:
+def markdown_table(
+    grid: Grid,
+    tasks: tuple[Task, ...],
+    specs: list[RunSpec],
+    out: Path,
+    seeds: int,
+    metric=eval_score,
+    notes: bool = True,
+) -> str:
     scores = collect(specs, out, metric)
     header = "| model | " + " | ".join(t.name for t in tasks) + " |"
     lines = [header, "|" + "---|" * (len(tasks) + 1)]
@@ -79,8 +88,10 @@ def curve_of(run_dir: Path) -> tuple[np.ndarray, np.ndarray] | None:
     rows = [r for r in read_metrics(path) if not math.isnan(r.get("return_mean", math.nan))]
     if not rows:
         return None
-    return (np.array([r["frames"] for r in rows], dtype=np.float64),
-            np.array([r["return_mean"] for r in rows], dtype=np.float64))
+    return (
+        np.array([r["frames"] for r in rows], dtype=np.float64),
+        np.array([r["return_mean"] for r in rows], dtype=np.float64),
+    )
 
 
 def mean_curve(curves: list[tuple[np.ndarray, np.ndarray]], points: int = 100):
@@ -133,23 +144,46 @@ def eval_protocol(task: Task) -> str:
     return f"{task.name}: {cfg.eval_sets} sets x {cfg.eval_episodes} episodes, {mode}"
 
 
-def write_report(grid: Grid, tasks: tuple[Task, ...], specs: list[RunSpec], out: Path,
-                 seeds: int, header: str) -> tuple[Path, str]:
+def write_report(
+    grid: Grid, tasks: tuple[Task, ...], specs: list[RunSpec], out: Path, seeds: int, header: str
+) -> tuple[Path, str]:
     """OUT/results.md (the tables, notes, curves) and OUT/results.json (every run's scores).
     Returns the path of results.md and the evaluation table."""
     table = markdown_table(grid, tasks, specs, out, seeds)
     train = markdown_table(grid, tasks, specs, out, seeds, final_train_return, notes=False)
     images = plot_curves(grid, tasks, specs, out)
-    body = [f"# {grid.name}", "", grid.description, "", header, "",
-            "Evaluation (mean ± std over seeds of each run's mean score; per column: "
-            + "; ".join(eval_protocol(t) for t in tasks) + "):", "", table, "",
-            "Training return over the last 10% of each run (sampled actions):", "", train, ""]
+    body = [
+        f"# {grid.name}",
+        "",
+        grid.description,
+        "",
+        header,
+        "",
+        "Evaluation (mean ± std over seeds of each run's mean score; per column: "
+        + "; ".join(eval_protocol(t) for t in tasks)
+        + "):",
+        "",
+        table,
+        "",
+        "Training return over the last 10% of each run (sampled actions):",
+        "",
+        train,
+        "",
+    ]
     body += [f"![{p.stem}]({p.name})" for p in images]
     path = out / "results.md"
     path.write_text("\n".join(body) + "\n")
-    runs = {s.run_id: {"task": s.task.name, "variant": s.variant.label, "seed": s.seed,
-                       "eval_mean": eval_score(out / "runs" / s.run_id),
-                       "final_train_return": final_train_return(out / "runs" / s.run_id)}
-            for s in specs}
-    (out / "results.json").write_text(json.dumps({"grid": grid.name, "runs": runs}, indent=2) + "\n")
+    runs = {
+        s.run_id: {
+            "task": s.task.name,
+            "variant": s.variant.label,
+            "seed": s.seed,
+            "eval_mean": eval_score(out / "runs" / s.run_id),
+            "final_train_return": final_train_return(out / "runs" / s.run_id),
+        }
+        for s in specs
+    }
+    (out / "results.json").write_text(
+        json.dumps({"grid": grid.name, "runs": runs}, indent=2) + "\n"
+    )
     return path, table

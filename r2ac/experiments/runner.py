@@ -73,8 +73,11 @@ def config_mismatch(run_dir: Path, expected: TrainConfig) -> list[str]:
     if not run.config_path.exists():
         return []
     saved = run.config()
-    return [f.name for f in dataclasses.fields(TrainConfig)
-            if f.name not in _PLACEMENT_FIELDS and getattr(saved, f.name) != getattr(expected, f.name)]
+    return [
+        f.name
+        for f in dataclasses.fields(TrainConfig)
+        if f.name not in _PLACEMENT_FIELDS and getattr(saved, f.name) != getattr(expected, f.name)
+    ]
 
 
 def run_state(run_dir: Path) -> str:
@@ -92,8 +95,15 @@ def command_for(spec: RunSpec, run_dir: Path, total_frames: int | None) -> list[
         return [*base, "--resume", str(run_dir)]
     if (run_dir / "config.json").exists():  # the run dir's lock guards it, unlike a removal
         return [*base, "--restart", str(run_dir)]
-    return [*base, "--preset", spec.task.preset, *train_args(spec.overrides(total_frames)),
-            "--out-dir", str(run_dir), "--no-progress"]
+    return [
+        *base,
+        "--preset",
+        spec.task.preset,
+        *train_args(spec.overrides(total_frames)),
+        "--out-dir",
+        str(run_dir),
+        "--no-progress",
+    ]
 
 
 def read_eval(run_dir: Path) -> float | None:
@@ -116,13 +126,17 @@ def run_one(spec: RunSpec, out: Path, total_frames: int | None) -> RunResult:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False)
     seconds = time.perf_counter() - start
     if proc.returncode != 0 or run_state(run_dir) != "finished":
-        return RunResult(spec, "failed", seconds,
-                         message=f"exit code {proc.returncode}; see {log_path}")
+        return RunResult(
+            spec, "failed", seconds, message=f"exit code {proc.returncode}; see {log_path}"
+        )
     return RunResult(spec, "ran", seconds, eval_mean=read_eval(run_dir))
 
 
 def run_grid(
-    specs: list[RunSpec], out: Path, jobs: int, total_frames: int | None = None,
+    specs: list[RunSpec],
+    out: Path,
+    jobs: int,
+    total_frames: int | None = None,
     on_result: Callable[[RunResult], None] | None = None,
 ) -> list[RunResult]:
     """Run every spec (finished ones are skipped), `jobs` at a time; results in spec order."""

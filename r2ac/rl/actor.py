@@ -98,7 +98,9 @@ class Actor:
 
     def _record_input(self, buf: dict, t: int) -> None:
         buf["obs"][t], buf["last_reward"][t], buf["reset"][t] = (
-            self.obs, self.last_reward, self.reset,
+            self.obs,
+            self.last_reward,
+            self.reset,
         )
         buf["last_action"][t] = self.last_action
 
@@ -113,8 +115,12 @@ class Actor:
         for t in range(self.unroll_length):
             self._record_input(buf, t)
             reset = self.reset.unsqueeze(0)  # (1, B)
-            x = agent.core_input(self.obs.unsqueeze(0), self.last_reward.unsqueeze(0), reset,
-                                 self.last_action.unsqueeze(0))
+            x = agent.core_input(
+                self.obs.unsqueeze(0),
+                self.last_reward.unsqueeze(0),
+                reset,
+                self.last_action.unsqueeze(0),
+            )
             inputs.append(x)
             h, state = agent.core(x, state, reset=reset)
             logits = agent.heads(h)[0][0]  # (B, A)
@@ -126,11 +132,14 @@ class Actor:
             truncated = torch.from_numpy(np.asarray(result.truncated, dtype=bool))
             buf["actions"][t], buf["behaviour_logits"][t] = action, logits
             buf["rewards"][t], buf["terminated"][t], buf["truncated"][t] = (
-                reward, terminated, truncated,
+                reward,
+                terminated,
+                truncated,
             )
             if bool(truncated.any()):
                 buf["final_values"][t] = self._final_values(
-                    result.info["final_obs"], reward, action, state)
+                    result.info["final_obs"], reward, action, state
+                )
             self._log_episodes(result.info, log)
             done = terminated | truncated
             self.obs = torch.from_numpy(np.asarray(result.obs))
@@ -145,8 +154,9 @@ class Actor:
             self.state = agent.core.advance_state(x_seg, start, reset=reset_seg)
         return Segment(**buf, state=start), log
 
-    def _final_values(self, final_obs, reward: torch.Tensor, action: torch.Tensor,
-                      state: Any) -> torch.Tensor:
+    def _final_values(
+        self, final_obs, reward: torch.Tensor, action: torch.Tensor, state: Any
+    ) -> torch.Tensor:
         """V(final_obs) from the state after the step (the state of the ended episode)."""
         obs = torch.from_numpy(np.asarray(final_obs)).unsqueeze(0)
         x = self.agent.core_input(obs, reward.unsqueeze(0), None, action.unsqueeze(0))
@@ -168,10 +178,13 @@ class Actor:
         except (NotImplementedError, AttributeError):
             env_state = None
         return {
-            "obs": self.obs.clone(), "last_reward": self.last_reward.clone(),
+            "obs": self.obs.clone(),
+            "last_reward": self.last_reward.clone(),
             "last_action": self.last_action.clone(),
-            "reset": self.reset.clone(), "state": self.state,
-            "generator": self.generator.get_state(), "env": env_state,
+            "reset": self.reset.clone(),
+            "state": self.state,
+            "generator": self.generator.get_state(),
+            "env": env_state,
         }
 
     def set_state(self, saved: dict[str, Any]) -> bool:

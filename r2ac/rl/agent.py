@@ -40,8 +40,14 @@ class Agent(nn.Module):
     """
 
     def __init__(
-        self, stem: nn.Module, core: RecurrentCore, num_actions: int, freeze_stem: bool = False,
-        prev_action: bool = False, value_norm: bool = False, reward_scale: float = 1.0,
+        self,
+        stem: nn.Module,
+        core: RecurrentCore,
+        num_actions: int,
+        freeze_stem: bool = False,
+        prev_action: bool = False,
+        value_norm: bool = False,
+        reward_scale: float = 1.0,
     ):
         super().__init__()
         if not isinstance(core, RecurrentCore):
@@ -91,7 +97,10 @@ class Agent(nn.Module):
         return logits, values, state
 
     def core_input(
-        self, obs: torch.Tensor, last_reward: torch.Tensor, reset: torch.Tensor | None,
+        self,
+        obs: torch.Tensor,
+        last_reward: torch.Tensor,
+        reset: torch.Tensor | None,
         last_action: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The core's input ``(T, B, D)``: stem features, the clipped and scaled last reward

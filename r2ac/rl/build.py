@@ -31,7 +31,9 @@ def actor_seed(seed: int, actor_index: int) -> int:
 
 def eval_seed(seed: int, set_index: int) -> int:
     """Seed of evaluation set `set_index`, disjoint from every training actor's seed."""
-    return int(np.random.SeedSequence([seed, _EVAL_SEED_OFFSET, set_index]).generate_state(1)[0] % 2**31)
+    return int(
+        np.random.SeedSequence([seed, _EVAL_SEED_OFFSET, set_index]).generate_state(1)[0] % 2**31
+    )
 
 
 def make_env(cfg: TrainConfig, num_envs: int, seed: int) -> BatchedEnv:
@@ -39,13 +41,20 @@ def make_env(cfg: TrainConfig, num_envs: int, seed: int) -> BatchedEnv:
 
 
 def make_agent(
-    cfg: TrainConfig, observation_shape, observation_dtype, num_actions: int,
-    dtype: torch.dtype = torch.float32, load_stem: bool = True,
+    cfg: TrainConfig,
+    observation_shape,
+    observation_dtype,
+    num_actions: int,
+    dtype: torch.dtype = torch.float32,
+    load_stem: bool = True,
 ) -> Agent:
     """The agent of `cfg`, initialised from torch's global RNG (seed it first)."""
     stem = make_stem(
-        observation_shape, observation_dtype, out_features=cfg.stem_features,
-        channels=cfg.conv_channels, mlp_hidden=cfg.mlp_hidden,
+        observation_shape,
+        observation_dtype,
+        out_features=cfg.stem_features,
+        channels=cfg.conv_channels,
+        mlp_hidden=cfg.mlp_hidden,
         image_stem=cfg.image_stem,
     )
     input_size = core_input_size(cfg.stem_features, num_actions, cfg.prev_action)
@@ -54,8 +63,13 @@ def make_agent(
         with torch.no_grad():
             core.b_f.fill_(cfg.forget_bias)
     agent = Agent(
-        stem, core, num_actions, freeze_stem=cfg.freeze_stem, prev_action=cfg.prev_action,
-        value_norm=cfg.popart, reward_scale=cfg.reward_scale,
+        stem,
+        core,
+        num_actions,
+        freeze_stem=cfg.freeze_stem,
+        prev_action=cfg.prev_action,
+        value_norm=cfg.popart,
+        reward_scale=cfg.reward_scale,
     ).to(dtype)
     if load_stem and cfg.load_stem:
         agent.load_stem(cfg.load_stem)

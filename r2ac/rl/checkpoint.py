@@ -64,7 +64,11 @@ def encode(obj: Any) -> Any:
     """``obj`` with numpy values and NamedTuples replaced by tensors and tagged dicts."""
     if isinstance(obj, np.generic):  # first: np.float64 is also a Python float
         return {TAG: "npscalar", "data": torch.from_numpy(np.asarray(obj).copy())}
-    if isinstance(obj, torch.Tensor) or obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+    if (
+        isinstance(obj, torch.Tensor)
+        or obj is None
+        or isinstance(obj, (bool, int, float, str, bytes))
+    ):
         return obj
     if isinstance(obj, (torch.dtype, torch.device, torch.Size)):
         return obj
@@ -72,12 +76,18 @@ def encode(obj: Any) -> Any:
         return {TAG: "ndarray", "data": torch.from_numpy(np.ascontiguousarray(obj).copy())}
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
         cls = type(obj)
-        return {TAG: "namedtuple", "type": f"{cls.__module__}:{cls.__qualname__}",
-                "fields": [encode(v) for v in obj]}
+        return {
+            TAG: "namedtuple",
+            "type": f"{cls.__module__}:{cls.__qualname__}",
+            "fields": [encode(v) for v in obj],
+        }
     if isinstance(obj, CarriedBuffer):  # e.g. the eLSTM's sensitivities (reading runs its carry)
         cls = type(obj)
-        return {TAG: "carried", "type": f"{cls.__module__}:{cls.__qualname__}",
-                "fields": [encode(v) for v in obj.tensors()]}
+        return {
+            TAG: "carried",
+            "type": f"{cls.__module__}:{cls.__qualname__}",
+            "fields": [encode(v) for v in obj.tensors()],
+        }
     if isinstance(obj, (list, tuple)):
         return type(obj)(encode(v) for v in obj)
     if isinstance(obj, dict):
@@ -162,8 +172,10 @@ def _read_checked(f, path: Path) -> bytes:
     body = f.read()
     if len(body) != int(fields[2]):
         what = "truncated" if len(body) < int(fields[2]) else "damaged"
-        raise CheckpointError(f"{path}: {what} checkpoint ({len(body)} bytes, the header says "
-                              f"{int(fields[2])}); the file cannot be used")
+        raise CheckpointError(
+            f"{path}: {what} checkpoint ({len(body)} bytes, the header says "
+            f"{int(fields[2])}); the file cannot be used"
+        )
     if hashlib.sha256(body).hexdigest() != fields[1].decode():
         raise CheckpointError(f"{path}: checksum mismatch (the file is corrupted); refusing it")
     return body
@@ -177,13 +189,16 @@ def _unpickle(source, path: Path, map_location, legacy: bool) -> Any:
             raise CheckpointError(
                 f"{path}: refused: the file holds objects other than data (an old checkpoint of "
                 f"this project, or one that could run code); if you trust it, convert it with "
-                f"`{CONVERT_HINT} {path}`") from exc
-        raise CheckpointError(f"{path}: refused: the checkpoint holds objects other than data "
-                              "(it could run code)") from exc
+                f"`{CONVERT_HINT} {path}`"
+            ) from exc
+        raise CheckpointError(
+            f"{path}: refused: the checkpoint holds objects other than data (it could run code)"
+        ) from exc
     except Exception as exc:  # noqa: BLE001  (torch raises many kinds for a foreign file)
-        raise CheckpointError(f"{path}: not a checkpoint, or a truncated one "
-                              f"({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})"
-                              ) from exc
+        raise CheckpointError(
+            f"{path}: not a checkpoint, or a truncated one "
+            f"({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})"
+        ) from exc
 
 
 def load(path: str | os.PathLike, map_location: str | torch.device | None = "cpu") -> Any:
@@ -201,8 +216,12 @@ def load(path: str | os.PathLike, map_location: str | torch.device | None = "cpu
         f.seek(0)
         data = f.read()
     obj = _unpickle(io.BytesIO(data), path, map_location, True)
-    log.warning("%s has no checksum (written by an older version); `%s %s` adds one",
-                path, CONVERT_HINT, path)
+    log.warning(
+        "%s has no checksum (written by an older version); `%s %s` adds one",
+        path,
+        CONVERT_HINT,
+        path,
+    )
     return obj
 
 
@@ -274,15 +293,19 @@ def lock_directory(directory: str | os.PathLike) -> int:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise ConfigError(f"{directory}: cannot create its lock file ({exc.strerror}); "
-                          "a run directory must be writable") from exc
+        raise ConfigError(
+            f"{directory}: cannot create its lock file ({exc.strerror}); "
+            "a run directory must be writable"
+        ) from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise ConfigError(f"{directory} is in use by another process (pid {holder}); "
-                          "wait for it to finish or stop it") from None
+        raise ConfigError(
+            f"{directory} is in use by another process (pid {holder}); "
+            "wait for it to finish or stop it"
+        ) from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
@@ -302,8 +325,9 @@ def convert(path: str | os.PathLike) -> Path:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] != "convert":
-        print(f"usage: {CONVERT_HINT} FILE... (files you trust: they are unpickled)",
-              file=sys.stderr)
+        print(
+            f"usage: {CONVERT_HINT} FILE... (files you trust: they are unpickled)", file=sys.stderr
+        )
         return 2
     for name in argv[1:]:
         try:

@@ -145,9 +145,21 @@ class TrainConfig:
 def _paper(**kw) -> TrainConfig:
     """SPEC.md Table 3/4 values shared by the paper's domains."""
     base = dict(
-        forget_bias=None, stem_features=256, learning_rate=6e-4, batch_size=32, num_envs=8,
-        discount=0.99, baseline_cost=0.5, entropy_cost=0.01, grad_clip=40.0,
-        runtime="parallel", lr_decay=False, num_threads=0, freeze_stem=False, checkpoint_every=1000, log_every=20,
+        forget_bias=None,
+        stem_features=256,
+        learning_rate=6e-4,
+        batch_size=32,
+        num_envs=8,
+        discount=0.99,
+        baseline_cost=0.5,
+        entropy_cost=0.01,
+        grad_clip=40.0,
+        runtime="parallel",
+        lr_decay=False,
+        num_threads=0,
+        freeze_stem=False,
+        checkpoint_every=1000,
+        log_every=20,
     )
     base.update(kw)
     return TrainConfig(**base)
@@ -157,13 +169,26 @@ PRESETS: dict[str, TrainConfig] = {
     # The built-in delayed cue (docs/rl.md, "Presets"): a frozen random stem, a forget bias
     # that keeps the cue for the 65-step episode (f = 0.989, f^64 = 0.5), lr 5e-3 decayed.
     "delayed-cue": TrainConfig(
-        env="builtin/delayed-cue", env_options=("delay=64",), forget_bias=4.5, freeze_stem=True,
-        learning_rate=5e-3, lr_decay=True, entropy_cost=0.003,
+        env="builtin/delayed-cue",
+        env_options=("delay=64",),
+        forget_bias=4.5,
+        freeze_stem=True,
+        learning_rate=5e-3,
+        lr_decay=True,
+        entropy_cost=0.003,
     ),
     "watermaze": TrainConfig(
-        env="builtin/watermaze", env_options=(), hidden_size=128, stem_features=64,
-        unroll_length=20, total_frames=5_000_000, learning_rate=2e-3, forget_bias=3.0,
-        entropy_cost=0.01, freeze_stem=True, lr_decay=True,
+        env="builtin/watermaze",
+        env_options=(),
+        hidden_size=128,
+        stem_features=64,
+        unroll_length=20,
+        total_frames=5_000_000,
+        learning_rate=2e-3,
+        forget_bias=3.0,
+        entropy_cost=0.01,
+        freeze_stem=True,
+        lr_decay=True,
     ),
     # POPGym (Morad et al. 2023): card games and CartPoles with returns in [-1, 1] and
     # per-step rewards of 1/51 .. 1/200. Measured on RepeatFirstEasy (docs/results.md,
@@ -174,23 +199,50 @@ PRESETS: dict[str, TrainConfig] = {
     # warm-up tames RMSProp's first, 10x-too-large steps; the linear decay keeps a learned
     # policy; a trainable stem.
     "popgym": TrainConfig(
-        env="gym/popgym-RepeatFirstEasy-v0", env_options=(), hidden_size=128,
-        forget_bias=None, freeze_stem=False, unroll_length=4, total_frames=1_000_000,
-        learning_rate=2e-3, lr_decay=True, lr_warmup_updates=200, entropy_cost=0.01,
-        reward_scale=50.0, prev_action=True, popart=True, popart_advantages=False,
-        eval_sets=3, eval_episodes=100,
+        env="gym/popgym-RepeatFirstEasy-v0",
+        env_options=(),
+        hidden_size=128,
+        forget_bias=None,
+        freeze_stem=False,
+        unroll_length=4,
+        total_frames=1_000_000,
+        learning_rate=2e-3,
+        lr_decay=True,
+        lr_warmup_updates=200,
+        entropy_cost=0.01,
+        reward_scale=50.0,
+        prev_action=True,
+        popart=True,
+        popart_advantages=False,
+        eval_sets=3,
+        eval_episodes=100,
     ),
     "dmlab": _paper(
-        env="dmlab/rooms_watermaze", env_options=(), hidden_size=512, unroll_length=100,
-        total_frames=30_000_000, eval_sets=3, eval_episodes=100,
+        env="dmlab/rooms_watermaze",
+        env_options=(),
+        hidden_size=512,
+        unroll_length=100,
+        total_frames=30_000_000,
+        eval_sets=3,
+        eval_episodes=100,
     ),
     "atari": _paper(
-        env="atari/Breakout", env_options=(), hidden_size=256, unroll_length=50,
-        total_frames=200_000_000, eval_sets=5, eval_episodes=30,
+        env="atari/Breakout",
+        env_options=(),
+        hidden_size=256,
+        unroll_length=50,
+        total_frames=200_000_000,
+        eval_sets=5,
+        eval_episodes=30,
     ),
     "procgen": _paper(
-        env="procgen/chaser", env_options=(), hidden_size=256, unroll_length=50,
-        total_frames=200_000_000, eval_sets=3, eval_episodes=100,
+        env="procgen/chaser",
+        env_options=(),
+        hidden_size=256,
+        unroll_length=50,
+        total_frames=200_000_000,
+        eval_sets=3,
+        eval_episodes=100,
     ),
 }
 
@@ -224,8 +276,16 @@ def core_choices() -> list[str]:
 
 
 _POSITIVE = (
-    "hidden_size", "stem_features", "unroll_length", "num_envs", "batch_size", "total_frames",
-    "checkpoint_every", "log_every", "eval_sets", "eval_episodes",
+    "hidden_size",
+    "stem_features",
+    "unroll_length",
+    "num_envs",
+    "batch_size",
+    "total_frames",
+    "checkpoint_every",
+    "log_every",
+    "eval_sets",
+    "eval_episodes",
 )
 
 
@@ -251,9 +311,12 @@ def _fits(value, annotation) -> bool:
 def check_types(cfg: TrainConfig) -> None:
     """ConfigError naming every field whose value has the wrong type (e.g. from config.json)."""
     hints = typing.get_type_hints(TrainConfig)
-    bad = [f"{f.name}={getattr(cfg, f.name)!r} (expected "
-           f"{getattr(hints[f.name], '__name__', str(hints[f.name]).replace('typing.', ''))})"
-           for f in dataclasses.fields(TrainConfig) if not _fits(getattr(cfg, f.name), hints[f.name])]
+    bad = [
+        f"{f.name}={getattr(cfg, f.name)!r} (expected "
+        f"{getattr(hints[f.name], '__name__', str(hints[f.name]).replace('typing.', ''))})"
+        for f in dataclasses.fields(TrainConfig)
+        if not _fits(getattr(cfg, f.name), hints[f.name])
+    ]
     if bad:
         raise ConfigError(f"config values of the wrong type: {'; '.join(bad)}")
 
@@ -261,23 +324,43 @@ def check_types(cfg: TrainConfig) -> None:
 def _out_of_range(cfg: TrainConfig) -> list[str]:
     """Floats that are not finite or not in their range, and a negative seed (written so
     that NaN fails every test)."""
-    finite = {n: getattr(cfg, n) for n in ("learning_rate", "rms_alpha", "rms_eps", "discount",
-                                           "reward_scale", "baseline_cost", "entropy_cost",
-                                           "grad_clip", "forget_bias", "popart_beta",
-                                           "progress_every_s")}
-    bad = [f"{n}={v} (not finite)" for n, v in finite.items() if v is not None and not math.isfinite(v)]
+    finite = {
+        n: getattr(cfg, n)
+        for n in (
+            "learning_rate",
+            "rms_alpha",
+            "rms_eps",
+            "discount",
+            "reward_scale",
+            "baseline_cost",
+            "entropy_cost",
+            "grad_clip",
+            "forget_bias",
+            "popart_beta",
+            "progress_every_s",
+        )
+    }
+    bad = [
+        f"{n}={v} (not finite)" for n, v in finite.items() if v is not None and not math.isfinite(v)
+    ]
     rules = (
-        ("learning_rate", cfg.learning_rate >= 0, ">= 0"), ("rms_eps", cfg.rms_eps > 0, "> 0"),
+        ("learning_rate", cfg.learning_rate >= 0, ">= 0"),
+        ("rms_eps", cfg.rms_eps > 0, "> 0"),
         ("rms_alpha", 0 <= cfg.rms_alpha < 1, "in [0, 1)"),
-        ("discount", 0 <= cfg.discount <= 1, "in [0, 1]"), ("grad_clip", cfg.grad_clip > 0, "> 0"),
+        ("discount", 0 <= cfg.discount <= 1, "in [0, 1]"),
+        ("grad_clip", cfg.grad_clip > 0, "> 0"),
         ("reward_scale", cfg.reward_scale > 0, "> 0"),
         ("baseline_cost", cfg.baseline_cost >= 0, ">= 0"),
-        ("entropy_cost", cfg.entropy_cost >= 0, ">= 0"), ("seed", 0 <= cfg.seed < 2**63, ">= 0"),
+        ("entropy_cost", cfg.entropy_cost >= 0, ">= 0"),
+        ("seed", 0 <= cfg.seed < 2**63, ">= 0"),
         ("popart_beta", 0 < cfg.popart_beta <= 1, "in (0, 1]"),
         ("progress_every_s", cfg.progress_every_s > 0, "> 0"),
     )
-    bad += [f"{n}={getattr(cfg, n)} (must be {rule})" for n, ok, rule in rules
-            if not ok and math.isfinite(getattr(cfg, n))]
+    bad += [
+        f"{n}={getattr(cfg, n)} (must be {rule})"
+        for n, ok, rule in rules
+        if not ok and math.isfinite(getattr(cfg, n))
+    ]
     return bad
 
 
@@ -288,8 +371,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if bad:
         raise ConfigError(f"out of range: {', '.join(bad)}")
     bad = [f"{name}={getattr(cfg, name)}" for name in _POSITIVE if getattr(cfg, name) < 1]
-    bad += [f"{n}={getattr(cfg, n)}" for n in ("num_actors", "num_threads", "lr_warmup_updates")
-            if getattr(cfg, n) < 0]
+    bad += [
+        f"{n}={getattr(cfg, n)}"
+        for n in ("num_actors", "num_threads", "lr_warmup_updates")
+        if getattr(cfg, n) < 0
+    ]
     bad += [f"mlp_hidden={cfg.mlp_hidden}"] if any(n < 1 for n in cfg.mlp_hidden) else []
     bad += [f"conv_channels={cfg.conv_channels}"] if any(n < 1 for n in cfg.conv_channels) else []
     if bad:

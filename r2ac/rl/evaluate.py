@@ -44,8 +44,9 @@ def play_episodes(agent: Agent, env, episodes: int, greedy: bool, seed: int) -> 
     state = agent.core.light_state(full)
     steps = 0
     while any(len(r) < q for r, q in zip(returns, quota)):
-        logits, _, state = agent(obs[None], last_reward[None], reset[None], state,
-                                 last_action=last_action[None])
+        logits, _, state = agent(
+            obs[None], last_reward[None], reset[None], state, last_action=last_action[None]
+        )
         logits = logits[0]
         if greedy:
             action = logits.argmax(-1)
@@ -64,8 +65,9 @@ def play_episodes(agent: Agent, env, episodes: int, greedy: bool, seed: int) -> 
     return [x for r in returns for x in r], steps
 
 
-def evaluate(agent: Agent, cfg: TrainConfig, sets: int, episodes: int, greedy: bool,
-             seed: int | None = None) -> dict:
+def evaluate(
+    agent: Agent, cfg: TrainConfig, sets: int, episodes: int, greedy: bool, seed: int | None = None
+) -> dict:
     seed = cfg.seed if seed is None else seed
     start, set_returns, steps = time.perf_counter(), [], 0
     was_training = agent.training
@@ -80,10 +82,18 @@ def evaluate(agent: Agent, cfg: TrainConfig, sets: int, episodes: int, greedy: b
     agent.train(was_training)
     means = [float(np.mean(r)) for r in set_returns]
     return {
-        "env": cfg.env, "core": cfg.core, "sets": sets, "episodes_per_set": episodes,
-        "actions": "greedy" if greedy else "sampled", "seed": seed,
-        "mean": float(np.mean(means)), "std": float(np.std(means)), "set_means": means,
-        "returns": set_returns, "frames": steps, "seconds": time.perf_counter() - start,
+        "env": cfg.env,
+        "core": cfg.core,
+        "sets": sets,
+        "episodes_per_set": episodes,
+        "actions": "greedy" if greedy else "sampled",
+        "seed": seed,
+        "mean": float(np.mean(means)),
+        "std": float(np.std(means)),
+        "set_means": means,
+        "returns": set_returns,
+        "frames": steps,
+        "seconds": time.perf_counter() - start,
     }
 
 
@@ -94,8 +104,14 @@ def write_eval(run: RunDir, result: dict, out: str | Path | None = None) -> Path
     return checkpoint.write_atomic((json.dumps(result, indent=2) + "\n").encode(), path)
 
 
-def evaluate_run(path: str, sets: int | None, episodes: int | None, greedy: bool | None,
-                 seed: int | None, out: str | None = None) -> tuple[dict, Path]:
+def evaluate_run(
+    path: str,
+    sets: int | None,
+    episodes: int | None,
+    greedy: bool | None,
+    seed: int | None,
+    out: str | None = None,
+) -> tuple[dict, Path]:
     run = RunDir.open(path)
     cfg = validate(run.config())
     check_writable(out or run.eval_path, "--out", is_file=True)
@@ -105,8 +121,14 @@ def evaluate_run(path: str, sets: int | None, episodes: int | None, greedy: bool
     agent = agent_for_env(cfg, env, load_stem=False)
     env.close()
     load_agent_weights(agent, checkpoint.load(run.agent_path)["agent"], run.agent_path)
-    result = evaluate(agent, cfg, sets or cfg.eval_sets, episodes or cfg.eval_episodes,
-                      cfg.eval_greedy if greedy is None else greedy, seed)
+    result = evaluate(
+        agent,
+        cfg,
+        sets or cfg.eval_sets,
+        episodes or cfg.eval_episodes,
+        cfg.eval_greedy if greedy is None else greedy,
+        seed,
+    )
     return result, write_eval(run, result, out)
 
 
@@ -119,19 +141,25 @@ def main(argv: list[str]) -> int:
     mode.add_argument("--greedy", dest="greedy", action="store_true", default=None)
     mode.add_argument("--sampled", dest="greedy", action="store_false")
     parser.add_argument("--seed", type=int, help="evaluation seed (default: the run's seed)")
-    parser.add_argument("--out", help="result file (default RUN_DIR/eval.json; give another to "
-                        "keep the run's own evaluation, e.g. a --sampled check of a greedy run)")
+    parser.add_argument(
+        "--out",
+        help="result file (default RUN_DIR/eval.json; give another to "
+        "keep the run's own evaluation, e.g. a --sampled check of a greedy run)",
+    )
     args = parser.parse_args(argv)
     try:
         for name in ("sets", "episodes"):
             if getattr(args, name) is not None and getattr(args, name) < 1:
                 raise ConfigError(f"--{name} must be positive, got {getattr(args, name)}")
-        result, path = evaluate_run(args.run_dir, args.sets, args.episodes, args.greedy, args.seed,
-                                    args.out)
+        result, path = evaluate_run(
+            args.run_dir, args.sets, args.episodes, args.greedy, args.seed, args.out
+        )
     except (ConfigError, MissingDependencyError) as exc:
         print(f"r2ac eval: error: {exc}", file=sys.stderr)
         return 2
-    print(f"{result['env']} {result['core']}: {result['mean']:.3f} +- {result['std']:.3f} "
-          f"({result['sets']} x {result['episodes_per_set']} {result['actions']} episodes, "
-          f"{result['seconds']:.1f} s) -> {path}")
+    print(
+        f"{result['env']} {result['core']}: {result['mean']:.3f} +- {result['std']:.3f} "
+        f"({result['sets']} x {result['episodes_per_set']} {result['actions']} episodes, "
+        f"{result['seconds']:.1f} s) -> {path}"
+    )
     return 0

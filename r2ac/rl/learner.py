@@ -19,7 +19,10 @@ from r2ac.rl.vtrace import VTraceReturns, bootstrap_truncation, discounts_from, 
 
 
 def segment_returns(
-    logits: torch.Tensor, values: torch.Tensor, seg: Segment, discount: float,
+    logits: torch.Tensor,
+    values: torch.Tensor,
+    seg: Segment,
+    discount: float,
     reward_scale: float = 1.0,
 ) -> VTraceReturns:
     """V-trace targets and advantages of a segment (no gradients).
@@ -33,14 +36,18 @@ def segment_returns(
     if logits.shape[0] != M + 1 or values.shape[0] != M + 1:
         raise ValueError(f"expected outputs over M+1={M + 1} steps, got {tuple(logits.shape)}")
     rewards = seg.rewards.to(values.dtype).clamp(-1.0, 1.0) * reward_scale  # (M, B)
-    rewards = bootstrap_truncation(rewards, seg.truncated, seg.final_values.to(values.dtype),
-                                   discount)
+    rewards = bootstrap_truncation(
+        rewards, seg.truncated, seg.final_values.to(values.dtype), discount
+    )
     discounts = discounts_from(seg.terminated, seg.truncated, discount, dtype=values.dtype)
     target_log_pi = action_log_probs(logits[:M], seg.actions)  # (M, B)
     behaviour_log_pi = action_log_probs(seg.behaviour_logits.to(logits.dtype), seg.actions)
     return vtrace(
-        (target_log_pi - behaviour_log_pi).detach(), discounts, rewards,
-        values[:M].detach(), values[M].detach(),
+        (target_log_pi - behaviour_log_pi).detach(),
+        discounts,
+        rewards,
+        values[:M].detach(),
+        values[M].detach(),
     )
 
 
@@ -75,8 +82,13 @@ def segment_losses(
     if advantage_norm:
         advantages = standardise(returns.pg_advantages)
     return compute_loss(
-        logits[:M], seg.actions, values[:M] / value_scale, returns.vs / value_scale,
-        advantages, baseline_cost=baseline_cost, entropy_cost=entropy_cost,
+        logits[:M],
+        seg.actions,
+        values[:M] / value_scale,
+        returns.vs / value_scale,
+        advantages,
+        baseline_cost=baseline_cost,
+        entropy_cost=entropy_cost,
     )
 
 
@@ -117,13 +129,22 @@ class Learner:
         With PopArt (`value_norm`) the V-trace targets of this batch are kept for
         `update` to move the value statistics after the optimiser step."""
         cfg, heads = self.cfg, self.agent.heads
-        logits, values, _ = self.agent(seg.obs, seg.last_reward, seg.reset, seg.state,
-                                       carry=False, last_action=seg.last_action)
+        logits, values, _ = self.agent(
+            seg.obs, seg.last_reward, seg.reset, seg.state, carry=False, last_action=seg.last_action
+        )
         returns = segment_returns(logits, values, seg, cfg.discount, cfg.reward_scale)
         losses = segment_losses(
-            logits, values, seg, cfg.discount, cfg.baseline_cost, cfg.entropy_cost,
-            cfg.reward_scale, value_scale=heads.value_scale().detach(), returns=returns,
-            advantage_norm=cfg.advantage_norm, scale_advantages=cfg.popart_advantages,
+            logits,
+            values,
+            seg,
+            cfg.discount,
+            cfg.baseline_cost,
+            cfg.entropy_cost,
+            cfg.reward_scale,
+            value_scale=heads.value_scale().detach(),
+            returns=returns,
+            advantage_norm=cfg.advantage_norm,
+            scale_advantages=cfg.popart_advantages,
         )
         losses["loss"].backward()
         self._targets = returns.vs
@@ -143,8 +164,9 @@ class Learner:
         heads = self.agent.heads
         if heads.value_norm:
             heads.update_value_stats(self._targets, self.cfg.popart_beta)
-            metrics.update(value_mean=float(heads.value_mean),
-                           value_scale=float(heads.value_scale()))
+            metrics.update(
+                value_mean=float(heads.value_mean), value_scale=float(heads.value_scale())
+            )
         return metrics
 
     def state_dict(self) -> dict:

@@ -256,7 +256,9 @@ class Feedforward(RecurrentCore):
         super().__init__(input_size, hidden_size, rule="bptt")
         self.linear = nn.Linear(input_size, hidden_size)
 
-    def initial_state(self, batch_size: int, with_sensitivities: bool | None = None) -> FeedforwardState:
+    def initial_state(
+        self, batch_size: int, with_sensitivities: bool | None = None
+    ) -> FeedforwardState:
         self.check_batch_size(batch_size)
         return FeedforwardState()
 

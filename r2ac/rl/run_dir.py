@@ -1,13 +1,13 @@
 """The run directory: resolved config, git revision, metrics (CSV + TensorBoard), curve, checkpoints.
 
-    RUN/.lock                  held (fcntl.flock) by the process training in RUN
-    RUN/config.json            the resolved TrainConfig (+ git revision, start time), atomic
-    RUN/metrics.csv            one row every log_every updates (COLUMNS), appended
-    RUN/tb/                    TensorBoard events (same scalars)
-    RUN/curve.png              return vs frames, written at the end
-    RUN/checkpoints/latest.pt  full training state (atomic, checksummed, data only): --resume
-    RUN/checkpoints/agent.pt   agent state_dict only: eval, --load-stem
-    RUN/eval.json              evaluation protocol result
+RUN/.lock                  held (fcntl.flock) by the process training in RUN
+RUN/config.json            the resolved TrainConfig (+ git revision, start time), atomic
+RUN/metrics.csv            one row every log_every updates (COLUMNS), appended
+RUN/tb/                    TensorBoard events (same scalars)
+RUN/curve.png              return vs frames, written at the end
+RUN/checkpoints/latest.pt  full training state (atomic, checksummed, data only): --resume
+RUN/checkpoints/agent.pt   agent state_dict only: eval, --load-stem
+RUN/eval.json              evaluation protocol result
 """
 
 from __future__ import annotations
@@ -28,16 +28,33 @@ from r2ac.rl import checkpoint
 from r2ac.rl.config import TrainConfig, from_dict, to_dict
 
 COLUMNS = (
-    "update", "frames", "time_s", "fps", "return_mean", "episode_length_mean", "episodes",
-    "loss", "pg_loss", "baseline_loss", "entropy_loss", "entropy", "grad_norm", "lr",
-    "policy_lag", "value_mean", "value_scale",
+    "update",
+    "frames",
+    "time_s",
+    "fps",
+    "return_mean",
+    "episode_length_mean",
+    "episodes",
+    "loss",
+    "pg_loss",
+    "baseline_loss",
+    "entropy_loss",
+    "entropy",
+    "grad_norm",
+    "lr",
+    "policy_lag",
+    "value_mean",
+    "value_scale",
 )
 
 
 def git_revision() -> str:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
             cwd=Path(__file__).resolve().parent,
         )
     except (OSError, subprocess.SubprocessError):
@@ -75,16 +92,21 @@ class RunDir:
         written); the message says how to continue or restart a run found there."""
         p, run = Path(path), cls(path)
         check_writable(p, "--out-dir")
-        if not p.exists() or (p.is_dir() and not any(
-                q.name != checkpoint.LOCK_NAME for q in p.iterdir())):
+        if not p.exists() or (
+            p.is_dir() and not any(q.name != checkpoint.LOCK_NAME for q in p.iterdir())
+        ):
             return
         if run.checkpoint_path.is_file():
-            raise ConfigError(f"run directory {p} holds a run; continue it with `r2ac train "
-                              f"--resume {p}` or choose another --out-dir")
+            raise ConfigError(
+                f"run directory {p} holds a run; continue it with `r2ac train "
+                f"--resume {p}` or choose another --out-dir"
+            )
         if run.config_path.is_file():
-            raise ConfigError(f"run directory {p} holds a run stopped before its first "
-                              f"checkpoint; start it again with `r2ac train --restart {p}` or "
-                              "choose another --out-dir")
+            raise ConfigError(
+                f"run directory {p} holds a run stopped before its first "
+                f"checkpoint; start it again with `r2ac train --restart {p}` or "
+                "choose another --out-dir"
+            )
         raise ConfigError(f"{p} exists and is not empty; choose another --out-dir")
 
     lock_fd: int | None = None
@@ -112,8 +134,11 @@ class RunDir:
         if run.config_path.exists():  # another process created it since check_new
             run.release()
             raise ConfigError(f"run directory {run.path} was just created by another process")
-        meta = {"config": to_dict(cfg), "git_revision": git_revision(),
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        meta = {
+            "config": to_dict(cfg),
+            "git_revision": git_revision(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
         checkpoint.write_atomic((json.dumps(meta, indent=2) + "\n").encode(), run.config_path)
         return run
 
@@ -137,8 +162,10 @@ class RunDir:
     def restart(self) -> None:
         """Remove what a run stopped before its first checkpoint wrote, but its config."""
         if self.checkpoint_path.is_file():
-            raise ConfigError(f"{self.path} holds a checkpoint; continue it with `r2ac train "
-                              f"--resume {self.path}` (or delete the directory)")
+            raise ConfigError(
+                f"{self.path} holds a checkpoint; continue it with `r2ac train "
+                f"--resume {self.path}` (or delete the directory)"
+            )
         for name in ("metrics.csv", "curve.png", "eval.json"):
             (self.path / name).unlink(missing_ok=True)
         for folder in (self.tb_path, self.path / "checkpoints"):
@@ -146,26 +173,33 @@ class RunDir:
 
     def load_checkpoint(self) -> dict[str, Any]:
         if not self.checkpoint_path.is_file():
-            raise ConfigError(f"{self.path} has no checkpoint (it stopped before its first "
-                              f"one); start it again with `r2ac train --restart {self.path}`")
+            raise ConfigError(
+                f"{self.path} has no checkpoint (it stopped before its first "
+                f"one); start it again with `r2ac train --restart {self.path}`"
+            )
         # Weights-only and checksummed: a run directory may come from someone else.
         return checkpoint.load(self.checkpoint_path)
 
 
 # Fields a user may change in config.json between runs of one directory: where it lives and
 # how it is shown and evaluated, not what it trains.
-EDITABLE_FIELDS = frozenset({"out_dir", "progress", "eval_sets", "eval_episodes", "eval_greedy",
-                             "eval_at_end"})
+EDITABLE_FIELDS = frozenset(
+    {"out_dir", "progress", "eval_sets", "eval_episodes", "eval_greedy", "eval_at_end"}
+)
 
 
 def config_differences(saved: dict, current: dict) -> list[str]:
     """`field: checkpoint X, config.json Y` for each training field that differs."""
+
     def norm(value):  # tuples and lists alike, as JSON has them
         return json.loads(json.dumps(value))
 
     names = sorted((set(saved) | set(current)) - EDITABLE_FIELDS)
-    return [f"{n}: checkpoint {norm(saved.get(n))!r}, config.json {norm(current.get(n))!r}"
-            for n in names if norm(saved.get(n)) != norm(current.get(n))]
+    return [
+        f"{n}: checkpoint {norm(saved.get(n))!r}, config.json {norm(current.get(n))!r}"
+        for n in names
+        if norm(saved.get(n)) != norm(current.get(n))
+    ]
 
 
 def check_same_config(run: RunDir, cfg: TrainConfig, payload: dict[str, Any]) -> None:
@@ -175,8 +209,10 @@ def check_same_config(run: RunDir, cfg: TrainConfig, payload: dict[str, Any]) ->
         return  # a checkpoint from before configs were stored in it: nothing to compare
     diff = config_differences(saved, to_dict(cfg))
     if diff:
-        raise ConfigError(f"{run.config_path} differs from the config the checkpoint was trained "
-                          f"with ({'; '.join(diff)}); restore it, or start a new run")
+        raise ConfigError(
+            f"{run.config_path} differs from the config the checkpoint was trained "
+            f"with ({'; '.join(diff)}); restore it, or start a new run"
+        )
 
 
 class MetricsLog:
@@ -185,8 +221,9 @@ class MetricsLog:
     (temp file + rename) only if it holds such rows, and TensorBoard is told to hide the
     scalars logged after `resume_frames` (its steps are frame counts), keeping all before."""
 
-    def __init__(self, run: RunDir, resume_update: int | None = None,
-                 resume_frames: int | None = None):
+    def __init__(
+        self, run: RunDir, resume_update: int | None = None, resume_frames: int | None = None
+    ):
         self.run = run
         if resume_update is not None:
             drop_rows_after(run.metrics_path, resume_update)
@@ -259,8 +296,10 @@ def drop_rows_after(path: Path, update: int) -> None:
 
 def read_metrics(path: str | Path) -> list[dict[str, float]]:
     with Path(path).open() as f:
-        return [{k: float(v) if v not in ("", None) else math.nan for k, v in r.items()}
-                for r in csv.DictReader(f)]
+        return [
+            {k: float(v) if v not in ("", None) else math.nan for k, v in r.items()}
+            for r in csv.DictReader(f)
+        ]
 
 
 def plot_curve(run: RunDir, title: str = "", out: Path | None = None) -> Path | None:

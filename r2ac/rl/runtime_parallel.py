@@ -97,10 +97,15 @@ class ParallelRuntime:
         template = Segment(**example._buffers(), state=example.state)
         env.close()
         self.num_slots = max(2 * cfg.actors, 2 * cfg.segments_per_batch)
-        self.slots = [pytree.tree_map(lambda t: None if t is None else torch.zeros_like(t)
-                                      .share_memory_(), template) for _ in range(self.num_slots)]
-        self.weights = {k: v.detach().clone().share_memory_()
-                        for k, v in self.agent.state_dict().items()}
+        self.slots = [
+            pytree.tree_map(
+                lambda t: None if t is None else torch.zeros_like(t).share_memory_(), template
+            )
+            for _ in range(self.num_slots)
+        ]
+        self.weights = {
+            k: v.detach().clone().share_memory_() for k, v in self.agent.state_dict().items()
+        }
         self.saved_counters, self.processes, self.version = None, [], 0
 
     def restore(self, payload: dict) -> None:
@@ -118,9 +123,22 @@ class ParallelRuntime:
         for slot in range(self.num_slots):
             self.free_q.put(slot)
         for k in range(self.cfg.actors):
-            p = ctx.Process(target=actor_process, daemon=True, name=f"r2ac-actor-{k}", args=(
-                k, self.cfg, self.slots, self.free_q, self.full_q, self.weights,
-                self.shared_version, self.lock, self.stop))
+            p = ctx.Process(
+                target=actor_process,
+                daemon=True,
+                name=f"r2ac-actor-{k}",
+                args=(
+                    k,
+                    self.cfg,
+                    self.slots,
+                    self.free_q,
+                    self.full_q,
+                    self.weights,
+                    self.shared_version,
+                    self.lock,
+                    self.stop,
+                ),
+            )
             p.start()
             self.processes.append(p)
 
@@ -154,10 +172,16 @@ class ParallelRuntime:
     def checkpoint(self, tracker: Tracker) -> None:
         if self.run is not None:
             tracker.flush()
-            self.run.save_checkpoint({
-                "agent": self.agent.state_dict(), "learner": self.learner.state_dict(),
-                "rng": rng_state(), "counters": tracker.state(), "config": to_dict(self.cfg),
-                "runtime": "parallel"})
+            self.run.save_checkpoint(
+                {
+                    "agent": self.agent.state_dict(),
+                    "learner": self.learner.state_dict(),
+                    "rng": rng_state(),
+                    "counters": tracker.state(),
+                    "config": to_dict(self.cfg),
+                    "runtime": "parallel",
+                }
+            )
 
     def train(self) -> Tracker:
         cfg = self.cfg

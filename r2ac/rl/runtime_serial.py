@@ -28,8 +28,11 @@ log = logging.getLogger(__name__)
 
 
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),  # noqa: NPY002
-            "python": random.getstate()}
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),  # noqa: NPY002
+        "python": random.getstate(),
+    }
 
 
 def set_rng_state(saved: dict) -> None:
@@ -43,8 +46,9 @@ def load_agent_weights(agent: torch.nn.Module, state_dict: dict, source) -> None
         agent.load_state_dict(state_dict)
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()
-        raise ConfigError(f"{source}: checkpoint does not match the config: "
-                          f"{' '.join(first[:3])[:400]}") from exc
+        raise ConfigError(
+            f"{source}: checkpoint does not match the config: {' '.join(first[:3])[:400]}"
+        ) from exc
 
 
 class SerialRuntime:
@@ -61,7 +65,9 @@ class SerialRuntime:
         self.saved_counters = None
 
     def restore(self, payload: dict) -> None:
-        load_agent_weights(self.agent, payload["agent"], self.run.path if self.run else "checkpoint")
+        load_agent_weights(
+            self.agent, payload["agent"], self.run.path if self.run else "checkpoint"
+        )
         self.learner.load_state_dict(payload["learner"])
         set_rng_state(payload["rng"])
         exact = [a.set_state(s) for a, s in zip(self.actors, payload["actors"])]
@@ -73,11 +79,17 @@ class SerialRuntime:
         if self.run is None:
             return
         tracker.flush()  # the rows up to this update are on disk before the checkpoint is
-        self.run.save_checkpoint({
-            "agent": self.agent.state_dict(), "learner": self.learner.state_dict(),
-            "rng": rng_state(), "actors": [a.get_state() for a in self.actors],
-            "counters": tracker.state(), "config": to_dict(self.cfg), "runtime": "serial",
-        })
+        self.run.save_checkpoint(
+            {
+                "agent": self.agent.state_dict(),
+                "learner": self.learner.state_dict(),
+                "rng": rng_state(),
+                "actors": [a.get_state() for a in self.actors],
+                "counters": tracker.state(),
+                "config": to_dict(self.cfg),
+                "runtime": "serial",
+            }
+        )
 
     def train(self) -> Tracker:
         """Train to the end; on SIGINT/SIGTERM finish the update, checkpoint and raise

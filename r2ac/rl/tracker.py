@@ -42,9 +42,12 @@ class ProgressLines:
         fps = (self.frames - self._last[0]) / max(now - self._last[1], 1e-9)
         left = (self.total - self.frames) / fps if fps > 0 else math.inf
         eta = f"{left / 60:.1f} min" if math.isfinite(left) else "?"
-        print(f"[progress] {self.frames}/{self.total} frames ({100 * self.frames / self.total:.0f}%)"
-              f"  {fps:.0f} frames/s  return {self._ret or 'nan'}  left {eta}",
-              file=self.stream, flush=True)
+        print(
+            f"[progress] {self.frames}/{self.total} frames ({100 * self.frames / self.total:.0f}%)"
+            f"  {fps:.0f} frames/s  return {self._ret or 'nan'}  left {eta}",
+            file=self.stream,
+            flush=True,
+        )
         self._last = (self.frames, now)
 
     def close(self) -> None:
@@ -80,8 +83,14 @@ class Tracker:
             return ProgressLines(self.cfg.total_frames, self.frames, self.cfg.progress_every_s)
         from tqdm import tqdm
 
-        return tqdm(total=self.cfg.total_frames, initial=self.frames, unit="frame",
-                    unit_scale=True, dynamic_ncols=True, smoothing=0.1)
+        return tqdm(
+            total=self.cfg.total_frames,
+            initial=self.frames,
+            unit="frame",
+            unit_scale=True,
+            dynamic_ncols=True,
+            smoothing=0.1,
+        )
 
     @property
     def elapsed(self) -> float:
@@ -91,8 +100,13 @@ class Tracker:
     def done(self) -> bool:
         return self.update >= self.cfg.updates_total
 
-    def record(self, frames: int, logs: list[EpisodeLog], metrics: dict[str, float],
-               policy_lag: float | None = None) -> None:
+    def record(
+        self,
+        frames: int,
+        logs: list[EpisodeLog],
+        metrics: dict[str, float],
+        policy_lag: float | None = None,
+    ) -> None:
         self.update += 1
         self.frames += frames
         for log in logs:
@@ -111,21 +125,36 @@ class Tracker:
         now = time.perf_counter()
         fps = (self.frames - self._last[0]) / max(now - self._last[1], 1e-9)
         self._last = (self.frames, now)
-        row = {"update": self.update, "frames": self.frames, "time_s": self.elapsed, "fps": fps,
-               "return_mean": _mean(self.returns), "episode_length_mean": _mean(self.lengths),
-               "episodes": self.episodes, "policy_lag": _mean(self._lags), **metrics}
+        row = {
+            "update": self.update,
+            "frames": self.frames,
+            "time_s": self.elapsed,
+            "fps": fps,
+            "return_mean": _mean(self.returns),
+            "episode_length_mean": _mean(self.lengths),
+            "episodes": self.episodes,
+            "policy_lag": _mean(self._lags),
+            **metrics,
+        }
         self._lags = []
         return row
 
     def state(self) -> dict[str, Any]:
-        return {"update": self.update, "frames": self.frames, "episodes": self.episodes,
-                "returns": list(self.returns), "lengths": list(self.lengths),
-                "elapsed": self.elapsed}
+        return {
+            "update": self.update,
+            "frames": self.frames,
+            "episodes": self.episodes,
+            "returns": list(self.returns),
+            "lengths": list(self.lengths),
+            "elapsed": self.elapsed,
+        }
 
     def summary(self) -> str:
-        return (f"{self.frames} frames, {self.update} updates in {self.elapsed:.0f} s "
-                f"({self.frames / max(self.elapsed, 1e-9):.0f} frames/s); recent return "
-                f"{_mean(self.returns):.3f} over {len(self.returns)} episodes")
+        return (
+            f"{self.frames} frames, {self.update} updates in {self.elapsed:.0f} s "
+            f"({self.frames / max(self.elapsed, 1e-9):.0f} frames/s); recent return "
+            f"{_mean(self.returns):.3f} over {len(self.returns)} episodes"
+        )
 
     def flush(self) -> None:
         """Metrics rows (CSV and TensorBoard) written so far to disk (before a checkpoint)."""

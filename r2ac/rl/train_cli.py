@@ -48,10 +48,13 @@ def parse_config(argv: list[str]) -> TrainConfig:
     default = preset(name) if name else PRESETS["delayed-cue"]
     import tyro
 
-    description = (f"Train R2AC. --preset {{{','.join(PRESETS)}}} picks the defaults "
-                   "(default delayed-cue); --resume RUN_DIR continues a run.")
-    cfg = tyro.cli(TrainConfig, default=default, args=argv, prog="r2ac train",
-                   description=description)
+    description = (
+        f"Train R2AC. --preset {{{','.join(PRESETS)}}} picks the defaults "
+        "(default delayed-cue); --resume RUN_DIR continues a run."
+    )
+    cfg = tyro.cli(
+        TrainConfig, default=default, args=argv, prog="r2ac train", description=description
+    )
     return _own_env_options(cfg, default, argv)
 
 
@@ -116,15 +119,20 @@ def _prepare_existing(resume: str | None, restart: str | None, argv: list[str]):
 
 
 def finish(cfg: TrainConfig, run: RunDir, runtime) -> None:
-    plot_curve(run, title=f"{cfg.env} {' '.join(cfg.env_options)}  {cfg.core}  "
-               f"M={cfg.unroll_length}  N={cfg.hidden_size}")
+    plot_curve(
+        run,
+        title=f"{cfg.env} {' '.join(cfg.env_options)}  {cfg.core}  "
+        f"M={cfg.unroll_length}  N={cfg.hidden_size}",
+    )
     if cfg.eval_at_end:
         from r2ac.rl.evaluate import evaluate, write_eval
 
         result = evaluate(runtime.agent, cfg, cfg.eval_sets, cfg.eval_episodes, cfg.eval_greedy)
         write_eval(run, result)
-        print(f"eval: {result['mean']:.3f} +- {result['std']:.3f} over {cfg.eval_sets} x "
-              f"{cfg.eval_episodes} {result['actions']} episodes ({result['seconds']:.1f} s)")
+        print(
+            f"eval: {result['mean']:.3f} +- {result['std']:.3f} over {cfg.eval_sets} x "
+            f"{cfg.eval_episodes} {result['actions']} episodes ({result['seconds']:.1f} s)"
+        )
 
 
 def main(argv: list[str]) -> int:
@@ -156,18 +164,27 @@ def _train(cfg: TrainConfig, run: RunDir, runtime) -> int:
             print(tracker.summary())
             finish(cfg, run, runtime)
     except TrainingInterrupted as stop:
-        print(f"r2ac train: stopped by {signal.Signals(stop.signum).name} after update "
-              f"{stop.update} of {cfg.updates_total}; checkpoint written; continue with "
-              f"`r2ac train --resume {run.path}`", file=sys.stderr)
+        print(
+            f"r2ac train: stopped by {signal.Signals(stop.signum).name} after update "
+            f"{stop.update} of {cfg.updates_total}; checkpoint written; continue with "
+            f"`r2ac train --resume {run.path}`",
+            file=sys.stderr,
+        )
         return stop.exit_code
     except OSError as exc:  # a full disk: the atomic writes left the last checkpoint whole
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
             raise
-        print(f"r2ac train: error: cannot write to {run.path}: {exc}; the last checkpoint is "
-              f"intact: free space, then `r2ac train --resume {run.path}`", file=sys.stderr)
+        print(
+            f"r2ac train: error: cannot write to {run.path}: {exc}; the last checkpoint is "
+            f"intact: free space, then `r2ac train --resume {run.path}`",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:  # a second Ctrl-C: stopped mid-update
-        print(f"r2ac train: interrupted; the last checkpoint is in {run.path} (`r2ac train "
-              f"--resume {run.path}` continues from it)", file=sys.stderr)
+        print(
+            f"r2ac train: interrupted; the last checkpoint is in {run.path} (`r2ac train "
+            f"--resume {run.path}` continues from it)",
+            file=sys.stderr,
+        )
         return 130
     return 0

@@ -18,9 +18,23 @@ from r2ac.rtrl.pair_math import PairSensitivity
 from r2ac.rtrl.rtu import RTU, RTUState
 
 __all__ = [
-    "ConsumedStateError", "RecurrentCore",
-    "ELSTM", "ELSTMSensitivity", "ELSTMState", "Elman", "ElmanState", "FWP", "FWPSensitivity",
-    "FWPState", "FeLSTM", "GRU", "GRUState", "FeLSTMSensitivity", "FeLSTMState", "LSTM", "LSTMState",
+    "ConsumedStateError",
+    "RecurrentCore",
+    "ELSTM",
+    "ELSTMSensitivity",
+    "ELSTMState",
+    "Elman",
+    "ElmanState",
+    "FWP",
+    "FWPSensitivity",
+    "FWPState",
+    "FeLSTM",
+    "GRU",
+    "GRUState",
+    "FeLSTMSensitivity",
+    "FeLSTMState",
+    "LSTM",
+    "LSTMState",
 ]
 __all__ += ["LRU", "LRUState", "PairSensitivity", "RTU", "RTUState"]
 

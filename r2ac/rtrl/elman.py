@@ -128,7 +128,12 @@ def _gib(n: float) -> str:
 
 
 def check_fits(
-    input_size: int, hidden_size: int, batch_size: int, dtype: torch.dtype, device, limit: int | None
+    input_size: int,
+    hidden_size: int,
+    batch_size: int,
+    dtype: torch.dtype,
+    device,
+    limit: int | None,
 ) -> None:
     """Refuse sizes whose RTRL sensitivities (twice: old and new, during a carry) cannot fit."""
     per_stream = sensitivity_numel(input_size, hidden_size) * torch.finfo(dtype).bits // 8
@@ -246,7 +251,9 @@ class Elman(RecurrentCore):
                 u_all = inputs_u(x.detach(), torch.stack(hps).detach())  # (T, B, M)
                 R, hd = self.R.detach(), h_all.detach()
                 if T == 1:
-                    new_sens = carry_step(state.sens, hd[0], u_all[0], None if keep is None else keep[0], R)
+                    new_sens = carry_step(
+                        state.sens, hd[0], u_all[0], None if keep is None else keep[0], R
+                    )
                 else:
                     new_sens = carry_segment(state.sens, hd, u_all, keep, R)
         return h_all, ElmanState(h_all[-1].detach(), new_sens)

@@ -209,7 +209,9 @@ class ELSTM(RecurrentCore):
         c = torch.zeros(batch_size, N, **kw)
         if not with_sens:
             return ELSTMState(c, None)
-        sens = ELSTMSensitivity(em.zero_FZ(batch_size, N, D, **kw), torch.zeros(batch_size, 4, N, **kw))
+        sens = ELSTMSensitivity(
+            em.zero_FZ(batch_size, N, D, **kw), torch.zeros(batch_size, 4, N, **kw)
+        )
         return ELSTMState(c, sens)
 
     def state_tensors(self, state: ELSTMState, batch_size: int) -> list[StateTensor]:
@@ -253,13 +255,17 @@ class ELSTM(RecurrentCore):
                     new_sens = self._carry(sens, trace, x)
         return h, ELSTMState(c_all[-1].detach(), new_sens)
 
-    def _carry(self, sens: ELSTMSensitivity, trace: em.RecurrenceTrace, x: Tensor) -> ELSTMSensitivity:
+    def _carry(
+        self, sens: ELSTMSensitivity, trace: em.RecurrenceTrace, x: Tensor
+    ) -> ELSTMSensitivity:
         if x.shape[0] == 1:
             return em.carry_step(sens, trace, x, fused=self.fused_step)
         return em.carry_segment(sens, trace, x)
 
     @torch.no_grad()
-    def advance_state(self, x: Tensor, state: ELSTMState, reset: Tensor | None = None) -> ELSTMState:
+    def advance_state(
+        self, x: Tensor, state: ELSTMState, reset: Tensor | None = None
+    ) -> ELSTMState:
         """The state after the segment, as `forward` returns it, without computing outputs.
 
         For actors that act with a light state and bring the full state (with sensitivities)

@@ -107,7 +107,17 @@ class _HistoryGradient(torch.autograd.Function):
         M, b = ctx.saved_tensors
         D = ctx.D
         dM, db = inject_gradients(d_hat, FeLSTMSensitivity(M, b))
-        return (None, None, None, dM[0, :, :D], dM[1, :, :D], dM[0, :, D:], dM[1, :, D:], db[0], db[1])
+        return (
+            None,
+            None,
+            None,
+            dM[0, :, :D],
+            dM[1, :, :D],
+            dM[0, :, D:],
+            dM[1, :, D:],
+            db[0],
+            db[1],
+        )
 
 
 # ----------------------------------------------------------------------------- the layer
@@ -167,7 +177,9 @@ class FeLSTM(RecurrentCore):
         c = torch.zeros(batch_size, N, **kw)
         if not with_sens:
             return FeLSTMState(c, None)
-        sens = FeLSTMSensitivity(torch.zeros(batch_size, 2, N, D + N, **kw), torch.zeros(batch_size, 2, N, **kw))
+        sens = FeLSTMSensitivity(
+            torch.zeros(batch_size, 2, N, D + N, **kw), torch.zeros(batch_size, 2, N, **kw)
+        )
         return FeLSTMState(c, sens)
 
     def state_tensors(self, state: FeLSTMState, batch_size: int) -> list[StateTensor]:
@@ -214,7 +226,12 @@ class FeLSTM(RecurrentCore):
             with torch.no_grad():
                 cp_all = torch.stack(cps).detach()
                 fh, zh, a = local_derivatives(
-                    torch.stack(fs).detach(), torch.stack(zs).detach(), cp_all, keep, self.W_f, self.W_z
+                    torch.stack(fs).detach(),
+                    torch.stack(zs).detach(),
+                    cp_all,
+                    keep,
+                    self.W_f,
+                    self.W_z,
                 )
                 new_sens = carry_segment(sens, fh, zh, a, x.detach(), cp_all)
         return h, FeLSTMState(c_all[-1].detach(), new_sens)

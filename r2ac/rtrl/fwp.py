@@ -82,7 +82,12 @@ def history_gradients(
 
 
 def carry_segment(
-    W0: Tensor, sens: FWPSensitivity | None, k: Tensor, v: Tensor, x: Tensor, m_last: Tensor,
+    W0: Tensor,
+    sens: FWPSensitivity | None,
+    k: Tensor,
+    v: Tensor,
+    x: Tensor,
+    m_last: Tensor,
     mask_last: Tensor,
 ) -> tuple[Tensor, FWPSensitivity | None]:
     """State at the segment end. k, v (T, B, N), x (T, B, D); m_last (B,); mask_last (B, T)."""
@@ -155,7 +160,12 @@ class FWP(RecurrentCore):
         W = torch.zeros(batch_size, N, N, **kw)
         if not with_sens:
             return FWPState(W, None)
-        return FWPState(W, FWPSensitivity(torch.zeros(batch_size, N, D, **kw), torch.zeros(batch_size, N, D, **kw)))
+        return FWPState(
+            W,
+            FWPSensitivity(
+                torch.zeros(batch_size, N, D, **kw), torch.zeros(batch_size, N, D, **kw)
+            ),
+        )
 
     def state_tensors(self, state: FWPState, batch_size: int) -> list[StateTensor]:
         B, N, D = batch_size, self.hidden_size, self.input_size
@@ -187,5 +197,7 @@ class FWP(RecurrentCore):
 
         with torch.no_grad():
             carried = sens if self.carries_sensitivities else None
-            W, new_sens = carry_segment(W0, carried, k.detach(), v.detach(), x.detach(), m[-1], mask[:, -1])
+            W, new_sens = carry_segment(
+                W0, carried, k.detach(), v.detach(), x.detach(), m[-1], mask[:, -1]
+            )
         return y, FWPState(W, new_sens)

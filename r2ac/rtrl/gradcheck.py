@@ -42,7 +42,10 @@ class GradCheckResult:
         return max(self.rel_error.values())
 
     def __str__(self) -> str:
-        rows = [f"{k:>6}: rel err {v:.2e} (|g_ref| {self.ref_norm[k]:.2e})" for k, v in self.rel_error.items()]
+        rows = [
+            f"{k:>6}: rel err {v:.2e} (|g_ref| {self.ref_norm[k]:.2e})"
+            for k, v in self.rel_error.items()
+        ]
         return "\n".join(rows)
 
 
@@ -128,8 +131,16 @@ def check_gradients(
     """Compare the layer's segment-by-segment gradients with the reference's (see module doc)."""
     p0 = next(layer.parameters())
     problem = make_problem(
-        layer.input_size, layer.hidden_size, segment_lengths, batch_size, reset_prob, seed,
-        dtype=p0.dtype, device=p0.device,
+        layer.input_size,
+        layer.hidden_size,
+        segment_lengths,
+        batch_size,
+        reset_prob,
+        seed,
+        dtype=p0.dtype,
+        device=p0.device,
     )
     params = dict(layer.named_parameters())
-    return compare(layer_gradients(layer, problem), reference_gradients(reference, params, problem, truncated))
+    return compare(
+        layer_gradients(layer, problem), reference_gradients(reference, params, problem, truncated)
+    )

@@ -171,8 +171,10 @@ class LRU(RecurrentCore):
         N, D = self.state_size, self.input_size
         tensors = [("h", state.h, (B, 2, N))]
         if state.sens is not None:
-            tensors += [("sens.W", state.sens.W, (B, 1, 2, N, D)),
-                        ("sens.v", state.sens.v, (B, 3, 2, N))]
+            tensors += [
+                ("sens.W", state.sens.W, (B, 1, 2, N, D)),
+                ("sens.v", state.sens.v, (B, 3, 2, N)),
+            ]
         return tensors
 
     def forward(

@@ -27,7 +27,9 @@ class LSTMState(NamedTuple):
     c: Tensor  # (B, N)
 
 
-def _fused_lstm(x: Tensor, h0: Tensor, c0: Tensor, weights: list[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+def _fused_lstm(
+    x: Tensor, h0: Tensor, c0: Tensor, weights: list[Tensor]
+) -> tuple[Tensor, Tensor, Tensor]:
     """PyTorch's LSTM kernel on x (T, B, D) from (h0, c0) (B, N); returns y (T, B, N), h, c."""
     y, h, c = torch._VF.lstm(x, (h0[None], c0[None]), weights, True, 1, 0.0, True, False, False)
     return y, h[0], c[0]
@@ -71,7 +73,10 @@ class LSTM(RecurrentCore):
         """Zero (h, c); `with_sensitivities` is accepted for a uniform interface (none carried)."""
         self.check_batch_size(batch_size)
         kw = {"device": self.W_ih.device, "dtype": self.W_ih.dtype}
-        return LSTMState(torch.zeros(batch_size, self.hidden_size, **kw), torch.zeros(batch_size, self.hidden_size, **kw))
+        return LSTMState(
+            torch.zeros(batch_size, self.hidden_size, **kw),
+            torch.zeros(batch_size, self.hidden_size, **kw),
+        )
 
     def state_tensors(self, state: LSTMState, batch_size: int) -> list[StateTensor]:
         shape = (batch_size, self.hidden_size)
@@ -85,7 +90,9 @@ class LSTM(RecurrentCore):
         weights = [self.W_ih, self.W_hh, self.b, torch.zeros_like(self.b, requires_grad=False)]
         h, c = state.h.detach(), state.c.detach()
         # chunk boundaries: the segment start and every step where some stream restarts
-        starts = [0] if reset is None else sorted({0, *torch.nonzero(reset.any(1)).flatten().tolist()})
+        starts = (
+            [0] if reset is None else sorted({0, *torch.nonzero(reset.any(1)).flatten().tolist()})
+        )
         ys = []
         for start, end in zip(starts, starts[1:] + [T]):
             if reset is not None:

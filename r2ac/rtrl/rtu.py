@@ -217,8 +217,10 @@ class RTU(RecurrentCore):
         N, D = self.units, self.input_size
         tensors = [("c", state.c, (B, 2, N))]
         if state.sens is not None:
-            tensors += [("sens.W", state.sens.W, (B, self.stored_maps, 2, N, D)),
-                        ("sens.v", state.sens.v, (B, 2, 2, N))]
+            tensors += [
+                ("sens.W", state.sens.W, (B, self.stored_maps, 2, N, D)),
+                ("sens.v", state.sens.v, (B, 2, 2, N)),
+            ]
         return tensors
 
     def forward(

@@ -32,9 +32,13 @@ def check_segment(
         raise ValueError(f"{core}: x must be a (T, B, D={input_size}) tensor, got shape {got}")
     T, B, D = x.shape
     if D != input_size:
-        raise ValueError(f"{core}: x has {D} features in its last dim, the layer expects {input_size}")
+        raise ValueError(
+            f"{core}: x has {D} features in its last dim, the layer expects {input_size}"
+        )
     if T < 1 or B < 1:
-        raise ValueError(f"{core}: x must have T >= 1 steps and B >= 1 streams, got {tuple(x.shape)}")
+        raise ValueError(
+            f"{core}: x must have T >= 1 steps and B >= 1 streams, got {tuple(x.shape)}"
+        )
     if x.dtype != ref.dtype:
         raise TypeError(f"{core}: x has dtype {x.dtype} but the parameters are {ref.dtype}")
     if x.device != ref.device:

@@ -68,8 +68,10 @@ def make_batch(
     Deterministic given the generator's state; T = 2 * (longest pattern in the batch).
     """
     if batch_size < 1 or not 1 <= min_len <= max_len:
-        raise ValueError(f"make_batch: need batch_size >= 1 and 1 <= min_len <= max_len, "
-                         f"got {batch_size}, {min_len}, {max_len}")
+        raise ValueError(
+            f"make_batch: need batch_size >= 1 and 1 <= min_len <= max_len, "
+            f"got {batch_size}, {min_len}, {max_len}"
+        )
     k = torch.randint(min_len, max_len + 1, (batch_size,), generator=generator)  # (B,)
     k_max = int(k.max())
     bits = torch.randint(0, 2, (k_max, batch_size), generator=generator)  # (K, B)
@@ -92,7 +94,9 @@ def make_test_set(max_len: int, size: int, seed: int, batch_size: int = 500) -> 
     return [make_batch(n, max_len, gen) for n in sizes]
 
 
-def batch_to(batch: CopyBatch, device: torch.device | str, dtype: torch.dtype | None = None) -> CopyBatch:
+def batch_to(
+    batch: CopyBatch, device: torch.device | str, dtype: torch.dtype | None = None
+) -> CopyBatch:
     """The batch on `device`, its one-hot input in `dtype` (the model's; None: unchanged)."""
     return CopyBatch(batch.x.to(device, dtype), *(v.to(device) for v in batch[1:]))
 
@@ -112,15 +116,23 @@ class CopyModel(nn.Module):
     """
 
     def __init__(
-        self, hidden_size: int, rule: str = "rtrl", fused_step: bool = False,
-        chrono_span: int | None = None, core: str = "elstm", readout_hidden: int = 0,
+        self,
+        hidden_size: int,
+        rule: str = "rtrl",
+        fused_step: bool = False,
+        chrono_span: int | None = None,
+        core: str = "elstm",
+        readout_hidden: int = 0,
     ):
         super().__init__()
         extra = {"fused_step": True} if fused_step else {}  # an eLSTM option (CopyConfig checks)
         self.core = make_core(f"{core}-{rule}", INPUT_SIZE, hidden_size, **extra)
         self.readout = (
-            nn.Sequential(nn.Linear(hidden_size, readout_hidden), nn.ReLU(), nn.Linear(readout_hidden, 2))
-            if readout_hidden else nn.Linear(hidden_size, 2)
+            nn.Sequential(
+                nn.Linear(hidden_size, readout_hidden), nn.ReLU(), nn.Linear(readout_hidden, 2)
+            )
+            if readout_hidden
+            else nn.Linear(hidden_size, 2)
         )
         if chrono_span is not None:
             chrono_forget_bias_(self.core, chrono_span)
@@ -169,8 +181,11 @@ def _clip_and_step(model: nn.Module, optimizer: torch.optim.Optimizer, clip: flo
 
 
 def sequence_update(
-    model: CopyModel, optimizer: torch.optim.Optimizer, batch: CopyBatch,
-    segment: int | None = None, clip: float = 1.0,
+    model: CopyModel,
+    optimizer: torch.optim.Optimizer,
+    batch: CopyBatch,
+    segment: int | None = None,
+    clip: float = 1.0,
 ) -> UpdateStats:
     """One optimiser step on the batch's whole-sequence loss, processed in chunks of `segment`.
 
@@ -276,11 +291,15 @@ def evaluate(model: CopyModel, test_set: Iterable[CopyBatch], device="cpu") -> d
 
 
 @torch.no_grad()
-def sequence_accuracy_by_length(model: CopyModel, test_set: Iterable[CopyBatch], device="cpu") -> dict[int, float]:
+def sequence_accuracy_by_length(
+    model: CopyModel, test_set: Iterable[CopyBatch], device="cpu"
+) -> dict[int, float]:
     """Fraction of test sequences with every output bit right, per pattern length k."""
     right: dict[int, list[int]] = {}
     for batch in (batch_to(b, device, _dtype_of(model)) for b in test_set):
-        logits, _ = model(batch.x, model.initial_state(batch.mask.shape[1], with_sensitivities=False))
+        logits, _ = model(
+            batch.x, model.initial_state(batch.mask.shape[1], with_sensitivities=False)
+        )
         seq_ok = ((logits.argmax(-1) == batch.target) | ~batch.mask).all(0)  # (B,)
         for k, ok in zip(batch.pattern_len.tolist(), seq_ok.tolist()):
             right.setdefault(k, []).append(ok)
@@ -356,10 +375,14 @@ class CopyConfig:
             raise ConfigError("--chrono-init and --fused-step apply to the eLSTM core only")
         for name in ("hidden", "batch_size", "test_size", "eval_every"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
+                )
         for name in ("train_steps", "readout_hidden"):
             if getattr(self, name) < 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}"
+                )
         self._validate_schedule()
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
@@ -377,15 +400,21 @@ class CopyConfig:
     def _validate_schedule(self) -> None:
         for name, value, low in (("lr", self.lr, 1e-300), ("lr-final", self.lr_final, 0.0)):
             if value is not None and not (value >= low and math.isfinite(value)):
-                raise ConfigError(f"--{name} must be a finite number {'> 0' if low else '>= 0'}, got {value}")
+                raise ConfigError(
+                    f"--{name} must be a finite number {'> 0' if low else '>= 0'}, got {value}"
+                )
         if self.clip < 0 or self.threads < 0:
             raise ConfigError("--clip and --threads must be >= 0")
         if self.segment is not None and self.segment < 1:
             raise ConfigError(f"--segment must be >= 1, got {self.segment}")
         if self.online and self.rule != "rtrl":
-            raise ConfigError("--online needs --rule rtrl: only RTRL can update during the sequence")
+            raise ConfigError(
+                "--online needs --rule rtrl: only RTRL can update during the sequence"
+            )
         if self.online and self.segment not in (None, 1):
-            raise ConfigError("--online processes one step at a time; drop --segment (or set it to 1)")
+            raise ConfigError(
+                "--online processes one step at a time; drop --segment (or set it to 1)"
+            )
 
     def learning_rate(self, step: int) -> float:
         """The learning rate of batch `step` + 1 (0-based step count)."""
@@ -400,8 +429,16 @@ class CopyConfig:
         return "sequence" if self.segment is None else f"chunks of {self.segment}"
 
 
-CURVE_FIELDS = ("step", "updates", "seconds", "train_loss", "train_bit_accuracy",
-                "test_loss", "test_bit_accuracy", "test_sequence_accuracy")
+CURVE_FIELDS = (
+    "step",
+    "updates",
+    "seconds",
+    "train_loss",
+    "train_bit_accuracy",
+    "test_loss",
+    "test_bit_accuracy",
+    "test_sequence_accuracy",
+)
 
 
 @dataclass
@@ -418,7 +455,8 @@ def build_model(cfg: CopyConfig) -> CopyModel:
     torch.manual_seed(cfg.seed)
     span = max(2 * cfg.length, 3) if cfg.chrono_init else None
     return CopyModel(cfg.hidden, cfg.rule, cfg.fused_step, span, cfg.core, cfg.readout_hidden).to(
-        cfg.device, DTYPES[cfg.dtype])
+        cfg.device, DTYPES[cfg.dtype]
+    )
 
 
 def update(cfg: CopyConfig, model: CopyModel, optimizer, batch: CopyBatch) -> UpdateStats:
@@ -440,10 +478,21 @@ class _Progress:
 # Options a resumed run may change: how long and how fast it trains, and where it runs. Every
 # other option defines the model, its gradient, the data stream or the test set, so changing
 # it would splice two different experiments into one curve.
-RESUMABLE_CHANGES = frozenset({
-    "train_steps", "lr", "lr_final", "clip", "eval_every", "stop_when_solved", "resume",
-    "fused_step", "threads", "device", "out",
-})
+RESUMABLE_CHANGES = frozenset(
+    {
+        "train_steps",
+        "lr",
+        "lr_final",
+        "clip",
+        "eval_every",
+        "stop_when_solved",
+        "resume",
+        "fused_step",
+        "threads",
+        "device",
+        "out",
+    }
+)
 
 
 def resume_mismatch(saved: dict, cfg: CopyConfig) -> list[str]:
@@ -476,13 +525,22 @@ def check_resumable(saved: dict | None, cfg: CopyConfig, path: str) -> None:
     under `cfg`. A checkpoint without a config predates storing it: only loading can tell."""
     bad = resume_mismatch(saved, cfg) if saved is not None else []
     if bad:
-        raise ConfigError(f"--resume: {path} was trained with other options ({'; '.join(bad)}); "
-                          "use the same options or another --out")
+        raise ConfigError(
+            f"--resume: {path} was trained with other options ({'; '.join(bad)}); "
+            "use the same options or another --out"
+        )
 
 
-def _save(path: str, cfg: CopyConfig, model, optimizer, gen: torch.Generator, progress: _Progress) -> None:
-    state = {"config": asdict(cfg), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "generator": gen.get_state(), "progress": asdict(progress)}
+def _save(
+    path: str, cfg: CopyConfig, model, optimizer, gen: torch.Generator, progress: _Progress
+) -> None:
+    state = {
+        "config": asdict(cfg),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "generator": gen.get_state(),
+        "progress": asdict(progress),
+    }
     rl_checkpoint.save_atomic(state, path)  # fsynced, checksummed, atomic
 
 
@@ -501,8 +559,10 @@ def _load(path: str, cfg: CopyConfig, model, optimizer, gen: torch.Generator, de
 
 
 def train(
-    cfg: CopyConfig, on_batch: Callable[[int, UpdateStats], None] | None = None,
-    on_eval: Callable[[dict[str, float]], None] | None = None, checkpoint: str | None = None,
+    cfg: CopyConfig,
+    on_batch: Callable[[int, UpdateStats], None] | None = None,
+    on_eval: Callable[[dict[str, float]], None] | None = None,
+    checkpoint: str | None = None,
 ) -> tuple[CopyModel, RunResult]:
     """Train per `cfg`, evaluating on the fixed test set every `eval_every` batches.
 
@@ -522,11 +582,16 @@ def train(
 
     def record() -> dict[str, float]:
         ev = evaluate(model, test_set, cfg.device)
-        row = {"step": run.step, "updates": run.updates, "seconds": round(run.seconds, 3),
-               "train_loss": _mean(s.loss for s in window),
-               "train_bit_accuracy": _mean(s.bit_accuracy for s in window),
-               "test_loss": ev["loss"], "test_bit_accuracy": ev["bit_accuracy"],
-               "test_sequence_accuracy": ev["sequence_accuracy"]}
+        row = {
+            "step": run.step,
+            "updates": run.updates,
+            "seconds": round(run.seconds, 3),
+            "train_loss": _mean(s.loss for s in window),
+            "train_bit_accuracy": _mean(s.bit_accuracy for s in window),
+            "test_loss": ev["loss"],
+            "test_bit_accuracy": ev["bit_accuracy"],
+            "test_sequence_accuracy": ev["sequence_accuracy"],
+        }
         window.clear()
         run.curve.append(row)
         if on_eval:

@@ -12,9 +12,12 @@ from r2ac.envs import make
 from r2ac.envs.builtin import DelayedCue, Watermaze
 from r2ac.errors import ConfigError
 
-TASKS = [("builtin/delayed-cue", {}), ("builtin/delayed-cue", {"variant": "nonmatch",
-         "num_cues": 4}), ("builtin/watermaze", {}),
-         ("builtin/watermaze", {"size": 4, "episode_steps": 9, "last_action": True})]
+TASKS = [
+    ("builtin/delayed-cue", {}),
+    ("builtin/delayed-cue", {"variant": "nonmatch", "num_cues": 4}),
+    ("builtin/watermaze", {}),
+    ("builtin/watermaze", {"size": 4, "episode_steps": 9, "last_action": True}),
+]
 
 
 def rollout(env, steps, seed=0):
@@ -61,8 +64,9 @@ def test_same_seed_same_trajectory_and_batch_independence(name, options):
     assert not np.array_equal(a[0][:, :3], a[0][:, 3:])
     env = make(name, 6, seed=0, **options)
     env.reset(seed=8)
-    assert not np.array_equal(env.get_state()["seeds"], make(name, 6, 0, **options).get_state()[
-        "seeds"])
+    assert not np.array_equal(
+        env.get_state()["seeds"], make(name, 6, 0, **options).get_state()["seeds"]
+    )
 
 
 @pytest.mark.parametrize(("name", "options"), TASKS)
@@ -157,10 +161,14 @@ def test_watermaze_last_action_is_observed_and_cleared_at_episode_start():
 
 
 def test_bad_names_and_options_raise_config_error():
-    for name, options in [("builtin/nope", {}), ("nope/x", {}), ("builtin", {}),
-                          ("builtin/delayed-cue", {"delay_steps": 3}),
-                          ("builtin/delayed-cue", {"variant": "x"}),
-                          ("builtin/watermaze", {"last_action": 1})]:
+    for name, options in [
+        ("builtin/nope", {}),
+        ("nope/x", {}),
+        ("builtin", {}),
+        ("builtin/delayed-cue", {"delay_steps": 3}),
+        ("builtin/delayed-cue", {"variant": "x"}),
+        ("builtin/watermaze", {"last_action": 1}),
+    ]:
         with pytest.raises(ConfigError):
             make(name, 2, 0, **options)
     with pytest.raises(ValueError):
@@ -168,9 +176,11 @@ def test_bad_names_and_options_raise_config_error():
 
 
 def test_importing_envs_loads_no_backend():
-    code = ("import sys, r2ac.envs; r2ac.envs.make('builtin/watermaze', 2, 0); "
-            "print(sorted(m for m in ('envpool', 'gymnasium', 'deepmind_lab', 'torch') "
-            "if m in sys.modules))")
+    code = (
+        "import sys, r2ac.envs; r2ac.envs.make('builtin/watermaze', 2, 0); "
+        "print(sorted(m for m in ('envpool', 'gymnasium', 'deepmind_lab', 'torch') "
+        "if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -25,8 +25,10 @@ def test_delayed_cue_scores(variant, num_cues):
     chance = 2 / num_cues - 1 if variant == "cue" else 0.0  # random == best memoryless
     optimal, se = scripted.evaluate(env, scripted.delayed_cue_memory_policy(env), 4)
     assert optimal == 1.0 and se == 0.0
-    for policy in (scripted.random_policy(env.num_actions, seed=1),
-                   scripted.delayed_cue_memoryless_policy(env)):
+    for policy in (
+        scripted.random_policy(env.num_actions, seed=1),
+        scripted.delayed_cue_memoryless_policy(env),
+    ):
         mean, se = scripted.evaluate(env, policy, 8, seed=2)
         assert abs(mean - chance) < 4 * max(se, 0.02), (mean, se)
 

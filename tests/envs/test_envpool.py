@@ -14,8 +14,10 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 def run(env, actions):
     """Stacked results of stepping env through actions (T, B)."""
     results = [env.step(a) for a in actions]
-    return {k: np.stack([getattr(r, k) for r in results])
-            for k in ("obs", "reward", "terminated", "truncated")}, results
+    return {
+        k: np.stack([getattr(r, k) for r in results])
+        for k in ("obs", "reward", "terminated", "truncated")
+    }, results
 
 
 def test_late_reset_is_hidden_no_action_is_dropped():
@@ -128,7 +130,9 @@ def test_minigrid_one_hot_encodes_the_raw_codes():
         assert np.array_equal(a, one_hot_grid(b))
         codes = a.reshape(2, 20, 7, 7)
         assert np.array_equal(codes[:, :11].argmax(1), b[:, 0])  # object type of every cell
-        assert np.array_equal(codes[:, 11:17].argmax(1), b[:, 1]) and np.array_equal(codes[:, 17:].argmax(1), b[:, 2])
+        assert np.array_equal(codes[:, 11:17].argmax(1), b[:, 1]) and np.array_equal(
+            codes[:, 17:].argmax(1), b[:, 2]
+        )
         if step < len(actions):
             ra, rb = onehot.step(actions[step]), image.step(actions[step])
             assert np.array_equal(ra.info["final_obs"], one_hot_grid(rb.info["final_obs"]))
@@ -149,8 +153,10 @@ def test_atari_episodic_life_ends_lives_for_the_learner_not_games():
     same game, one life fewer), and episode stats count whole games. Without it the same
     seed and actions give the same frames, with `terminated` only at game over."""
     actions = np.random.default_rng(0).integers(0, 4, (900, 2))
-    plain, life = make("atari/Breakout", 2, seed=3), make("atari/Breakout", 2, seed=3,
-                                                         episodic_life=True)
+    plain, life = (
+        make("atari/Breakout", 2, seed=3),
+        make("atari/Breakout", 2, seed=3, episodic_life=True),
+    )
     np.testing.assert_array_equal(plain.reset(), life.reset())
     (a, ra), (b, rb) = run(plain, actions), run(life, actions)
     np.testing.assert_array_equal(a["obs"], b["obs"])  # the game is not restarted at a life

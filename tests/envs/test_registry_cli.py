@@ -14,7 +14,11 @@ def test_available_lists_every_family_with_a_reason():
 
 def test_parse_options_types():
     assert parse_options(["delay=100", "variant=nonmatch", "x=0.5", "f=false"]) == {
-        "delay": 100, "variant": "nonmatch", "x": 0.5, "f": False}
+        "delay": 100,
+        "variant": "nonmatch",
+        "x": 0.5,
+        "f": False,
+    }
 
 
 def test_r2ac_envs_prints_a_row_per_family(capsys):

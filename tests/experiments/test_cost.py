@@ -11,8 +11,16 @@ from r2ac.errors import ConfigError
 from r2ac.experiments import cost
 
 N, B, D = 16, 4, 9
-TINY = cost.CostConfig(spans=(2, 6), hidden_size=N, batch_size=B, input_size=D, repeats=1,
-                       warmup=0, threads=1, memory=False)
+TINY = cost.CostConfig(
+    spans=(2, 6),
+    hidden_size=N,
+    batch_size=B,
+    input_size=D,
+    repeats=1,
+    warmup=0,
+    threads=1,
+    memory=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +71,10 @@ def test_peak_memory_in_a_fresh_process():
     cfg = dataclasses.replace(TINY, hidden_size=128, batch_size=16, input_size=65)
     case = cost.build_case(cfg, "elstm-bptt", 50)
     held = cost.saved_for_backward_mb(case.run, case.held_before())
-    long, short = cost.peak_update_mb(cfg, "elstm-bptt", 50), cost.peak_update_mb(cfg, "elstm-bptt", 5)
+    long, short = (
+        cost.peak_update_mb(cfg, "elstm-bptt", 50),
+        cost.peak_update_mb(cfg, "elstm-bptt", 5),
+    )
     assert long >= held > 1.0  # the update's peak holds at least what autograd saved
     assert long > 3 * short, (long, short)
 
@@ -79,13 +90,17 @@ def test_report_files(rows, tmp_path):
     with_peaks = [dict(r, peak_mb=10.0 * r["M"] + 5.0) for r in rows]
     paths = cost.write_report(with_peaks, TINY, str(tmp_path / "out"))
     saved = json.loads(open(paths["json"]).read())
-    assert saved["rows"] == with_peaks and saved["torch"] and saved["machine"].startswith("machine:")
+    assert (
+        saved["rows"] == with_peaks and saved["torch"] and saved["machine"].startswith("machine:")
+    )
     assert saved["bptt_fits"]["elstm-bptt"]["mb_at_1000"] == pytest.approx(10_005.0)
     md = open(paths["md"]).read()
     table_rows = [ln for ln in md.splitlines() if ln.startswith("| elstm-")]
     assert [ln.split(" | ")[:3] for ln in table_rows] == [
-        ["| elstm-bptt", "2", "2"], ["| elstm-bptt", "6", "6"],
-        ["| elstm-rtrl", "2", "unbounded"], ["| elstm-rtrl", "6", "unbounded"],
+        ["| elstm-bptt", "2", "2"],
+        ["| elstm-bptt", "6", "6"],
+        ["| elstm-rtrl", "2", "unbounded"],
+        ["| elstm-rtrl", "6", "unbounded"],
     ]
     assert "| 65.0 |" in table_rows[1]  # peak MB of bptt at M = 6
     assert "peak MB = 10.000*M + 5.0" in md and "about 10,005 MB" in md
@@ -98,8 +113,10 @@ def test_command_line_reproduces_the_config():
     assert tyro.cli(cost.CostConfig, args=shlex.split(command)[3:]) == TINY
 
 
-@pytest.mark.parametrize("bad", [{"cores": ("gru-rtrl",)}, {"spans": (0, 6)}, {"spans": ()},
-                                 {"input_size": 1}, {"cores": ()}])
+@pytest.mark.parametrize(
+    "bad",
+    [{"cores": ("gru-rtrl",)}, {"spans": (0, 6)}, {"spans": ()}, {"input_size": 1}, {"cores": ()}],
+)
 def test_bad_config_raises(bad):
     with pytest.raises(ConfigError):
         cost.measure(dataclasses.replace(TINY, **bad))

@@ -18,14 +18,30 @@ from r2ac.experiments.grids import Grid, RunSpec, Task, Variant
 from r2ac.rl.config import TrainConfig, from_dict
 
 TINY_TASK = Task(
-    "cue", "delayed-cue",
-    {"env_options": ("delay=3",), "hidden_size": 8, "stem_features": 8, "mlp_hidden": (8,),
-     "num_envs": 4, "batch_size": 4, "total_frames": 256, "eval_sets": 2, "eval_episodes": 4,
-     "log_every": 1, "checkpoint_every": 2},
+    "cue",
+    "delayed-cue",
+    {
+        "env_options": ("delay=3",),
+        "hidden_size": 8,
+        "stem_features": 8,
+        "mlp_hidden": (8,),
+        "num_envs": 4,
+        "batch_size": 4,
+        "total_frames": 256,
+        "eval_sets": 2,
+        "eval_episodes": 4,
+        "log_every": 1,
+        "checkpoint_every": 2,
+    },
     note="tiny",
 )
-TINY = Grid("tiny", "a tiny grid for tests", (TINY_TASK,),
-            (Variant("elstm-rtrl", 4), Variant("feedforward", 4)), default_seeds=2)
+TINY = Grid(
+    "tiny",
+    "a tiny grid for tests",
+    (TINY_TASK,),
+    (Variant("elstm-rtrl", 4), Variant("feedforward", 4)),
+    default_seeds=2,
+)
 
 
 @pytest.mark.parametrize("name", sorted(grids.GRIDS))
@@ -37,7 +53,10 @@ def test_every_grid_run_has_a_valid_config(name):
     for spec in specs:
         cfg = runner.check_overrides(spec.task.preset, spec.overrides())
         assert (cfg.core, cfg.unroll_length, cfg.seed) == (
-            spec.variant.core, spec.unroll_length, spec.seed)
+            spec.variant.core,
+            spec.unroll_length,
+            spec.seed,
+        )
 
 
 def test_popgym_grid_full_episode_rows_use_each_task_s_episode_length():
@@ -60,8 +79,15 @@ def test_memory_m_spans_short_and_long_segments_against_the_cue_delay():
 
 
 def test_train_args_round_trip_through_the_real_cli():
-    overrides = {"env_options": ("delay=7",), "unroll_length": 9, "freeze_stem": False,
-                 "lr_decay": True, "forget_bias": None, "learning_rate": 1e-3, "mlp_hidden": (5, 6)}
+    overrides = {
+        "env_options": ("delay=7",),
+        "unroll_length": 9,
+        "freeze_stem": False,
+        "lr_decay": True,
+        "forget_bias": None,
+        "learning_rate": 1e-3,
+        "mlp_hidden": (5, 6),
+    }
     args = runner.train_args(overrides)
     assert "--no-freeze-stem" in args and "--lr-decay" in args
     from r2ac.rl.train_cli import parse_config
@@ -102,7 +128,10 @@ def test_format_cell_reports_population_std_and_partial_seeds():
 def test_eval_protocol_names_each_columns_episodes_and_mode():
     reactive = {t.name: t for t in grids.grid("reactive").tasks}
     assert report.eval_protocol(reactive["cartpole"]) == "cartpole: 3 sets x 100 episodes, greedy"
-    assert report.eval_protocol(reactive["seaquest-cpu"]) == "seaquest-cpu: 5 sets x 30 episodes, sampled"
+    assert (
+        report.eval_protocol(reactive["seaquest-cpu"])
+        == "seaquest-cpu: 5 sets x 30 episodes, sampled"
+    )
 
 
 @pytest.fixture
@@ -129,9 +158,13 @@ def test_grid_trains_reports_and_resumes(tiny_grid, tmp_path, capsys):
     rtrl = [scores[s.run_id]["eval_mean"] for s in specs if s.variant.core == "elstm-rtrl"]
     mean, std = report.mean_std(rtrl)
     assert f"| elstm-rtrl M=4 | {mean:.3f} ± {std:.3f} |" in md
-    train = [scores[s.run_id]["final_train_return"] for s in specs if s.variant.core == "elstm-rtrl"]
+    train = [
+        scores[s.run_id]["final_train_return"] for s in specs if s.variant.core == "elstm-rtrl"
+    ]
     mean, std = report.mean_std(train)
-    assert md.count("| elstm-rtrl M=4 |") == 2 and f"| elstm-rtrl M=4 | {mean:.3f} ± {std:.3f} |" in md
+    assert (
+        md.count("| elstm-rtrl M=4 |") == 2 and f"| elstm-rtrl M=4 | {mean:.3f} ± {std:.3f} |" in md
+    )
     assert (out / "curves_cue.png").stat().st_size > 1000
 
     # Resume: a finished run is skipped, an interrupted one (no eval.json) is resumed from its
@@ -151,8 +184,12 @@ def test_grid_trains_reports_and_resumes(tiny_grid, tmp_path, capsys):
     saved = json.loads((done / "config.json").read_text())
     saved["config"]["hidden_size"] = 16
     (done / "config.json").write_text(json.dumps(saved))
-    assert runner.config_mismatch(interrupted, runner.check_overrides(
-        "delayed-cue", specs[1].overrides())) == []
+    assert (
+        runner.config_mismatch(
+            interrupted, runner.check_overrides("delayed-cue", specs[1].overrides())
+        )
+        == []
+    )
     capsys.readouterr()
     assert cli.main(["tiny", "--out", str(out), "--dry-run"]) == 0
     states = dict(reversed(ln.split()) for ln in capsys.readouterr().out.splitlines())
@@ -193,7 +230,10 @@ def test_cores_select_rows():
     g = grids.GRIDS["popgym"]
     sub = grids.select_cores(g, ("elstm-rtrl", "gru-bptt"))
     assert [v.label for v in sub.variants] == [
-        "elstm-rtrl M=4", "gru-bptt M=4", "gru-bptt M=episode"]
+        "elstm-rtrl M=4",
+        "gru-bptt M=4",
+        "gru-bptt M=episode",
+    ]
     assert grids.select_cores(g, ()) is g
     with pytest.raises(ConfigError, match=r"no rows with core in \['elman-rtrl'\]"):
         grids.select_cores(g, ("elman-rtrl",))
@@ -208,8 +248,10 @@ def test_unroll_lengths_select_rows(tiny_grid, tmp_path, capsys):
     with pytest.raises(ConfigError, match=r"no rows with M in \[7\]"):
         grids.select_unroll_lengths(g, (7, 50))
     out = tmp_path / "exp"
-    assert cli.main(["tiny", "--out", str(out), "--dry-run", "--seeds", "1",
-                     "--unroll-lengths", "4"]) == 0
+    assert (
+        cli.main(["tiny", "--out", str(out), "--dry-run", "--seeds", "1", "--unroll-lengths", "4"])
+        == 0
+    )
     assert len(capsys.readouterr().out.strip().splitlines()) == 2
     assert cli.main(["tiny", "--out", str(out), "--unroll-lengths", "3"]) == 2
     assert not out.exists()

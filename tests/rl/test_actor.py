@@ -43,8 +43,9 @@ def test_segment_layout_and_episode_bookkeeping():
 
 
 def test_final_values_match_a_manual_unroll():
-    cfg = tiny(env="builtin/watermaze", env_options=("size=3", "episode_steps=5"),
-               core="elstm-bptt")
+    cfg = tiny(
+        env="builtin/watermaze", env_options=("size=3", "episode_steps=5"), core="elstm-bptt"
+    )
     actor, agent, env = _actor(cfg)
     infos, step = [], env.step
     env.step = lambda actions: infos.append(step(actions)) or infos[-1]
@@ -69,8 +70,9 @@ def test_rtrl_actor_carries_sensitivities_and_matches_a_per_step_carry():
     state = seg1.state
     with torch.no_grad():
         for t in range(M):
-            _, _, state = agent(seg1.obs[t:t + 1], seg1.last_reward[t:t + 1],
-                                seg1.reset[t:t + 1], state)
+            _, _, state = agent(
+                seg1.obs[t : t + 1], seg1.last_reward[t : t + 1], seg1.reset[t : t + 1], state
+            )
     assert torch.allclose(state.c, seg2.state.c, atol=1e-12)
     assert torch.allclose(state.sens.FZ, seg2.state.sens.FZ, atol=1e-12)
     assert torch.allclose(state.sens.wb, seg2.state.sens.wb, atol=1e-12)

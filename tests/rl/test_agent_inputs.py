@@ -139,11 +139,13 @@ def test_critic_only_normalisation_keeps_the_actor_on_the_reward_scale():
     agent = agent_for_env(cfg, env, dtype=torch.float64)
     seg, _ = Actor(agent, env, seed=4, unroll_length=cfg.unroll_length).collect()
     with torch.no_grad():
-        logits, values, _ = agent(seg.obs, seg.last_reward, seg.reset, seg.state,
-                                  last_action=seg.last_action)
+        logits, values, _ = agent(
+            seg.obs, seg.last_reward, seg.reset, seg.state, last_action=seg.last_action
+        )
     args, s = (cfg.discount, cfg.baseline_cost, cfg.entropy_cost), 7.0
     plain = segment_losses(logits, values, seg, *args)
     critic = segment_losses(logits, values, seg, *args, value_scale=s, scale_advantages=False)
     torch.testing.assert_close(critic["pg_loss"], plain["pg_loss"], rtol=1e-12, atol=0)
-    torch.testing.assert_close(critic["baseline_loss"], plain["baseline_loss"] / s**2,
-                               rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        critic["baseline_loss"], plain["baseline_loss"] / s**2, rtol=1e-12, atol=0
+    )

@@ -74,8 +74,13 @@ def test_numpy_values_and_namedtuples_round_trip(tmp_path):
     from r2ac.rtrl.elstm_math import ELSTMState
 
     state = ELSTMState(torch.ones(2, 3), None)
-    obj = {"np": np.arange(5, dtype=np.uint32), "scalar": np.float64(2.5), "state": state,
-           "rng": ("MT19937", np.arange(3, dtype=np.uint32), 1, 0, 0.0), 3: [1, (2, 3)]}
+    obj = {
+        "np": np.arange(5, dtype=np.uint32),
+        "scalar": np.float64(2.5),
+        "state": state,
+        "rng": ("MT19937", np.arange(3, dtype=np.uint32), 1, 0, 0.0),
+        3: [1, (2, 3)],
+    }
     loaded = checkpoint.load(checkpoint.save_atomic(obj, tmp_path / "c.pt"))
     assert loaded["np"].dtype == np.uint32 and loaded["np"].tolist() == [0, 1, 2, 3, 4]
     assert isinstance(loaded["scalar"], np.float64) and loaded["scalar"] == 2.5

@@ -14,26 +14,49 @@ from r2ac.rl.config import PRESETS, validate
 
 from .rl_helpers import tiny
 
-TINY_ARGS = ["--env-options", "delay=3", "--hidden-size", "8", "--stem-features", "6",
-             "--mlp-hidden", "8", "--unroll-length", "4", "--num-envs", "3", "--batch-size", "3",
-             "--total-frames", "48", "--eval-sets", "2", "--eval-episodes", "5", "--no-progress"]
+TINY_ARGS = [
+    "--env-options",
+    "delay=3",
+    "--hidden-size",
+    "8",
+    "--stem-features",
+    "6",
+    "--mlp-hidden",
+    "8",
+    "--unroll-length",
+    "4",
+    "--num-envs",
+    "3",
+    "--batch-size",
+    "3",
+    "--total-frames",
+    "48",
+    "--eval-sets",
+    "2",
+    "--eval-episodes",
+    "5",
+    "--no-progress",
+]
 
 
-@pytest.mark.parametrize("args", [
-    ["--env", "builtin/nope"],
-    ["--env", "nofamily/x"],
-    ["--core", "elstm-sideways"],
-    ["--core", "gru-rtrl"],
-    ["--hidden-size", "0"],
-    ["--unroll-length", "-3"],
-    ["--num-envs", "0"],
-    ["--batch-size", "5", "--num-envs", "3"],
-    ["--env-options", "colour=red"],
-    ["--reward-scale", "0"],
-    ["--image-stem", "vgg"],
-    ["--preset", "nonexistent"],
-    ["--preset", "dmlab"],  # needs deepmind_lab, not installed here
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--env", "builtin/nope"],
+        ["--env", "nofamily/x"],
+        ["--core", "elstm-sideways"],
+        ["--core", "gru-rtrl"],
+        ["--hidden-size", "0"],
+        ["--unroll-length", "-3"],
+        ["--num-envs", "0"],
+        ["--batch-size", "5", "--num-envs", "3"],
+        ["--env-options", "colour=red"],
+        ["--reward-scale", "0"],
+        ["--image-stem", "vgg"],
+        ["--preset", "nonexistent"],
+        ["--preset", "dmlab"],  # needs deepmind_lab, not installed here
+    ],
+)
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, args):
     out = tmp_path / "run"
     base = [] if args[0] == "--preset" else TINY_ARGS
@@ -59,17 +82,31 @@ def test_presets_validate_and_follow_the_paper():
     for name in ("dmlab", "atari", "procgen"):
         cfg = PRESETS[name]
         assert (cfg.learning_rate, cfg.batch_size, cfg.discount, cfg.grad_clip) == (
-            6e-4, 32, 0.99, 40.0)
+            6e-4,
+            32,
+            0.99,
+            40.0,
+        )
         assert (cfg.baseline_cost, cfg.entropy_cost, cfg.rms_alpha, cfg.rms_eps) == (
-            0.5, 0.01, 0.99, 0.01)
+            0.5,
+            0.01,
+            0.99,
+            0.01,
+        )
     assert PRESETS["dmlab"].hidden_size == 512 and PRESETS["atari"].hidden_size == 256
 
 
 def test_train_then_eval_writes_run_dir_and_eval_json(tmp_path, capsys):
     out = tmp_path / "run"
     assert train_cli.main([*TINY_ARGS, "--out-dir", str(out)]) == 0
-    for name in ("config.json", "metrics.csv", "curve.png", "eval.json",
-                 "checkpoints/latest.pt", "checkpoints/agent.pt"):
+    for name in (
+        "config.json",
+        "metrics.csv",
+        "curve.png",
+        "eval.json",
+        "checkpoints/latest.pt",
+        "checkpoints/agent.pt",
+    ):
         assert (out / name).is_file(), name
     meta = json.loads((out / "config.json").read_text())
     assert meta["config"]["hidden_size"] == 8 and "git_revision" in meta
@@ -86,7 +123,10 @@ def test_train_then_eval_writes_run_dir_and_eval_json(tmp_path, capsys):
     assert json.loads((out / "eval.json").read_text())["returns"] == again["returns"]
     # --out keeps the run's own evaluation: a greedy check elsewhere leaves eval.json alone.
     other = tmp_path / "greedy.json"
-    assert evaluate.main([str(out), "--sets", "2", "--episodes", "5", "--greedy", "--out", str(other)]) == 0
+    assert (
+        evaluate.main([str(out), "--sets", "2", "--episodes", "5", "--greedy", "--out", str(other)])
+        == 0
+    )
     assert json.loads(other.read_text())["actions"] == "greedy"
     kept = json.loads((out / "eval.json").read_text())
     assert (kept["actions"], kept["returns"]) == ("sampled", again["returns"])
@@ -113,14 +153,28 @@ def test_load_a_pretrained_stem_and_freeze_it(tmp_path):
     args = [*TINY_ARGS, "--no-eval-at-end", "--no-freeze-stem"]
     assert train_cli.main([*args, "--out-dir", str(first)]) == 0
     stem_file = first / "checkpoints" / "agent.pt"
-    assert train_cli.main([*args, "--out-dir", str(second), "--seed", "5",
-                           "--load-stem", str(stem_file), "--freeze-stem"]) == 0
+    assert (
+        train_cli.main(
+            [
+                *args,
+                "--out-dir",
+                str(second),
+                "--seed",
+                "5",
+                "--load-stem",
+                str(stem_file),
+                "--freeze-stem",
+            ]
+        )
+        == 0
+    )
     pre = checkpoint.load(stem_file)["agent"]
     post = checkpoint.load(second / "checkpoints" / "agent.pt")["agent"]
     stem = [k for k in pre if k.startswith("stem.")]
     assert stem and all(torch.equal(pre[k], post[k]) for k in stem)
     assert not torch.equal(pre["core.F"], post["core.F"])
     missing = tmp_path / "nope.pt"
-    assert train_cli.main([*args, "--out-dir", str(tmp_path / "x"),
-                           "--load-stem", str(missing)]) == 2
+    assert (
+        train_cli.main([*args, "--out-dir", str(tmp_path / "x"), "--load-stem", str(missing)]) == 2
+    )
     assert not (tmp_path / "x").exists()

@@ -47,20 +47,30 @@ def _reference_agent(cfg, env_agent):
 
 
 def _losses(cfg, logits, values, seg):
-    return segment_losses(logits, values, seg, cfg.discount, cfg.baseline_cost,
-                          cfg.entropy_cost)["loss"]
+    return segment_losses(logits, values, seg, cfg.discount, cfg.baseline_cost, cfg.entropy_cost)[
+        "loss"
+    ]
 
 
 def _full_bptt(cfg, ref, segments):
     """One unroll of the whole history from the zero state; the same per-segment losses."""
-    def cat(name):
-        return torch.cat([getattr(s, name)[:M] for s in segments]
-                         + [getattr(segments[-1], name)[M:]])
 
-    logits, values, _ = ref(cat("obs"), cat("last_reward"), cat("reset"), ref.initial_state(B),
-                            last_action=cat("last_action"))
-    loss = sum(_losses(cfg, logits[k * M: k * M + M + 1], values[k * M: k * M + M + 1], s)
-               for k, s in enumerate(segments))
+    def cat(name):
+        return torch.cat(
+            [getattr(s, name)[:M] for s in segments] + [getattr(segments[-1], name)[M:]]
+        )
+
+    logits, values, _ = ref(
+        cat("obs"),
+        cat("last_reward"),
+        cat("reset"),
+        ref.initial_state(B),
+        last_action=cat("last_action"),
+    )
+    loss = sum(
+        _losses(cfg, logits[k * M : k * M + M + 1], values[k * M : k * M + M + 1], s)
+        for k, s in enumerate(segments)
+    )
     ref.zero_grad()
     loss.backward()
     return {n: p.grad for n, p in ref.named_parameters()}
@@ -69,12 +79,18 @@ def _full_bptt(cfg, ref, segments):
 def _truncated_bptt(cfg, ref, segments):
     state, loss = ref.initial_state(B), 0.0
     for seg in segments:
-        logits, values, _ = ref(seg.obs, seg.last_reward, seg.reset, state,
-                                last_action=seg.last_action)
+        logits, values, _ = ref(
+            seg.obs, seg.last_reward, seg.reset, state, last_action=seg.last_action
+        )
         loss = loss + _losses(cfg, logits, values, seg)
         with torch.no_grad():
-            _, _, state = ref(seg.obs[:M], seg.last_reward[:M], seg.reset[:M], state,
-                              last_action=seg.last_action[:M])
+            _, _, state = ref(
+                seg.obs[:M],
+                seg.last_reward[:M],
+                seg.reset[:M],
+                state,
+                last_action=seg.last_action[:M],
+            )
     ref.zero_grad()
     loss.backward()
     return {n: p.grad for n, p in ref.named_parameters()}
@@ -88,9 +104,17 @@ def _max_rel_error(grads, ref_grads, names):
 @pytest.mark.parametrize("case", sorted(ENVS))
 def test_rtrl_learner_gradient_equals_full_bptt(case, prev_action):
     env, options = ENVS[case]
-    cfg = tiny(env=env, env_options=options, core="elstm-rtrl", learning_rate=0.0,
-               grad_clip=1e12, unroll_length=M, num_envs=B, batch_size=B,
-               prev_action=prev_action)
+    cfg = tiny(
+        env=env,
+        env_options=options,
+        core="elstm-rtrl",
+        learning_rate=0.0,
+        grad_clip=1e12,
+        unroll_length=M,
+        num_envs=B,
+        batch_size=B,
+        prev_action=prev_action,
+    )
     agent, segments, grads = _run_learner(cfg)
     resets = torch.stack([s.reset[1:M] for s in segments]).sum()  # episode ends inside
     ends = torch.stack([s.terminated | s.truncated for s in segments]).sum()
@@ -111,8 +135,16 @@ def test_rtrl_learner_gradient_equals_full_bptt(case, prev_action):
 @pytest.mark.parametrize("case", sorted(ENVS))
 def test_bptt_learner_gradient_equals_truncated_bptt(case):
     env, options = ENVS[case]
-    cfg = tiny(env=env, env_options=options, core="elstm-bptt", learning_rate=0.0,
-               grad_clip=1e12, unroll_length=M, num_envs=B, batch_size=B)
+    cfg = tiny(
+        env=env,
+        env_options=options,
+        core="elstm-bptt",
+        learning_rate=0.0,
+        grad_clip=1e12,
+        unroll_length=M,
+        num_envs=B,
+        batch_size=B,
+    )
     agent, segments, grads = _run_learner(cfg)
     ref = _reference_agent(cfg, agent)
     trunc = _truncated_bptt(cfg, ref, segments)
@@ -124,8 +156,15 @@ def test_bptt_learner_gradient_equals_truncated_bptt(case):
 def test_reward_scale_scales_the_value_targets():
     """V-trace is linear in (rewards, values): with rewards and values both times s, the
     policy-gradient loss scales by s and the baseline loss by s^2 (entropy is unchanged)."""
-    cfg = tiny(env="builtin/delayed-cue", env_options=("delay=3",), core="elstm-rtrl",
-               learning_rate=0.0, unroll_length=M, num_envs=B, batch_size=B)
+    cfg = tiny(
+        env="builtin/delayed-cue",
+        env_options=("delay=3",),
+        core="elstm-rtrl",
+        learning_rate=0.0,
+        unroll_length=M,
+        num_envs=B,
+        batch_size=B,
+    )
     agent, segments, _ = _run_learner(cfg)
     seg, s = segments[-1], 0.01
     with torch.no_grad():
@@ -135,6 +174,7 @@ def test_reward_scale_scales_the_value_targets():
     scaled = segment_losses(logits, values * s, seg, *args, reward_scale=s)
     assert plain["pg_loss"].abs() > 1e-3 and plain["baseline_loss"] > 1e-3
     torch.testing.assert_close(scaled["pg_loss"], s * plain["pg_loss"], rtol=1e-12, atol=0)
-    torch.testing.assert_close(scaled["baseline_loss"], s * s * plain["baseline_loss"],
-                               rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        scaled["baseline_loss"], s * s * plain["baseline_loss"], rtol=1e-12, atol=0
+    )
     torch.testing.assert_close(scaled["entropy_loss"], plain["entropy_loss"], rtol=0, atol=0)

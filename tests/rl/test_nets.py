@@ -63,7 +63,9 @@ def test_resnet_stem_rejects_bad_input():
 def test_shallow_stem_matches_its_written_out_layers():
     torch.manual_seed(0)
     stem = ShallowConvStem(4, 84, 84, out_features=12)
-    assert stem.fc.in_features == 32 * 9 * 9  # 84 -> (84 - 8) // 4 + 1 = 20 -> (20 - 4) // 2 + 1 = 9
+    assert (
+        stem.fc.in_features == 32 * 9 * 9
+    )  # 84 -> (84 - 8) // 4 + 1 = 20 -> (20 - 4) // 2 + 1 = 9
     obs = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
     with torch.no_grad():
         x = obs.float() / 255.0
@@ -84,9 +86,13 @@ def _conv_multiply_adds(stem: torch.nn.Module, obs: torch.Tensor) -> int:
 
     def count(module, _inputs, output):
         nonlocal total
-        total += output[0].numel() * module.in_channels * module.kernel_size[0] * module.kernel_size[1]
+        total += (
+            output[0].numel() * module.in_channels * module.kernel_size[0] * module.kernel_size[1]
+        )
 
-    hooks = [m.register_forward_hook(count) for m in stem.modules() if isinstance(m, torch.nn.Conv2d)]
+    hooks = [
+        m.register_forward_hook(count) for m in stem.modules() if isinstance(m, torch.nn.Conv2d)
+    ]
     with torch.no_grad():
         stem(obs)
     for hook in hooks:
@@ -95,8 +101,10 @@ def _conv_multiply_adds(stem: torch.nn.Module, obs: torch.Tensor) -> int:
 
 
 def test_make_stem_picks_the_image_stem_by_name_and_shallow_is_cheap():
-    shallow, resnet = make_stem((4, 84, 84), torch.uint8, image_stem="shallow"), make_stem(
-        (4, 84, 84), torch.uint8, image_stem="resnet")
+    shallow, resnet = (
+        make_stem((4, 84, 84), torch.uint8, image_stem="shallow"),
+        make_stem((4, 84, 84), torch.uint8, image_stem="resnet"),
+    )
     assert isinstance(shallow, ShallowConvStem) and isinstance(resnet, ImpalaResNetStem)
     obs = torch.zeros(1, 4, 84, 84, dtype=torch.uint8)
     # Its reason to exist: 16*4*64*400 + 32*16*16*81 = 2.3 M conv multiply-adds vs 53 M.

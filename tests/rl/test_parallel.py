@@ -15,8 +15,9 @@ from .rl_helpers import tiny
 
 @pytest.mark.parametrize("core", ["elstm-rtrl", "elstm-bptt"])
 def test_parallel_runtime_trains_logs_lag_and_shuts_down(tmp_path, core):
-    cfg = tiny(runtime="parallel", num_actors=2, total_frames=4 * 3 * 8, checkpoint_every=4,
-               core=core)
+    cfg = tiny(
+        runtime="parallel", num_actors=2, total_frames=4 * 3 * 8, checkpoint_every=4, core=core
+    )
     run = RunDir.create(tmp_path / "run", cfg)
     runtime = ParallelRuntime(cfg, run)
     before = {k: v.clone() for k, v in runtime.agent.state_dict().items()}

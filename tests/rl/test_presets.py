@@ -16,11 +16,21 @@ def test_docs_show_every_preset_as_defined():
 
 def test_popgym_preset_is_the_measured_recipe():
     pinned = {
-        "env": "gym/popgym-RepeatFirstEasy-v0", "env_options": (), "hidden_size": 128,
-        "forget_bias": None, "freeze_stem": False, "unroll_length": 4,
-        "total_frames": 1_000_000, "learning_rate": 2e-3, "lr_decay": True,
-        "lr_warmup_updates": 200, "reward_scale": 50.0, "prev_action": True,
-        "entropy_cost": 0.01, "popart": True, "popart_advantages": False,
+        "env": "gym/popgym-RepeatFirstEasy-v0",
+        "env_options": (),
+        "hidden_size": 128,
+        "forget_bias": None,
+        "freeze_stem": False,
+        "unroll_length": 4,
+        "total_frames": 1_000_000,
+        "learning_rate": 2e-3,
+        "lr_decay": True,
+        "lr_warmup_updates": 200,
+        "reward_scale": 50.0,
+        "prev_action": True,
+        "entropy_cost": 0.01,
+        "popart": True,
+        "popart_advantages": False,
         "advantage_norm": False,
     }
     chosen = PRESETS["popgym"]
@@ -30,8 +40,12 @@ def test_popgym_preset_is_the_measured_recipe():
 def test_defaults_are_task_neutral_and_the_delayed_cue_is_a_preset():
     """The delayed cue's tuning lives in its preset, not in TrainConfig's defaults."""
     assert preset_overrides("delayed-cue") == {
-        "env_options": ("delay=64",), "forget_bias": 4.5, "freeze_stem": True,
-        "learning_rate": 5e-3, "lr_decay": True, "entropy_cost": 0.003,
+        "env_options": ("delay=64",),
+        "forget_bias": 4.5,
+        "freeze_stem": True,
+        "learning_rate": 5e-3,
+        "lr_decay": True,
+        "entropy_cost": 0.003,
     }
 
 

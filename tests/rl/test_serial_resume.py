@@ -19,10 +19,30 @@ from .rl_helpers import tiny
 
 TOTAL_UPDATES = 60
 CLI_ARGS = [
-    "--env-options", "delay=3", "--hidden-size", "8", "--stem-features", "6", "--mlp-hidden", "8",
-    "--unroll-length", "4", "--num-envs", "3", "--batch-size", "6",
-    "--total-frames", str(4 * 6 * TOTAL_UPDATES), "--checkpoint-every", "5", "--log-every", "1",
-    "--num-threads", "1", "--no-eval-at-end", "--no-progress",
+    "--env-options",
+    "delay=3",
+    "--hidden-size",
+    "8",
+    "--stem-features",
+    "6",
+    "--mlp-hidden",
+    "8",
+    "--unroll-length",
+    "4",
+    "--num-envs",
+    "3",
+    "--batch-size",
+    "6",
+    "--total-frames",
+    str(4 * 6 * TOTAL_UPDATES),
+    "--checkpoint-every",
+    "5",
+    "--log-every",
+    "1",
+    "--num-threads",
+    "1",
+    "--no-eval-at-end",
+    "--no-progress",
 ]
 
 
@@ -50,8 +70,12 @@ def _final_weights(run_dir: Path) -> dict:
 def test_sigkill_then_resume_gives_the_uninterrupted_weights(tmp_path):
     full, killed = tmp_path / "full", tmp_path / "killed"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(_cli(*CLI_ARGS, "--out-dir", str(killed)), env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _cli(*CLI_ARGS, "--out-dir", str(killed)),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     ckpt = killed / "checkpoints" / "latest.pt"
     deadline = time.time() + 60
     while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
@@ -61,8 +85,9 @@ def test_sigkill_then_resume_gives_the_uninterrupted_weights(tmp_path):
     saved = checkpoint.load(ckpt)["counters"]["update"]
     assert 0 < saved < TOTAL_UPDATES  # killed between checkpoints, before the end
     subprocess.run(_cli("--resume", str(killed)), env=env, check=True, capture_output=True)
-    subprocess.run(_cli(*CLI_ARGS, "--out-dir", str(full)), env=env, check=True,
-                   capture_output=True)
+    subprocess.run(
+        _cli(*CLI_ARGS, "--out-dir", str(full)), env=env, check=True, capture_output=True
+    )
     a, b = _final_weights(full), _final_weights(killed)
     assert all(torch.equal(a[k], b[k]) for k in a)
     with (killed / "metrics.csv").open() as f:

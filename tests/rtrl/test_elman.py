@@ -23,19 +23,25 @@ def make_layer(rule, D=5, N=4, seed=0, **kw):
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("batch", [1, 3])
 def test_rtrl_equals_full_bptt_through_history(pattern, batch):
-    result = check_gradients(make_layer("rtrl"), elman_reference, pattern, batch, reset_prob=0.15, seed=1)
+    result = check_gradients(
+        make_layer("rtrl"), elman_reference, pattern, batch, reset_prob=0.15, seed=1
+    )
     assert set(result.rel_error) == {"W", "R", "b"}
     assert result.max_rel_error < 1e-10, str(result)
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_bptt_equals_truncated_bptt(pattern):
-    result = check_gradients(make_layer("bptt"), elman_reference, pattern, 3, truncated=True, seed=2)
+    result = check_gradients(
+        make_layer("bptt"), elman_reference, pattern, 3, truncated=True, seed=2
+    )
     assert result.max_rel_error < 1e-10, str(result)
 
 
 def test_the_check_can_fail():
-    err = check_gradients(make_layer("bptt"), elman_reference, PATTERNS[0], 3, reset_prob=0.0, seed=3)
+    err = check_gradients(
+        make_layer("bptt"), elman_reference, PATTERNS[0], 3, reset_prob=0.0, seed=3
+    )
     assert min(err.rel_error.values()) > 1e-2, str(err)
 
 
@@ -54,8 +60,12 @@ def test_hybrid_carry_equals_per_step_carry():
         stepped = el.carry_step(stepped, h_all[t], u_all[t], keep[t], R)
     whole = el.carry_segment(sens, h_all, u_all, keep, R)
     torch.testing.assert_close(whole, stepped, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(el.carry_segment(sens, h_all, u_all, None, R),
-                               _steps_no_keep(sens, h_all, u_all, R), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        el.carry_segment(sens, h_all, u_all, None, R),
+        _steps_no_keep(sens, h_all, u_all, R),
+        rtol=1e-12,
+        atol=1e-12,
+    )
 
 
 def _steps_no_keep(sens, h_all, u_all, R):
@@ -65,7 +75,9 @@ def _steps_no_keep(sens, h_all, u_all, R):
 
 
 def test_refuses_sizes_that_cannot_fit_naming_the_memory():
-    with pytest.raises(ConfigError, match=r"N=8192, D=32\).* \(2,056.2 GiB in torch.float32\).*of memory of cpu"):
+    with pytest.raises(
+        ConfigError, match=r"N=8192, D=32\).* \(2,056.2 GiB in torch.float32\).*of memory of cpu"
+    ):
         Elman(32, 8192, "rtrl")
     Elman(32, 4096, "bptt", dtype=torch.float16)  # no sensitivities: nothing to refuse
     layer = make_layer("rtrl", memory_limit=10_000)  # 2 x 1280 B per stream fits once ...

@@ -28,7 +28,9 @@ def make_layer(rule, D=5, N=4, seed=0, dtype=F64, **kw):
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("batch", [1, 3])
 def test_rtrl_equals_full_bptt_through_history(pattern, batch):
-    result = check_gradients(make_layer("rtrl"), elstm_reference, pattern, batch, reset_prob=0.15, seed=1)
+    result = check_gradients(
+        make_layer("rtrl"), elstm_reference, pattern, batch, reset_prob=0.15, seed=1
+    )
     assert set(result.rel_error) == set(PARAMS)
     assert result.max_rel_error < 1e-10, str(result)
 
@@ -36,13 +38,17 @@ def test_rtrl_equals_full_bptt_through_history(pattern, batch):
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("batch", [1, 3])
 def test_bptt_equals_truncated_bptt(pattern, batch):
-    result = check_gradients(make_layer("bptt"), elstm_reference, pattern, batch, truncated=True, seed=2)
+    result = check_gradients(
+        make_layer("bptt"), elstm_reference, pattern, batch, truncated=True, seed=2
+    )
     assert result.max_rel_error < 1e-10, str(result)
 
 
 def test_the_check_can_fail():
     """Truncation makes a real difference on this problem, so the two tests above have teeth."""
-    err = check_gradients(make_layer("bptt"), elstm_reference, PATTERNS[0], 3, reset_prob=0.0, seed=3)
+    err = check_gradients(
+        make_layer("bptt"), elstm_reference, PATTERNS[0], 3, reset_prob=0.0, seed=3
+    )
     assert err.rel_error["F"] > 1e-2 and err.rel_error["w_f"] > 1e-2
     assert err.rel_error["O"] < 1e-10  # the output gate is not recurrent: BPTT is already exact
 
@@ -51,7 +57,9 @@ def test_reset_on_every_first_step_makes_rtrl_equal_truncated():
     layer = make_layer("rtrl")
     problem = make_problem(5, 4, (4, 4, 4), 2, reset_prob=0.0, seed=4)
     problem.reset[[0, 4, 8]] = True
-    ref = reference_gradients(elstm_reference, dict(layer.named_parameters()), problem, truncated=True)
+    ref = reference_gradients(
+        elstm_reference, dict(layer.named_parameters()), problem, truncated=True
+    )
     assert compare(layer_gradients(layer, problem), ref).max_rel_error < 1e-10
 
 
@@ -64,7 +72,9 @@ def test_segment_carry_equals_step_by_step_carry():
     x = torch.randn(T, B, D, dtype=F64)
     stepped = sens
     for t in range(T):
-        stepped = em.carry_step(stepped, em.RecurrenceTrace(*(v[t : t + 1] for v in trace)), x[t : t + 1])
+        stepped = em.carry_step(
+            stepped, em.RecurrenceTrace(*(v[t : t + 1] for v in trace)), x[t : t + 1]
+        )
     whole = em.carry_segment(sens, trace, x)
     torch.testing.assert_close(whole.FZ, stepped.FZ, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(whole.wb, stepped.wb, rtol=1e-12, atol=1e-12)
@@ -81,7 +91,10 @@ def test_storage_layout_changes_no_number():
     trace = em.RecurrenceTrace(*(torch.rand(T, B, N, dtype=F64) for _ in range(4)))
     x = torch.randn(T, B, D, dtype=F64)
     d_hat = torch.randn(B, N, dtype=F64)
-    for carry in (lambda s: em.carry_segment(s, trace, x), lambda s: em.carry_step(s, trace, x[:1])):
+    for carry in (
+        lambda s: em.carry_segment(s, trace, x),
+        lambda s: em.carry_step(s, trace, x[:1]),
+    ):
         a, b = carry(plain), carry(stored)
         torch.testing.assert_close(a.FZ, b.FZ, rtol=1e-13, atol=1e-13)
         torch.testing.assert_close(a.wb, b.wb, rtol=1e-13, atol=1e-13)
@@ -129,7 +142,10 @@ def test_reset_stream_equals_fresh_start():
 def test_state_is_detached_and_inputs_untouched():
     layer = make_layer("rtrl")
     state = layer.initial_state(2)
-    state = ELSTMState(torch.randn(2, 4, dtype=F64), ELSTMSensitivity(torch.randn(2, 2, 4, 5, dtype=F64), torch.randn(2, 4, 4, dtype=F64)))
+    state = ELSTMState(
+        torch.randn(2, 4, dtype=F64),
+        ELSTMSensitivity(torch.randn(2, 2, 4, 5, dtype=F64), torch.randn(2, 4, 4, dtype=F64)),
+    )
     before = [t.clone() for t in (state.c, state.sens.FZ, state.sens.wb)]
     x = torch.randn(3, 2, 5, dtype=F64, requires_grad=True)
     h, new = layer(x, state)
@@ -205,7 +221,9 @@ def test_cuda_matches_cpu(dtype):
     gpu = make_layer("rtrl", dtype=dtype).cuda()
     problem = make_problem(5, 4, (3, 1, 4), 3, seed=9, dtype=dtype)
     g_cpu = layer_gradients(cpu, problem)
-    prob_gpu = type(problem)(problem.x.cuda(), problem.reset.cuda(), problem.readout.cuda(), problem.segment_lengths)
+    prob_gpu = type(problem)(
+        problem.x.cuda(), problem.reset.cuda(), problem.readout.cuda(), problem.segment_lengths
+    )
     g_gpu = layer_gradients(gpu, prob_gpu)
     tol = 1e-10 if dtype == F64 else 1e-4
     assert compare({k: v.cpu() for k, v in g_gpu.items()}, g_cpu).max_rel_error < tol
@@ -213,7 +231,10 @@ def test_cuda_matches_cpu(dtype):
 
 def test_skipping_the_carry_changes_no_gradient():
     layer = make_layer("rtrl")
-    state = ELSTMState(torch.randn(2, 4, dtype=F64), ELSTMSensitivity(torch.randn(2, 2, 4, 5, dtype=F64), torch.randn(2, 4, 4, dtype=F64)))
+    state = ELSTMState(
+        torch.randn(2, 4, dtype=F64),
+        ELSTMSensitivity(torch.randn(2, 2, 4, 5, dtype=F64), torch.randn(2, 4, 4, dtype=F64)),
+    )
     x = torch.randn(3, 2, 5, dtype=F64)
     grads = []
     for carry in (True, False):
@@ -229,7 +250,10 @@ def test_skipping_the_carry_changes_no_gradient():
 @pytest.mark.parametrize("T", [1, 6])
 def test_advance_state_equals_forward_state(T):
     layer = make_layer("rtrl")
-    state = ELSTMState(torch.randn(3, 4, dtype=F64), ELSTMSensitivity(torch.randn(3, 2, 4, 5, dtype=F64), torch.randn(3, 4, 4, dtype=F64)))
+    state = ELSTMState(
+        torch.randn(3, 4, dtype=F64),
+        ELSTMSensitivity(torch.randn(3, 2, 4, 5, dtype=F64), torch.randn(3, 4, 4, dtype=F64)),
+    )
     x = torch.randn(T, 3, 5, dtype=F64)
     reset = torch.zeros(T, 3, dtype=torch.bool)
     reset[T // 2, 1] = True

@@ -64,7 +64,9 @@ def test_carry_segment_in_place_equals_carry_segment():
         trace = em.RecurrenceTrace(*(torch.rand(T, B, N, dtype=F64) for _ in range(4)))
         trace.a[0, 1] = 0.0  # a reset
         x = torch.randn(T, B, D, dtype=F64)
-        sens = ELSTMSensitivity(em.zero_FZ(B, N, D, dtype=F64).normal_(), torch.randn(B, 4, N, dtype=F64))
+        sens = ELSTMSensitivity(
+            em.zero_FZ(B, N, D, dtype=F64).normal_(), torch.randn(B, 4, N, dtype=F64)
+        )
         want = em.carry_segment(sens, trace, x)
         if T == 1:
             step = em.carry_step(sens, trace, x)
@@ -150,8 +152,10 @@ def test_user_state_in_plain_layout_is_never_written():
     """A state built by hand as plain (B, 2, N, D) tensors takes the eager carry."""
     layer = make_layer(True)
     problem = make_problem(D, N, (3,), batch_size=2, seed=6)
-    state = ELSTMState(torch.randn(2, N, dtype=F64), ELSTMSensitivity(
-        torch.randn(2, 2, N, D, dtype=F64), torch.randn(2, 4, N, dtype=F64)))
+    state = ELSTMState(
+        torch.randn(2, N, dtype=F64),
+        ELSTMSensitivity(torch.randn(2, 2, N, D, dtype=F64), torch.randn(2, 4, N, dtype=F64)),
+    )
     before = [t.clone() for t in state.sens]
     y, new = layer(problem.x, state)
     (y * problem.readout).sum().backward()

@@ -32,7 +32,9 @@ def make_layer(rule, D=5, N=4, seed=0, diagonal=False):
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("batch", [1, 3])
 def test_snap1_with_diagonal_recurrence_equals_full_bptt(pattern, batch):
-    result = check_gradients(make_layer("snap1", diagonal=True), felstm_reference, pattern, batch, seed=1)
+    result = check_gradients(
+        make_layer("snap1", diagonal=True), felstm_reference, pattern, batch, seed=1
+    )
     assert result.max_rel_error < 1e-10, str(result)
     assert result.ref_norm["W_f"] > 0  # the off-diagonal entries have gradients too, exactly
 
@@ -46,7 +48,9 @@ def test_elstm_snap1_equals_full_bptt(pattern):
 
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_bptt_equals_truncated_bptt(pattern):
-    result = check_gradients(make_layer("bptt"), felstm_reference, pattern, 3, truncated=True, seed=2)
+    result = check_gradients(
+        make_layer("bptt"), felstm_reference, pattern, 3, truncated=True, seed=2
+    )
     assert result.max_rel_error < 1e-10, str(result)
 
 
@@ -61,7 +65,9 @@ def test_dense_snap1_is_an_approximation_better_than_truncation():
     snap = make_layer("snap1", D=8, N=16)
     bptt = make_layer("bptt", D=8, N=16)
     problem = make_problem(8, 16, (5,) * 12, 4, reset_prob=0.0, seed=0)
-    exact = reference_gradients(felstm_reference, dict(snap.named_parameters()), problem, truncated=False)
+    exact = reference_gradients(
+        felstm_reference, dict(snap.named_parameters()), problem, truncated=False
+    )
     g_snap, g_bptt = layer_gradients(snap, problem), layer_gradients(bptt, problem)
     cos_snap, cos_bptt = _cosine(g_snap, exact), _cosine(g_bptt, exact)
     assert 0.95 < cos_snap < 1 - 1e-6, cos_snap  # not exact ...

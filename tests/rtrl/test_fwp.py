@@ -22,7 +22,9 @@ def make_layer(rule, D=5, N=4, seed=0):
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("batch", [1, 3])
 def test_rtrl_equals_full_bptt_through_history(pattern, batch):
-    result = check_gradients(make_layer("rtrl"), fwp_reference, pattern, batch, reset_prob=0.15, seed=1)
+    result = check_gradients(
+        make_layer("rtrl"), fwp_reference, pattern, batch, reset_prob=0.15, seed=1
+    )
     assert set(result.rel_error) == {"K", "V", "Q"}
     assert result.max_rel_error < 1e-10, str(result)
 
@@ -48,8 +50,12 @@ def test_rank_one_history_gradient_equals_dense_contraction():
     sens = FWPSensitivity(torch.randn(B, N, D, dtype=F64), torch.randn(B, N, D, dtype=F64))
     dK, dV = fw.history_gradients(e, s, m, sens)
     d_hat = torch.einsum("tb,tbi,tbj->bij", m, e, s)  # (B, N, N) = dL / dW(t0)
-    torch.testing.assert_close(dK, torch.einsum("bij,bid->jd", d_hat, sens.Kh), rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(dV, torch.einsum("bij,bjd->id", d_hat, sens.Vh), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        dK, torch.einsum("bij,bid->jd", d_hat, sens.Kh), rtol=1e-12, atol=1e-12
+    )
+    torch.testing.assert_close(
+        dV, torch.einsum("bij,bjd->id", d_hat, sens.Vh), rtol=1e-12, atol=1e-12
+    )
 
 
 def test_forward_and_fast_weights_match_reference_across_splits():
@@ -66,7 +72,12 @@ def test_forward_and_fast_weights_match_reference_across_splits():
     # Kh = sum outer(v, x) since the last reset of each stream
     last = [max([0] + [t for t in range(12) if problem.reset[t, b]]) for b in range(3)]
     x, V = problem.x, layer.V.detach()
-    Kh = torch.stack([sum((V @ x[t, b])[:, None] * x[t, b][None, :] for t in range(last[b], 12)) for b in range(3)])
+    Kh = torch.stack(
+        [
+            sum((V @ x[t, b])[:, None] * x[t, b][None, :] for t in range(last[b], 12))
+            for b in range(3)
+        ]
+    )
     torch.testing.assert_close(state.sens.Kh, Kh, rtol=1e-12, atol=1e-12)
 
 

@@ -22,7 +22,9 @@ def make_layer(D=5, N=4, seed=0):
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("reset_prob", [0.0, 0.3])
 def test_bptt_equals_truncated_bptt(pattern, reset_prob):
-    result = check_gradients(make_layer(), lstm_reference, pattern, 3, truncated=True, reset_prob=reset_prob, seed=2)
+    result = check_gradients(
+        make_layer(), lstm_reference, pattern, 3, truncated=True, reset_prob=reset_prob, seed=2
+    )
     assert set(result.rel_error) == {"W_ih", "W_hh", "b"}
     assert result.max_rel_error < 1e-10, str(result)
 
@@ -36,7 +38,9 @@ def test_forward_matches_reference():
     layer = make_layer()
     problem = make_problem(5, 4, (6, 1, 5), 3, reset_prob=0.2, seed=5)
     with torch.no_grad():
-        y_ref, (h_ref, c_ref) = lstm_reference(dict(layer.named_parameters()), problem.x, problem.reset)
+        y_ref, (h_ref, c_ref) = lstm_reference(
+            dict(layer.named_parameters()), problem.x, problem.reset
+        )
         state, outs = layer.initial_state(3), []
         for sl in (slice(0, 6), slice(6, 7), slice(7, 12)):
             y, state = layer(problem.x[sl], state, reset=problem.reset[sl])

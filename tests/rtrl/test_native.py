@@ -79,8 +79,12 @@ def test_native_equals_pytorch_path(T, B, N, D, resets, monkeypatch):
     if resets:  # the streams reset at the segment's last step keep nothing of FZ(t0)
         t_last = [b for t, b in resets if t == T - 1]
         for b in t_last:
-            fresh = torch.bmm(*em._outer_sum(x[:, b : b + 1], em._carry_inputs(trace)[0][:, b : b + 1]))
-            torch.testing.assert_close(em._stored_blocks(got_sens.FZ)[b].reshape(D, 2 * N), fresh[0], rtol=1e-5, atol=1e-5)
+            fresh = torch.bmm(
+                *em._outer_sum(x[:, b : b + 1], em._carry_inputs(trace)[0][:, b : b + 1])
+            )
+            torch.testing.assert_close(
+                em._stored_blocks(got_sens.FZ)[b].reshape(D, 2 * N), fresh[0], rtol=1e-5, atol=1e-5
+            )
 
 
 @needs_kernel
@@ -110,7 +114,9 @@ def test_layouts_the_kernel_does_not_take_fall_back(monkeypatch):
     monkeypatch.setattr(native, "carry_in_place", lambda *a: called.append(a))
     em.history_and_carry_in_place(d_hat, sens, trace, x)
     assert not called
-    s64 = em.ELSTMSensitivity(em.zero_FZ(2, 8, 5, dtype=torch.float64), torch.zeros(2, 4, 8, dtype=torch.float64))
+    s64 = em.ELSTMSensitivity(
+        em.zero_FZ(2, 8, 5, dtype=torch.float64), torch.zeros(2, 4, 8, dtype=torch.float64)
+    )
     assert not native.supports(em._stored_blocks(s64.FZ), x.double())
 
 

@@ -23,8 +23,12 @@ from r2ac.rtrl.state import cat_streams, select_streams
 F64 = torch.float64
 NAMES = core_names()
 REFERENCES = {
-    "elstm": elstm_reference, "felstm": felstm_reference, "fwp": fwp_reference,
-    "elman": elman_reference, "lstm": lstm_reference, "gru": gru_reference,
+    "elstm": elstm_reference,
+    "felstm": felstm_reference,
+    "fwp": fwp_reference,
+    "elman": elman_reference,
+    "lstm": lstm_reference,
+    "gru": gru_reference,
 }
 REFERENCES.update(rtu=rtu_reference, lru=lru_reference)
 D, N = 5, 4
@@ -41,9 +45,21 @@ def leaves(state):
 
 def test_names():
     assert set(NAMES) == {
-        "elstm-rtrl", "elstm-bptt", "elstm-snap1", "felstm-bptt", "felstm-snap1", "lstm-bptt",
-        "gru-bptt", "fwp-rtrl", "fwp-bptt", "elman-rtrl", "elman-bptt",
-        "rtu-rtrl", "rtu-bptt", "lru-rtrl", "lru-bptt",
+        "elstm-rtrl",
+        "elstm-bptt",
+        "elstm-snap1",
+        "felstm-bptt",
+        "felstm-snap1",
+        "lstm-bptt",
+        "gru-bptt",
+        "fwp-rtrl",
+        "fwp-bptt",
+        "elman-rtrl",
+        "elman-bptt",
+        "rtu-rtrl",
+        "rtu-bptt",
+        "lru-rtrl",
+        "lru-bptt",
     }
     assert all(desc for _, desc in CORES.values())
     with pytest.raises(ConfigError, match="unknown core 'gru-rtrl'"):
@@ -71,7 +87,9 @@ def test_contract(name):
     y.sum().backward()
     assert all(p.grad is not None for p in core.parameters())
     # per-stream indexing works generically on any core's state
-    assert [t.shape[0] for t in leaves(select_streams(new, torch.tensor([0, 2])))] == [2] * len(leaves(new))
+    assert [t.shape[0] for t in leaves(select_streams(new, torch.tensor([0, 2])))] == [2] * len(
+        leaves(new)
+    )
     joined = cat_streams([select_streams(new, slice(0, 1)), select_streams(new, slice(1, 3))])
     assert all(torch.equal(a, b) for a, b in zip(leaves(joined), leaves(new)))
 
@@ -110,11 +128,17 @@ def test_input_gradients_are_truncated_at_the_segment_start(name):
     with torch.no_grad():
         _, warm = core(torch.randn(5, 2, D, dtype=F64), core.initial_state(2))
     warm_trunc = trunc.initial_state(2)
-    warm_trunc = type(warm_trunc)(*(getattr(warm, f) if getattr(warm_trunc, f) is not None else None
-                                    for f in warm_trunc._fields))
+    warm_trunc = type(warm_trunc)(
+        *(
+            getattr(warm, f) if getattr(warm_trunc, f) is not None else None
+            for f in warm_trunc._fields
+        )
+    )
     grads = []
     for layer, state in ((core, warm), (trunc, warm_trunc)):
-        x = torch.randn(4, 2, D, dtype=F64, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
+        x = torch.randn(
+            4, 2, D, dtype=F64, generator=torch.Generator().manual_seed(1)
+        ).requires_grad_(True)
         (layer(x, state)[0] ** 2).sum().backward()
         grads.append(x.grad)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-13, atol=1e-13)
@@ -127,7 +151,12 @@ def test_input_gradients_are_truncated_at_the_segment_start(name):
         ((3, 2), None, ValueError, "must be a \\(T, B, D=5\\)"),
         ((3, 2, 6), None, ValueError, "6 features"),
         ((0, 2, 5), None, ValueError, "T >= 1"),
-        ((3, 2, 5), torch.zeros(3, 3, dtype=torch.bool), ValueError, "reset must be a \\(T=3, B=2\\)"),
+        (
+            (3, 2, 5),
+            torch.zeros(3, 3, dtype=torch.bool),
+            ValueError,
+            "reset must be a \\(T=3, B=2\\)",
+        ),
         ((3, 2, 5), torch.zeros(3, 2), TypeError, "reset must have dtype torch.bool"),
     ],
 )
@@ -152,7 +181,9 @@ def test_float32_against_float64_reference(name):
     problem = make_problem(D, N, (6, 1, 9, 8), 3, seed=5, dtype=torch.float32)
     grads = layer_gradients(layer, problem)
     p64 = {k: v.detach().double() for k, v in layer.named_parameters()}
-    prob64 = type(problem)(problem.x.double(), problem.reset, problem.readout.double(), problem.segment_lengths)
+    prob64 = type(problem)(
+        problem.x.double(), problem.reset, problem.readout.double(), problem.segment_lengths
+    )
     ref = reference_gradients(REFERENCES[kind], p64, prob64, truncated=rule == "bptt")
     err = compare({k: v.double() for k, v in grads.items()}, ref)
     assert err.max_rel_error < 1e-4, str(err)

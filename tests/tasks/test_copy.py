@@ -75,7 +75,10 @@ def test_deterministic_per_seed():
     a, b, c = batch(seed=3), batch(seed=3), batch(seed=4)
     assert all(torch.equal(u, v) for u, v in zip(a, b))
     assert not all(u.shape == v.shape and torch.equal(u, v) for u, v in zip(a, c))
-    s1, s2 = ct.make_test_set(6, 250, seed=1, batch_size=100), ct.make_test_set(6, 250, seed=1, batch_size=100)
+    s1, s2 = (
+        ct.make_test_set(6, 250, seed=1, batch_size=100),
+        ct.make_test_set(6, 250, seed=1, batch_size=100),
+    )
     assert [x.mask.shape[1] for x in s1] == [100, 100, 50]
     assert all(torch.equal(u, v) for x, y in zip(s1, s2) for u, v in zip(x, y))
 
@@ -190,9 +193,18 @@ def test_online_needs_rtrl():
 
 @pytest.mark.parametrize("online", [False, True])
 def test_tiny_copy_is_learnt_to_100_percent(online):
-    cfg = ct.CopyConfig(length=4, hidden=32, batch_size=32, lr=1e-2, train_steps=1500,
-                        segment=None if online else 2, online=online, eval_every=50,
-                        test_size=200, threads=0)
+    cfg = ct.CopyConfig(
+        length=4,
+        hidden=32,
+        batch_size=32,
+        lr=1e-2,
+        train_steps=1500,
+        segment=None if online else 2,
+        online=online,
+        eval_every=50,
+        test_size=200,
+        threads=0,
+    )
     _, result = ct.train(cfg)
     assert result.solved_at_step is not None, result.curve[-1]
     assert result.final["bit_accuracy"] == 1.0 and result.final["sequence_accuracy"] == 1.0
@@ -202,8 +214,16 @@ def test_tiny_copy_is_learnt_to_100_percent(online):
 @pytest.mark.slow
 def test_copy_l6_is_learnt_by_rtrl_with_short_chunks():
     # measured: solved at batch 2000 (45 s of training on one loaded core)
-    cfg = ct.CopyConfig(length=6, hidden=64, batch_size=32, lr=1e-2, train_steps=5000,
-                        segment=3, eval_every=250, test_size=500)
+    cfg = ct.CopyConfig(
+        length=6,
+        hidden=64,
+        batch_size=32,
+        lr=1e-2,
+        train_steps=5000,
+        segment=3,
+        eval_every=250,
+        test_size=500,
+    )
     _, result = ct.train(cfg)
     assert result.final["sequence_accuracy"] == 1.0, result.curve[-1]
 
@@ -213,8 +233,20 @@ def test_copy_l6_is_learnt_by_rtrl_with_short_chunks():
 
 def test_cli_untrained_writes_results(tmp_path):
     out = tmp_path / "run"
-    rc = copy_cli.main(["--length", "6", "--hidden", "16", "--train-steps", "0",
-                        "--test-size", "200", "--out", str(out)])
+    rc = copy_cli.main(
+        [
+            "--length",
+            "6",
+            "--hidden",
+            "16",
+            "--train-steps",
+            "0",
+            "--test-size",
+            "200",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     res = json.loads((out / "results.json").read_text())
     assert 0.35 < res["bit_accuracy"] < 0.65 and "sequence_accuracy" in res
@@ -227,9 +259,29 @@ def test_cli_untrained_writes_results(tmp_path):
 
 def test_cli_trains_and_records_a_curve(tmp_path):
     out = tmp_path / "run"
-    rc = copy_cli.main(["--length", "3", "--hidden", "8", "--batch-size", "4", "--train-steps", "6",
-                        "--eval-every", "3", "--segment", "2", "--rule", "bptt", "--test-size", "20",
-                        "--no-stop-when-solved", "--out", str(out)])
+    rc = copy_cli.main(
+        [
+            "--length",
+            "3",
+            "--hidden",
+            "8",
+            "--batch-size",
+            "4",
+            "--train-steps",
+            "6",
+            "--eval-every",
+            "3",
+            "--segment",
+            "2",
+            "--rule",
+            "bptt",
+            "--test-size",
+            "20",
+            "--no-stop-when-solved",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     curve = ct.read_curve_csv(out / "curve.csv")
     assert [r["step"] for r in curve] == [0, 3, 6]
@@ -238,8 +290,21 @@ def test_cli_trains_and_records_a_curve(tmp_path):
 
 def test_cli_resume_continues_from_the_checkpoint(tmp_path):
     out = tmp_path / "run"
-    common = ["--length", "3", "--hidden", "8", "--batch-size", "4", "--eval-every", "2",
-              "--test-size", "20", "--no-stop-when-solved", "--out", str(out)]
+    common = [
+        "--length",
+        "3",
+        "--hidden",
+        "8",
+        "--batch-size",
+        "4",
+        "--eval-every",
+        "2",
+        "--test-size",
+        "20",
+        "--no-stop-when-solved",
+        "--out",
+        str(out),
+    ]
     assert copy_cli.main([*common, "--train-steps", "4"]) == 0
     assert copy_cli.main([*common, "--train-steps", "6", "--resume"]) == 0
     resumed = ct.read_curve_csv(out / "curve.csv")
@@ -252,19 +317,38 @@ def test_cli_resume_continues_from_the_checkpoint(tmp_path):
 
 def test_cli_resume_refuses_a_checkpoint_of_other_options_and_keeps_the_run(tmp_path, capsys):
     out = tmp_path / "run"
-    common = ["--length", "3", "--batch-size", "4", "--eval-every", "2", "--test-size", "20",
-              "--no-stop-when-solved", "--out", str(out)]
+    common = [
+        "--length",
+        "3",
+        "--batch-size",
+        "4",
+        "--eval-every",
+        "2",
+        "--test-size",
+        "20",
+        "--no-stop-when-solved",
+        "--out",
+        str(out),
+    ]
     assert copy_cli.main([*common, "--hidden", "8", "--train-steps", "2"]) == 0
-    kept = {name: (out / name).read_bytes() for name in ("config.json", "checkpoint.pt", "results.json")}
+    kept = {
+        name: (out / name).read_bytes() for name in ("config.json", "checkpoint.pt", "results.json")
+    }
     # another width, another readout, another seed: each is a different experiment
-    for change in (["--hidden", "16"], ["--hidden", "8", "--readout-hidden", "4"],
-                   ["--hidden", "8", "--seed", "1"]):
+    for change in (
+        ["--hidden", "16"],
+        ["--hidden", "8", "--readout-hidden", "4"],
+        ["--hidden", "8", "--seed", "1"],
+    ):
         assert copy_cli.main([*common, *change, "--train-steps", "4", "--resume"]) == 2
         err = capsys.readouterr().err
         assert "trained with other options" in err and change[-2] in err
         assert {name: (out / name).read_bytes() for name in kept} == kept
     # a longer budget and a new learning rate are a continuation
-    assert copy_cli.main([*common, "--hidden", "8", "--train-steps", "4", "--lr", "1e-3", "--resume"]) == 0
+    assert (
+        copy_cli.main([*common, "--hidden", "8", "--train-steps", "4", "--lr", "1e-3", "--resume"])
+        == 0
+    )
     meta = json.loads((out / "config.json").read_text())
     assert meta["config"]["train_steps"] == 4
     assert [m["config"]["train_steps"] for m in meta["earlier_invocations"]] == [2]
@@ -275,7 +359,9 @@ def test_resume_mismatch_treats_options_a_checkpoint_predates_as_defaults():
     saved = dataclasses.asdict(cfg)
     del saved["readout_hidden"]
     assert ct.resume_mismatch(saved, cfg) == []
-    assert ct.resume_mismatch(saved, dataclasses.replace(cfg, readout_hidden=4)) == ["--readout-hidden 0 -> 4"]
+    assert ct.resume_mismatch(saved, dataclasses.replace(cfg, readout_hidden=4)) == [
+        "--readout-hidden 0 -> 4"
+    ]
     assert ct.resume_mismatch(saved, dataclasses.replace(cfg, train_steps=9, lr=1.0)) == []
 
 
@@ -294,12 +380,24 @@ def test_mlp_readout_sits_outside_the_recurrence():
     assert sum(p.numel() for p in mlp.readout.parameters()) == 8 * 5 + 5 + 5 * 2 + 2
 
 
-@pytest.mark.parametrize("args", [
-    ["--length", "0"], ["--rule", "snap"], ["--readout-hidden", "-1"], ["--online", "--rule", "bptt"],
-    ["--segment", "0"], ["--hidden", "0"], ["--online", "--segment", "5"], ["--lr", "0"],
-    ["--lr-final", "-1"], ["--core", "lstm"], ["--core", "gru", "--rule", "rtrl"],
-    ["--core", "fwp", "--chrono-init"], ["--dtype", "float16"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--length", "0"],
+        ["--rule", "snap"],
+        ["--readout-hidden", "-1"],
+        ["--online", "--rule", "bptt"],
+        ["--segment", "0"],
+        ["--hidden", "0"],
+        ["--online", "--segment", "5"],
+        ["--lr", "0"],
+        ["--lr-final", "-1"],
+        ["--core", "lstm"],
+        ["--core", "gru", "--rule", "rtrl"],
+        ["--core", "fwp", "--chrono-init"],
+        ["--dtype", "float16"],
+    ],
+)
 def test_cli_rejects_bad_options_and_writes_nothing(tmp_path, capsys, args):
     out = tmp_path / "run"
     assert copy_cli.main([*args, "--out", str(out)]) == 2
@@ -309,8 +407,18 @@ def test_cli_rejects_bad_options_and_writes_nothing(tmp_path, capsys, args):
 
 @pytest.mark.parametrize("core", ["elstm", "lstm"])
 def test_float64_runs_train_and_evaluate_in_float64(core):
-    cfg = ct.CopyConfig(length=3, hidden=6, batch_size=4, train_steps=2, eval_every=2, segment=2,
-                        test_size=10, dtype="float64", core=core, rule="rtrl" if core == "elstm" else "bptt")
+    cfg = ct.CopyConfig(
+        length=3,
+        hidden=6,
+        batch_size=4,
+        train_steps=2,
+        eval_every=2,
+        segment=2,
+        test_size=10,
+        dtype="float64",
+        core=core,
+        rule="rtrl" if core == "elstm" else "bptt",
+    )
     model, result = ct.train(cfg)
     assert {p.dtype for p in model.parameters()} == {torch.float64}
     # the same seed in float32 starts from the same weights and scores the same untrained model
@@ -323,9 +431,30 @@ def test_float64_runs_train_and_evaluate_in_float64(core):
 def test_other_cores_as_diagnostics(tmp_path, core, rule):
     """--core swaps the recurrent layer; exact rules keep the full-BPTT gradient over chunks."""
     out = tmp_path / "run"
-    rc = copy_cli.main(["--core", core, "--rule", rule, "--length", "3", "--hidden", "6",
-                        "--batch-size", "4", "--train-steps", "2", "--eval-every", "2",
-                        "--segment", "2", "--test-size", "10", "--out", str(out)])
+    rc = copy_cli.main(
+        [
+            "--core",
+            core,
+            "--rule",
+            rule,
+            "--length",
+            "3",
+            "--hidden",
+            "6",
+            "--batch-size",
+            "4",
+            "--train-steps",
+            "2",
+            "--eval-every",
+            "2",
+            "--segment",
+            "2",
+            "--test-size",
+            "10",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     assert json.loads((out / "results.json").read_text())["core"] == core
     if rule == "rtrl":  # chunks of 2 under rtrl == one whole-sequence BPTT
@@ -346,13 +475,38 @@ def test_capacity_script_tabulates_runs_with_their_recipe(tmp_path):
     dirs = []
     for hidden, dtype in ((8, "float32"), (16, "float64")):
         out = tmp_path / f"n{hidden}"
-        assert copy_cli.main(["--length", "4", "--hidden", str(hidden), "--train-steps", "0", "--test-size", "20",
-                              "--lr", "1e-2", "--lr-final", "1e-3", "--dtype", dtype, "--out", str(out)]) == 0
+        assert (
+            copy_cli.main(
+                [
+                    "--length",
+                    "4",
+                    "--hidden",
+                    str(hidden),
+                    "--train-steps",
+                    "0",
+                    "--test-size",
+                    "20",
+                    "--lr",
+                    "1e-2",
+                    "--lr-final",
+                    "1e-3",
+                    "--dtype",
+                    dtype,
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         dirs.append(str(out))
     script = Path(__file__).resolve().parents[2] / "scripts" / "copy_capacity.py"
     png = tmp_path / "cap.png"
-    proc = subprocess.run([sys.executable, str(script), *dirs, "--png", str(png)],
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, str(script), *dirs, "--png", str(png)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| elstm")]
     assert len(rows) == 2
     assert "float64" not in rows[0] and "| 8 |" in rows[0]

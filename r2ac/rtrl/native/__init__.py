@@ -94,8 +94,10 @@ def secure_dir(path: Path) -> Path:
     if st.st_uid != os.getuid():
         raise UnsafeCacheError(f"{path} belongs to uid {st.st_uid}, not to you ({os.getuid()})")
     if st.st_mode & 0o022:  # someone else may have put a library there already
-        raise UnsafeCacheError(f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); "
-                               f"remove it or run `chmod 700 {path}`")
+        raise UnsafeCacheError(
+            f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); "
+            f"remove it or run `chmod 700 {path}`"
+        )
     if stat.S_IMODE(st.st_mode) != 0o700:
         os.chmod(path, 0o700)
     return path
@@ -133,8 +135,15 @@ def _write_private(path: Path, data: bytes) -> None:
 
 def build(compiler: str, out_dir: Path) -> Path:
     """Compile the kernel into out_dir (atomically: temp file + rename) and return its path."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-    parts = (SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode(), _cpu_identity().encode())
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, timeout=60
+    ).stdout
+    parts = (
+        SOURCE.read_bytes(),
+        " ".join(FLAGS).encode(),
+        version.encode(),
+        _cpu_identity().encode(),
+    )
     key = hashlib.sha256(b"\0".join(parts)).hexdigest()
     target = out_dir / f"elstm_carry-{key[:16]}.so"
     if target.exists() and _sidecar(target).exists():
@@ -215,7 +224,14 @@ def supports(stored: Tensor, x: Tensor) -> bool:
 
 
 def carry_in_place(
-    stored: Tensor, wb: Tensor, fh: Tensor, zh: Tensor, a: Tensor, cp: Tensor, x: Tensor, d_hat: Tensor
+    stored: Tensor,
+    wb: Tensor,
+    fh: Tensor,
+    zh: Tensor,
+    a: Tensor,
+    cp: Tensor,
+    x: Tensor,
+    d_hat: Tensor,
 ) -> tuple[Tensor, Tensor]:
     """The in-place carry of one segment and its history gradient, in one pass over FZ.
 
