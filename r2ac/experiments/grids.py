@@ -237,7 +237,8 @@ POPGYM_TASKS = (
         "repeat-previous",
         "RepeatPreviousEasy",
         51,
-        "RepeatPrevious (say the suit of the card 4 steps back; span 4): random -0.50, oracle 1.00",
+        "RepeatPrevious (say the suit of the 4th card back, the current one counted; span 4): "
+        "random -0.50, oracle 1.00",
     ),
     _popgym(
         "count-recall",
