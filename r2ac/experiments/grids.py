@@ -322,6 +322,10 @@ GRIDS["popgym"] = Grid(
         Variant("lstm-bptt", FULL_EPISODE),
         Variant("gru-bptt", FULL_EPISODE),
         Variant("feedforward", 4),
+        # the RTU (exact RTRL on a complex diagonal recurrence) solved RepeatPrevious where
+        # the eLSTM and the GRU did not (docs/results.md, "POPGym")
+        Variant("rtu-rtrl", 4),
+        Variant("rtu-bptt", 4),
     ),
 )
 
