@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from r2ac.rtrl.core import RecurrentCore, StateTensor
+from r2ac.rtrl.state import run_in_reset_chunks
 
 RULES = ("bptt",)
 
@@ -80,16 +81,7 @@ class GRU(RecurrentCore):
         T, B = self.check_input(x, reset)
         self.check_state(state, B)
         weights = [self.W_ih, self.W_hh, self.b_ih, self.b_hh]
-        h = state.h.detach()
-        # chunk boundaries: the segment start and every step where some stream restarts
-        starts = (
-            [0] if reset is None else sorted({0, *torch.nonzero(reset.any(1)).flatten().tolist()})
+        y, (h,) = run_in_reset_chunks(  # (T, B, N)
+            x, reset, (state.h.detach(),), lambda xc, h: _fused_gru(xc, h, weights)
         )
-        ys = []
-        for start, end in zip(starts, starts[1:] + [T]):
-            if reset is not None:
-                h = h * (~reset[start]).to(x.dtype)[:, None]  # (B, N)
-            y, h = _fused_gru(x[start:end], h, weights)
-            ys.append(y)
-        y = ys[0] if len(ys) == 1 else torch.cat(ys)  # (T, B, N)
         return y, GRUState(h.detach())

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from r2ac.rtrl.core import RecurrentCore, StateTensor
+from r2ac.rtrl.state import run_in_reset_chunks
 
 RULES = ("bptt",)
 
@@ -88,17 +89,10 @@ class LSTM(RecurrentCore):
         T, B = self.check_input(x, reset)
         self.check_state(state, B)
         weights = [self.W_ih, self.W_hh, self.b, torch.zeros_like(self.b, requires_grad=False)]
-        h, c = state.h.detach(), state.c.detach()
-        # chunk boundaries: the segment start and every step where some stream restarts
-        starts = (
-            [0] if reset is None else sorted({0, *torch.nonzero(reset.any(1)).flatten().tolist()})
+        y, (h, c) = run_in_reset_chunks(  # (T, B, N)
+            x,
+            reset,
+            (state.h.detach(), state.c.detach()),
+            lambda xc, h, c: _fused_lstm(xc, h, c, weights),
         )
-        ys = []
-        for start, end in zip(starts, starts[1:] + [T]):
-            if reset is not None:
-                keep = (~reset[start]).to(x.dtype)[:, None]  # (B, 1)
-                h, c = h * keep, c * keep
-            y, h, c = _fused_lstm(x[start:end], h, c, weights)
-            ys.append(y)
-        y = ys[0] if len(ys) == 1 else torch.cat(ys)  # (T, B, N)
         return y, LSTMState(h.detach(), c.detach())

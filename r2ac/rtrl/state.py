@@ -8,7 +8,7 @@ carry still pending (r2ac.rtrl.deferred) runs it when the helpers below flatten 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -75,6 +75,30 @@ def keep_mask(reset: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | 
     if reset is None or not bool(reset.any()):
         return None
     return (~reset).to(dtype).unsqueeze(-1)
+
+
+def run_in_reset_chunks(
+    x: torch.Tensor,
+    reset: torch.Tensor | None,
+    carried: tuple[torch.Tensor, ...],
+    run: Callable[..., tuple[torch.Tensor, ...]],
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Run a fused multi-step kernel over x (T, B, D) in chunks split at every step where some
+    stream restarts, zeroing the restarting streams' carried tensors (B, ...) between chunks.
+
+    `run(x_chunk, *carried) -> (y_chunk (t, B, N), *carried)`. Returns y (T, B, N) and the
+    carried tensors after the last step (what the LSTM and GRU do with PyTorch's kernels).
+    """
+    T = x.shape[0]
+    starts = [0] if reset is None else sorted({0, *torch.nonzero(reset.any(1)).flatten().tolist()})
+    ys = []
+    for start, end in zip(starts, starts[1:] + [T], strict=True):
+        if reset is not None:
+            keep = (~reset[start]).to(x.dtype)[:, None]  # (B, 1)
+            carried = tuple(t * keep for t in carried)
+        y, *carried = run(x[start:end], *carried)
+        ys.append(y)
+    return (ys[0] if len(ys) == 1 else torch.cat(ys)), tuple(carried)
 
 
 def select_streams(state: Any, index: torch.Tensor | slice | int) -> Any:

@@ -207,6 +207,8 @@ def test_input_checks(name, x_shape, reset, error, match):
         core(torch.zeros(x_shape, dtype=F64), core.initial_state(2), reset=reset)
     with pytest.raises(TypeError, match="dtype torch.float32"):
         core(torch.zeros(3, 2, 5), core.initial_state(2))
+    with pytest.raises(ValueError, match="has shape"):
+        core(torch.zeros(3, 2, 5, dtype=F64), core.initial_state(3))
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)

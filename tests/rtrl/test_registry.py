@@ -142,32 +142,6 @@ def test_input_gradients_are_truncated_at_the_segment_start(name):
         (layer(x, state)[0] ** 2).sum().backward()
         grads.append(x.grad)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-13, atol=1e-13)
-
-
-@pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize(
-    "x_shape, reset, error, match",
-    [
-        ((3, 2), None, ValueError, "must be a \\(T, B, D=5\\)"),
-        ((3, 2, 6), None, ValueError, "6 features"),
-        ((0, 2, 5), None, ValueError, "T >= 1"),
-        (
-            (3, 2, 5),
-            torch.zeros(3, 3, dtype=torch.bool),
-            ValueError,
-            "reset must be a \\(T=3, B=2\\)",
-        ),
-        ((3, 2, 5), torch.zeros(3, 2), TypeError, "reset must have dtype torch.bool"),
-    ],
-)
-def test_bad_inputs(name, x_shape, reset, error, match):
-    core = make(name)
-    with pytest.raises(error, match=match):
-        core(torch.zeros(x_shape, dtype=F64), core.initial_state(2), reset=reset)
-    with pytest.raises(TypeError, match="dtype torch.float32"):
-        core(torch.zeros(3, 2, 5), core.initial_state(2))
-    with pytest.raises(ValueError, match="has shape"):
-        core(torch.zeros(3, 2, 5, dtype=F64), core.initial_state(3))
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         core.initial_state(0)
 
