@@ -29,10 +29,8 @@ from torch import Tensor, nn
 
 from r2ac.errors import ConfigError
 from r2ac.rtrl import pair_math as pm
-from r2ac.rtrl.core import RecurrentCore, StateTensor
+from r2ac.rtrl.pair_core import PairCore
 from r2ac.rtrl.state import keep_mask
-
-RULES = ("bptt", "rtrl")
 
 
 class LRUState(NamedTuple):
@@ -88,7 +86,7 @@ class _HistoryGradient(torch.autograd.Function):
 # ----------------------------------------------------------------------------- the layer
 
 
-class LRU(RecurrentCore):
+class LRU(PairCore):
     """LRU layer (module doc); rules "rtrl" (exact) and "bptt" (truncated at segment starts).
 
     Initialisation (Orvieto et al. 2023, Sec. 3.3): |Lambda| uniform in area on the ring
@@ -97,9 +95,8 @@ class LRU(RecurrentCore):
     D ~ N(0, 1 / D_in) (a full matrix, so its outputs have unit scale like the paper's diagonal).
     """
 
-    RULES = RULES
     State = LRUState
-    skips_carry = True  # carry=False returns sens=None (an IMPALA learner drops the state)
+    pair_field = "h"
 
     def __init__(
         self,
@@ -120,6 +117,9 @@ class LRU(RecurrentCore):
         if not 0.0 < r_min <= r_max < 1.0:
             raise ConfigError(f"LRU: need 0 < r_min <= r_max < 1, got r_min={r_min}, r_max={r_max}")
         self.state_size = N
+        # one stored input map (B: its imaginary part's sensitivity is i times the real one's);
+        # vectors: nu_log, theta_log, gamma_log
+        self.pair_units, self.stored_maps, self.vector_count = N, 1, 3
         self.ring = (r_min, r_max, max_phase)
         H, D = hidden_size, input_size
         kw = {"device": device, "dtype": dtype}
@@ -155,27 +155,6 @@ class LRU(RecurrentCore):
             f"input_size={self.input_size}, hidden_size={self.hidden_size}, "
             f"state_size={self.state_size}, rule={self.rule!r}"
         )
-
-    def initial_state(self, batch_size: int, with_sensitivities: bool | None = None) -> LRUState:
-        """Zero state; for rule "rtrl" with zero sensitivities (`with_sensitivities=False`: light)."""
-        with_sensitivities = self.wants_sensitivities(batch_size, with_sensitivities)
-        kw = {"device": self.B_re.device, "dtype": self.B_re.dtype}
-        h = torch.zeros(batch_size, 2, self.state_size, **kw)
-        if not with_sensitivities:
-            return LRUState(h, None)
-        return LRUState(
-            h, pm.zero_sensitivity(batch_size, 1, 3, self.state_size, self.input_size, **kw)
-        )
-
-    def state_tensors(self, state: LRUState, B: int) -> list[StateTensor]:
-        N, D = self.state_size, self.input_size
-        tensors = [("h", state.h, (B, 2, N))]
-        if state.sens is not None:
-            tensors += [
-                ("sens.W", state.sens.W, (B, 1, 2, N, D)),
-                ("sens.v", state.sens.v, (B, 3, 2, N)),
-            ]
-        return tensors
 
     def forward(
         self, x: Tensor, state: LRUState, reset: Tensor | None = None, carry: bool = True

@@ -35,10 +35,9 @@ from torch import Tensor, nn
 
 from r2ac.errors import ConfigError
 from r2ac.rtrl import pair_math as pm
-from r2ac.rtrl.core import RecurrentCore, StateTensor
+from r2ac.rtrl.pair_core import PairCore
 from r2ac.rtrl.state import keep_mask
 
-RULES = ("bptt", "rtrl")
 ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu}
 
 
@@ -133,7 +132,7 @@ class _HistoryGradient(torch.autograd.Function):
 # ----------------------------------------------------------------------------- the layer
 
 
-class RTU(RecurrentCore):
+class RTU(PairCore):
     """RTU layer (module doc): hidden_size = 2N outputs from N trace units; rules "rtrl", "bptt".
 
     `nonlinear=False` (default) is the paper's linear RTU, `True` the non-linear one;
@@ -142,9 +141,8 @@ class RTU(RecurrentCore):
     theta uniform on (0, max_phase = 2 pi], W1, W2 ~ U(+-1/sqrt(D)).
     """
 
-    RULES = RULES
     State = RTUState
-    skips_carry = True  # carry=False returns sens=None (an IMPALA learner drops the state)
+    pair_field = "c"
 
     def __init__(
         self,
@@ -174,6 +172,7 @@ class RTU(RecurrentCore):
         self.nonlinear, self.activation = nonlinear, activation
         # a linear recurrence has S_W2 = i S_W1, so it stores one input-map sensitivity, not two
         self.stored_maps = 2 if nonlinear else 1
+        self.pair_units, self.vector_count = self.units, 2  # vectors: nu_log, theta_log
         self.ring = (r_min, r_max, max_phase)
         N, D = self.units, input_size
         kw = {"device": device, "dtype": dtype}
@@ -200,28 +199,6 @@ class RTU(RecurrentCore):
             f"input_size={self.input_size}, hidden_size={self.hidden_size}, rule={self.rule!r}, "
             f"{kind}, activation={self.activation!r}"
         )
-
-    def initial_state(self, batch_size: int, with_sensitivities: bool | None = None) -> RTUState:
-        """Zero state; for rule "rtrl" with zero sensitivities (`with_sensitivities=False`: light)."""
-        with_sensitivities = self.wants_sensitivities(batch_size, with_sensitivities)
-        kw = {"device": self.W1.device, "dtype": self.W1.dtype}
-        c = torch.zeros(batch_size, 2, self.units, **kw)
-        if not with_sensitivities:
-            return RTUState(c, None)
-        return RTUState(
-            c,
-            pm.zero_sensitivity(batch_size, self.stored_maps, 2, self.units, self.input_size, **kw),
-        )
-
-    def state_tensors(self, state: RTUState, B: int) -> list[StateTensor]:
-        N, D = self.units, self.input_size
-        tensors = [("c", state.c, (B, 2, N))]
-        if state.sens is not None:
-            tensors += [
-                ("sens.W", state.sens.W, (B, self.stored_maps, 2, N, D)),
-                ("sens.v", state.sens.v, (B, 2, 2, N)),
-            ]
-        return tensors
 
     def forward(
         self, x: Tensor, state: RTUState, reset: Tensor | None = None, carry: bool = True
