@@ -69,6 +69,7 @@ def make_agent(
         freeze_stem=cfg.freeze_stem,
         prev_action=cfg.prev_action,
         value_norm=cfg.popart,
+        head_hidden=cfg.head_hidden,
         reward_scale=cfg.reward_scale,
     ).to(dtype)
     if load_stem and cfg.load_stem:

@@ -43,6 +43,9 @@ class TrainConfig:
     """Output features of the stem (the core input is these plus the clipped last reward)."""
     mlp_hidden: tuple[int, ...] = (64,)
     """Hidden layer sizes of the MLP stem (vector observations)."""
+    head_hidden: int = 0
+    """Width of a ReLU layer between the core and the policy / value heads, shared by both
+    (POPGym's baselines decode the memory's output with an MLP); 0: linear heads."""
     conv_channels: tuple[int, ...] = (16, 32, 32)
     """Channels of the three ResNet stages (image observations)."""
     image_stem: str = "resnet"
@@ -373,7 +376,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     bad = [f"{name}={getattr(cfg, name)}" for name in _POSITIVE if getattr(cfg, name) < 1]
     bad += [
         f"{n}={getattr(cfg, n)}"
-        for n in ("num_actors", "num_threads", "lr_warmup_updates")
+        for n in ("num_actors", "num_threads", "lr_warmup_updates", "head_hidden")
         if getattr(cfg, n) < 0
     ]
     bad += [f"mlp_hidden={cfg.mlp_hidden}"] if any(n < 1 for n in cfg.mlp_hidden) else []
