@@ -194,13 +194,15 @@ PRESETS: dict[str, TrainConfig] = {
         lr_decay=True,
     ),
     # POPGym (Morad et al. 2023): card games and CartPoles with returns in [-1, 1] and
-    # per-step rewards of 1/51 .. 1/200. Measured on RepeatFirstEasy (docs/results.md,
-    # "POPGym"): the actor needs rewards of about +-1 per step (x50) to learn at all, and the
-    # critic then needs PopArt's normalisation (value loss only), or its error spikes
-    # (baseline loss up to 1e5) wreck the shared core and the policy collapses for good; the
-    # previous action marks an episode's first step and disambiguates observations; the
-    # warm-up tames RMSProp's first, 10x-too-large steps; the linear decay keeps a learned
-    # policy; a trainable stem.
+    # per-step rewards of 1/51 .. 1/200. Measured on RepeatFirstEasy and RepeatPreviousEasy
+    # (docs/results.md, "POPGym"): the actor needs rewards of about +-1 per step (x50) to
+    # learn at all; the critic then needs PopArt's normalisation, or its error spikes
+    # (baseline loss up to 1e5) wreck the shared core; dividing the advantages by PopArt's
+    # sigma too keeps the policy's entropy up (with the critic alone normalised the policy
+    # collapsed on RepeatPrevious within 50 k frames); a shared 128-wide ReLU layer before
+    # the heads (as POPGym's baselines decode memory); the previous action marks an
+    # episode's first step and disambiguates observations; the warm-up tames RMSProp's
+    # first, 10x-too-large steps; the linear decay keeps a learned policy; a trainable stem.
     "popgym": TrainConfig(
         env="gym/popgym-RepeatFirstEasy-v0",
         env_options=(),
@@ -216,7 +218,8 @@ PRESETS: dict[str, TrainConfig] = {
         reward_scale=50.0,
         prev_action=True,
         popart=True,
-        popart_advantages=False,
+        popart_advantages=True,
+        head_hidden=128,
         eval_sets=3,
         eval_episodes=100,
     ),
