@@ -24,7 +24,7 @@ import tyro
 
 from r2ac.bench.probe import run_fresh
 from r2ac.errors import ConfigError, check_writable
-from r2ac.perf import keep_freed_memory, release_freed_memory, rss_bytes
+from r2ac.perf import keep_freed_memory, peak_memory_mib
 from r2ac.rtrl import ELSTM, ELSTMSensitivity, ELSTMState, native
 from r2ac.rtrl import elstm_math as em
 from r2ac.rtrl.reference import elstm_reference
@@ -174,21 +174,17 @@ class PeakRow:
     shape: tuple[int, int, int, int]
     rule: str
     dtype: str
-    peak_mb: float
+    peak_mb: float | None
 
 
-def peak_memory_mb(shape, rule, dtype_name, device) -> float:
-    """Peak extra memory of one forward + backward over the inputs and state already held."""
+def peak_memory_mb(shape, rule, dtype_name, device) -> float | None:
+    """Peak extra memory of a forward + backward over the inputs and state already held
+    (CUDA: of the second, after a warm-up; CPU: of the first two, in a fresh process)."""
     if str(device).startswith("cuda"):
         layer, x, readout, state = _setup(shape, rule, DTYPES[dtype_name], device)
         run = segment_fn(layer, x, readout, state)
         run()
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        run()
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
+        return peak_memory_mib(run, device)
     return run_fresh(peak_probe, PeakRow, shape=list(shape), rule=rule, dtype=dtype_name).peak_mb
 
 
@@ -196,12 +192,8 @@ def peak_probe(shape: list[int], rule: str, dtype: str) -> PeakRow:
     """Run in a fresh process by peak_memory_mb (CPU): the peak RSS growth of two segments."""
     keep_freed_memory()
     layer, x, readout, state = _setup(tuple(shape), rule, DTYPES[dtype], "cpu")
-    release_freed_memory()  # setup temporaries must not be reused unseen by the run
-    base = rss_bytes("VmRSS")
     run = segment_fn(layer, x, readout, state)
-    run()
-    run()
-    return PeakRow(tuple(shape), rule, dtype, (rss_bytes("VmHWM") - base) / 2**20)
+    return PeakRow(tuple(shape), rule, dtype, peak_memory_mib(lambda: (run(), run()), "cpu"))
 
 
 def saved_for_backward_mb(run: Callable[[], object], exclude: Iterable[torch.Tensor]) -> float:

@@ -275,6 +275,25 @@ def preset_table() -> str:
     return "\n".join(lines)
 
 
+def preset_help(width: int = 100) -> str:
+    """The presets as `r2ac train --help` lists them: each name and its values beyond
+    TrainConfig's defaults (the same values as preset_table), wrapped to `width`."""
+    import textwrap
+
+    pad = max(len(name) for name in PRESETS) + 4
+    lines = ["Presets (--preset NAME; its values beyond TrainConfig's defaults, then flags):"]
+    for name in PRESETS:
+        values = ", ".join(f"{k}={v}" for k, v in preset_overrides(name).items())
+        lines += textwrap.wrap(
+            values or "(the defaults)",
+            width,
+            initial_indent=f"  {name:<{pad - 2}}",
+            subsequent_indent=" " * pad,
+            break_on_hyphens=False,
+        )
+    return "\n".join(lines)
+
+
 def core_choices() -> list[str]:
     from r2ac.rtrl.registry import core_names
 

@@ -62,6 +62,12 @@ def git_revision() -> str:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
+def write_json(path: str | Path, obj: Any) -> Path:
+    """Write `obj` as indented JSON atomically (temp file, fsync, rename): a kill never leaves
+    half a file, and a reader never sees one."""
+    return checkpoint.write_atomic((json.dumps(obj, indent=2) + "\n").encode(), path)
+
+
 def default_out_dir(cfg: TrainConfig, root: str | Path = "runs") -> str:
     """runs/<time>-<env>-<core>-<pid>[-k]: the pid keeps two processes started in the same
     second apart, the suffix k one process that starts two runs in the same second."""
@@ -139,7 +145,7 @@ class RunDir:
             "git_revision": git_revision(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
-        checkpoint.write_atomic((json.dumps(meta, indent=2) + "\n").encode(), run.config_path)
+        write_json(run.config_path, meta)
         return run
 
     @classmethod

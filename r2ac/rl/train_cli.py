@@ -21,7 +21,7 @@ import sys
 
 from r2ac.errors import ConfigError, MissingDependencyError
 from r2ac.perf import keep_freed_memory
-from r2ac.rl.config import PRESETS, TrainConfig, preset, validate
+from r2ac.rl.config import PRESETS, TrainConfig, preset, preset_help, validate
 from r2ac.rl.resources import check_resources
 from r2ac.rl.run_dir import RunDir, check_same_config, default_out_dir, plot_curve
 from r2ac.rl.stop import TrainingInterrupted, raise_on_signal
@@ -50,7 +50,8 @@ def parse_config(argv: list[str]) -> TrainConfig:
 
     description = (
         f"Train R2AC. --preset {{{','.join(PRESETS)}}} picks the defaults "
-        "(default delayed-cue); --resume RUN_DIR continues a run."
+        "(default delayed-cue), and the options below show its values as their defaults; "
+        "--resume RUN_DIR continues a run.\n\n" + preset_help()
     )
     cfg = tyro.cli(
         TrainConfig, default=default, args=argv, prog="r2ac train", description=description
