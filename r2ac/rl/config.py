@@ -101,10 +101,19 @@ class TrainConfig:
     """Global gradient-norm clipping threshold."""
     seed: int = 0
     """One seed for torch, numpy, python random, the envs and the action sampling."""
-    runtime: Literal["serial", "parallel"] = "serial"
-    """serial: one deterministic process; parallel: actor processes + a learner."""
+    runtime: Literal["serial", "parallel", "ray"] = "serial"
+    """serial: one deterministic process; parallel: actor processes + a learner on one
+    machine; ray: Ray actors (the `ray` extra)."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Device of the learner (agent, losses, optimiser); actors always act on the CPU."""
     num_actors: int = 0
     """Actor processes of the parallel runtime (0: max(2, cpus - 1))."""
+    max_actor_restarts: int = 3
+    """Actor processes that die (parallel, ray) are restarted this many times in all; past
+    that the run stops with a checkpoint and a line naming the actor."""
+    actor_timeout_s: float = 300.0
+    """The learner stops the run (with a checkpoint and a line naming the actors) when no
+    segment arrives from any actor for this many seconds (parallel, ray)."""
     num_threads: int = 1
     """torch threads of the learner process (0: torch's default). Small models run fastest on 1."""
     out_dir: str | None = None
@@ -363,6 +372,7 @@ def _out_of_range(cfg: TrainConfig) -> list[str]:
             "forget_bias",
             "popart_beta",
             "progress_every_s",
+            "actor_timeout_s",
         )
     }
     bad = [
@@ -380,6 +390,7 @@ def _out_of_range(cfg: TrainConfig) -> list[str]:
         ("seed", 0 <= cfg.seed < 2**63, ">= 0"),
         ("popart_beta", 0 < cfg.popart_beta <= 1, "in (0, 1]"),
         ("progress_every_s", cfg.progress_every_s > 0, "> 0"),
+        ("actor_timeout_s", cfg.actor_timeout_s > 0, "> 0"),
     )
     bad += [
         f"{n}={getattr(cfg, n)} (must be {rule})"
@@ -398,7 +409,13 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     bad = [f"{name}={getattr(cfg, name)}" for name in _POSITIVE if getattr(cfg, name) < 1]
     bad += [
         f"{n}={getattr(cfg, n)}"
-        for n in ("num_actors", "num_threads", "lr_warmup_updates", "head_hidden")
+        for n in (
+            "num_actors",
+            "num_threads",
+            "lr_warmup_updates",
+            "head_hidden",
+            "max_actor_restarts",
+        )
         if getattr(cfg, n) < 0
     ]
     bad += [f"mlp_hidden={cfg.mlp_hidden}"] if any(n < 1 for n in cfg.mlp_hidden) else []
@@ -414,10 +431,42 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(
             f"batch_size ({cfg.batch_size}) must be a multiple of num_envs ({cfg.num_envs})"
         )
-    if cfg.runtime not in ("serial", "parallel"):
-        raise ConfigError(f"unknown runtime {cfg.runtime!r}; choose serial or parallel")
+    if cfg.runtime not in RUNTIMES:
+        raise ConfigError(f"unknown runtime {cfg.runtime!r}; choose one of {', '.join(RUNTIMES)}")
+    check_runtime_available(cfg.runtime)
+    check_device(cfg.device)
     cfg.env_kwargs()
     return cfg
+
+
+# The runtimes by name: module and class (r2ac/rl/runtime.py is their base).
+RUNTIMES = {
+    "serial": ("r2ac.rl.runtime_serial", "SerialRuntime"),
+    "parallel": ("r2ac.rl.runtime_parallel", "ParallelRuntime"),
+    "ray": ("r2ac.rl.runtime_ray", "RayRuntime"),
+}
+
+
+def check_runtime_available(name: str) -> None:
+    """ConfigError when the runtime needs an extra that is not installed (ray)."""
+    import importlib.util
+
+    if name == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError(
+            "--runtime ray needs Ray: install the ray extra (pip install -e '.[ray]')"
+        )
+    if importlib.util.find_spec(RUNTIMES[name][0]) is None:
+        raise ConfigError(f"--runtime {name} is not part of this version of r2ac")
+
+
+def check_device(device: str) -> None:
+    """ConfigError for `cuda` on a machine where torch sees no CUDA device."""
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"unknown device {device!r}; choose cpu or cuda")
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: torch sees no CUDA device here; use --device cpu")
 
 
 def to_dict(cfg: TrainConfig) -> dict:

@@ -39,7 +39,7 @@ class StopRequest:
 
     def _handle(self, signum, frame) -> None:
         self.signum = signum
-        if signum == signal.SIGINT:  # Ctrl-C twice: KeyboardInterrupt, stop now
+        if signum == signal.SIGINT:  # the next Ctrl-C stops at once; SIGTERM stays handled
             signal.signal(signum, signal.default_int_handler)
 
     def __enter__(self) -> StopRequest:
