@@ -113,12 +113,23 @@ def _torch_carry(stored, wb, fh, zh, a, cp, x, d_hat) -> tuple[Tensor, Tensor]:
 
 
 _compiled: dict[str, Callable] = {}
+RECOMPILE_LIMIT = 64  # graphs per function: dtypes x (T = 1, T = 2, T >= 3) x coincident sizes
 
 
 def _compile_candidate(op: str) -> Callable:
+    """The compiled function of `op`. Dynamic shapes: one graph serves every size except T = 1
+    and T = 2 (which specialise); called without autograd (so grad mode never recompiles it)
+    and with room for more graphs than dynamo's default limit of 8, past which it would fail."""
     if op not in _compiled:
         fn = fused_history if op == "history" else fused_history_and_carry
-        _compiled[op] = torch.compile(fn, fullgraph=True)
+        compiled = torch.compile(fn, fullgraph=True, dynamic=True)
+        config = torch._dynamo.config
+
+        def call(*args: Tensor) -> tuple[Tensor, Tensor]:
+            with torch.no_grad(), config.patch(recompile_limit=RECOMPILE_LIMIT):
+                return compiled(*args)
+
+        _compiled[op] = call
     return _compiled[op]
 
 
