@@ -8,8 +8,10 @@ values are properties, nothing is mutated while training.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -98,10 +100,18 @@ class TrainConfig:
     """Global gradient-norm clipping threshold."""
     seed: int = 0
     """One seed for torch, numpy, python random, the envs and the action sampling."""
-    runtime: Literal["serial", "parallel"] = "serial"
-    """serial: one deterministic process; parallel: actor processes + a learner."""
+    runtime: Literal["serial", "parallel", "ray"] = "serial"
+    """serial: one deterministic process; parallel: actor processes + a learner; ray: Ray
+    actors (on this machine or a cluster) + a learner (needs the `ray` extra)."""
     num_actors: int = 0
-    """Actor processes of the parallel runtime (0: max(2, cpus - 1))."""
+    """Actor processes of the parallel and ray runtimes (0: max(2, cpus - 1))."""
+    ray_address: str | None = None
+    """Ray runtime: None starts a local Ray with num_actors CPUs (shut down at the end);
+    `auto` joins the cluster this machine belongs to (`ray start`), HOST:PORT the cluster
+    whose head listens there."""
+    max_actor_restarts: int = 3
+    """Ray runtime: times Ray restarts each actor whose process died (its streams start over
+    from a zero core state); one more death stops the run with an error."""
     num_threads: int = 1
     """torch threads of the learner process (0: torch's default). Small models run fastest on 1."""
     out_dir: str | None = None
@@ -373,7 +383,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     bad = [f"{name}={getattr(cfg, name)}" for name in _POSITIVE if getattr(cfg, name) < 1]
     bad += [
         f"{n}={getattr(cfg, n)}"
-        for n in ("num_actors", "num_threads", "lr_warmup_updates")
+        for n in ("num_actors", "num_threads", "lr_warmup_updates", "max_actor_restarts")
         if getattr(cfg, n) < 0
     ]
     bad += [f"mlp_hidden={cfg.mlp_hidden}"] if any(n < 1 for n in cfg.mlp_hidden) else []
@@ -389,10 +399,29 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(
             f"batch_size ({cfg.batch_size}) must be a multiple of num_envs ({cfg.num_envs})"
         )
-    if cfg.runtime not in ("serial", "parallel"):
-        raise ConfigError(f"unknown runtime {cfg.runtime!r}; choose serial or parallel")
+    if cfg.runtime not in ("serial", "parallel", "ray"):
+        raise ConfigError(f"unknown runtime {cfg.runtime!r}; choose serial, parallel or ray")
+    _check_ray(cfg)
     cfg.env_kwargs()
     return cfg
+
+
+_RAY_ADDRESS = re.compile(r"^(auto|[A-Za-z0-9.\-]+:[0-9]{1,5})$")
+
+
+def _check_ray(cfg: TrainConfig) -> None:
+    """Ray options only with the ray runtime, a well-formed address, the package installed."""
+    if cfg.runtime != "ray":
+        if cfg.ray_address is not None:
+            raise ConfigError("--ray-address needs --runtime ray")
+        return
+    if cfg.ray_address is not None and not _RAY_ADDRESS.match(cfg.ray_address):
+        raise ConfigError(
+            f"--ray-address {cfg.ray_address!r}: give `auto` or HOST:PORT (the head's GCS "
+            "address, as `ray start --head` prints it)"
+        )
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError("--runtime ray needs Ray: pip install -e '.[ray]'")
 
 
 def to_dict(cfg: TrainConfig) -> dict:

@@ -45,6 +45,7 @@ COLUMNS = (
     "policy_lag",
     "value_mean",
     "value_scale",
+    "actor_restarts",
 )
 
 

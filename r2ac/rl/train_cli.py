@@ -73,6 +73,10 @@ def make_runtime(cfg: TrainConfig, run: RunDir | None):
         from r2ac.rl.runtime_parallel import ParallelRuntime
 
         return ParallelRuntime(cfg, run)
+    if cfg.runtime == "ray":
+        from r2ac.rl.runtime_ray import RayRuntime
+
+        return RayRuntime(cfg, run)
     from r2ac.rl.runtime_serial import SerialRuntime
 
     return SerialRuntime(cfg, run)

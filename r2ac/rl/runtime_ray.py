@@ -1,0 +1,389 @@
+"""Ray runtime: Ray actors (here or on a cluster) collect segments; the learner batches them.
+
+Process model (Ray Core; docs/rl.md, "Runtimes" and "On a cluster"):
+
+- `num_actors` Ray actors (`num_cpus=1` each), each a `RayActor`: its own env batch, seeded
+  from the one seed and its index, a CPU copy of the agent and an `Actor` (the class the
+  serial runtime uses). Ray restarts an actor whose process died up to
+  `max_actor_restarts` times; the restarted actor's streams start over from a zero core state.
+- Weights leave the learner once per version: `ray.put` of the state_dict as numpy arrays
+  (`PublishedWeights`). Segments are requested with the newest published version; an actor
+  pulls (`ray.get`, zero-copy on its node) the weights at the start of a segment whose
+  version differs from the one it holds.
+- Each actor has `IN_FLIGHT` requests queued (one running, one waiting), so it never waits
+  for the learner. Its `SegmentReady` (the segment, its start core state with the RTRL
+  sensitivities, packed as numpy by r2ac.rl.wire) travels through the object store; the
+  learner takes the oldest ready ones, batch_size / num_envs per update, concatenates them
+  (the one copy), and requests the next segment from each actor it took one from.
+  Policy lag = learner version at the update - version that produced the segment.
+- An actor that died loses the segments it was collecting (dropped whole: nothing of a
+  segment leaves an actor before it is complete); each death is counted in metrics.csv
+  (`actor_restarts`). An exception inside an actor stops the run with its traceback
+  (`ActorFailed`).
+
+Not deterministic (which actor's segment comes first is up to the scheduler). Checkpoints
+hold weights, optimiser, scheduler and counters, as in the parallel runtime; on resume the
+actors restart their episodes from a zero core state. A Ray started here is shut down at the
+end (and on SIGINT / SIGTERM, after the checkpoint); a cluster joined here is left running,
+without this run's actors.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from torch.utils import _pytree as pytree
+
+from r2ac.errors import ConfigError
+from r2ac.rl import wire
+from r2ac.rl.actor import Actor, EpisodeLog, cat_segments
+from r2ac.rl.build import actor_seed, agent_for_env, make_env, seed_everything
+from r2ac.rl.config import TrainConfig, to_dict
+from r2ac.rl.learner import Learner
+from r2ac.rl.run_dir import RunDir
+from r2ac.rl.runtime_serial import load_agent_weights, rng_state
+from r2ac.rl.stop import StopRequest, TrainingInterrupted
+from r2ac.rl.tracker import Tracker
+
+log = logging.getLogger(__name__)
+
+IN_FLIGHT = 2  # segment requests queued per actor: one being collected, one waiting
+WAIT_S = 0.2  # a wait for segments looks at stop requests this often
+STALL_S = 600.0  # no segment from any actor for this long: stop with an error
+START_S = 300.0  # actors not all constructed after this long: stop with an error
+
+
+# --- messages (frozen: what crosses a process boundary is never modified) --------------------
+
+
+@dataclass(frozen=True)
+class PublishedWeights:
+    """A weights version in the object store. The reference sits in a list so that Ray does
+    not fetch it with the request: an actor fetches it only when its version is new."""
+
+    version: int
+    refs: tuple[Any, ...]  # (ObjectRef of the state_dict as numpy arrays,)
+
+
+@dataclass(frozen=True)
+class SegmentRequest:
+    """Learner -> actor: collect one segment with these weights. `epoch` counts the deaths
+    of this actor the learner has seen; a higher one than the actor's restarts its streams
+    (with a seed of their own, so that a restarted actor does not replay its episodes)."""
+
+    weights: PublishedWeights
+    epoch: int
+
+
+@dataclass(frozen=True)
+class SegmentReady:
+    """Actor -> learner, through the object store: one whole segment."""
+
+    actor: int
+    epoch: int
+    seq: int  # segments collected by this actor since its streams (re)started: 1, 2, ...
+    version: int  # the weights version that acted
+    segment: Any  # a Segment packed by r2ac.rl.wire (numpy arrays, start state included)
+    returns: tuple[float, ...]
+    lengths: tuple[int, ...]
+
+    def episodes(self) -> EpisodeLog:
+        return EpisodeLog(list(self.returns), list(self.lengths))
+
+
+class ActorFailed(RuntimeError):
+    """An exception inside an actor; the message holds the actor's traceback."""
+
+
+class ActorLost(RuntimeError):
+    """An actor died more often than --max-actor-restarts allows."""
+
+
+# --- the actor ---------------------------------------------------------------------------------
+
+
+def streams_seed(seed: int, index: int, epoch: int) -> int:
+    """Seed of actor `index`'s streams after `epoch` deaths (epoch 0: the serial runtime's)."""
+    if epoch == 0:
+        return actor_seed(seed, index)
+    return int(np.random.SeedSequence([seed, index, epoch]).generate_state(1)[0] % 2**31)
+
+
+def state_dict_from_numpy(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    return {k: wire.unpack_tensor(wire.PackedTensor(v, None)) for k, v in arrays.items()}
+
+
+class RayActor:
+    """Body of one Ray actor: an env batch, a CPU agent copy and an `Actor` (made remote by
+    `RayRuntime`; a plain class, so that it can be tested without Ray)."""
+
+    def __init__(self, cfg: TrainConfig, index: int, dtype: torch.dtype = torch.float32):
+        torch.set_num_threads(1)
+        self.cfg, self.index, self.dtype = cfg, index, dtype
+        self.version, self.epoch = -1, -1
+        self._restart_streams(0)
+
+    def _restart_streams(self, epoch: int) -> None:
+        """A fresh env batch and zero core states (after a restart: new seeds)."""
+        cfg, seed = self.cfg, streams_seed(self.cfg.seed, self.index, epoch)
+        torch.manual_seed(seed)
+        if self.epoch >= 0:
+            self.env.close()
+        self.env = make_env(cfg, cfg.num_envs, seed)
+        if self.epoch < 0:
+            self.agent = agent_for_env(cfg, self.env, self.dtype, load_stem=False)
+        self.actor = Actor(self.agent, self.env, seed, cfg.unroll_length)
+        self.epoch, self.seq = epoch, 0
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def collect(self, request: SegmentRequest) -> SegmentReady:
+        if request.epoch > self.epoch:
+            self._restart_streams(request.epoch)
+        weights = request.weights
+        if weights.version != self.version:
+            self.agent.load_state_dict(state_dict_from_numpy(ray.get(weights.refs[0])))
+            self.version = weights.version
+        seg, episodes = self.actor.collect()
+        self.seq += 1
+        return SegmentReady(
+            actor=self.index,
+            epoch=self.epoch,
+            seq=self.seq,
+            version=self.version,
+            segment=wire.pack(seg),
+            returns=tuple(episodes.returns),
+            lengths=tuple(episodes.lengths),
+        )
+
+    def close(self) -> None:
+        self.env.close()
+
+
+# --- connecting to Ray -------------------------------------------------------------------------
+
+
+def connect(cfg: TrainConfig) -> bool:
+    """Start a local Ray (no address) or join a cluster; True if this call started one."""
+    if ray.is_initialized():  # e.g. tests sharing one session: not ours to shut down
+        return False
+    options = {"include_dashboard": False, "logging_level": logging.WARNING}
+    if cfg.ray_address is None:
+        ray.init(address="local", num_cpus=cfg.actors, **options)
+        return True
+    try:
+        ray.init(address=cfg.ray_address, **options)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"--ray-address {cfg.ray_address}: cannot join Ray: {first}") from exc
+    return False
+
+
+def check_cpus(needed: int) -> None:
+    cpus = ray.cluster_resources().get("CPU", 0)
+    if cpus < needed:
+        raise ConfigError(
+            f"the Ray cluster has {cpus:g} CPUs, {needed} actors need one each "
+            "(--num-actors, or add nodes with `ray start --address`)"
+        )
+
+
+@dataclass
+class _Request:
+    """A segment request in flight: which actor, and its death count when asked."""
+
+    actor: int
+    epoch: int
+
+
+# --- the runtime -------------------------------------------------------------------------------
+
+
+class RayRuntime:
+    def __init__(
+        self, cfg: TrainConfig, run: RunDir | None = None, dtype: torch.dtype = torch.float32
+    ):
+        self.cfg, self.run, self.dtype = cfg, run, dtype
+        seed_everything(cfg.seed)
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        env = make_env(cfg, cfg.num_envs, actor_seed(cfg.seed, 0))
+        self.agent = agent_for_env(cfg, env, dtype)
+        env.close()
+        self.learner = Learner(self.agent, cfg)
+        self.saved_counters, self.version, self.restarts = None, 0, 0
+        self.actors: list[Any] = []
+        self.pending: dict[Any, _Request] = {}  # ObjectRef -> request, oldest first
+        self.deaths = [0] * cfg.actors
+        self.started_ray = connect(cfg)
+        try:
+            check_cpus(cfg.actors)
+            self._make_actors()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _make_actors(self) -> None:
+        remote = ray.remote(
+            num_cpus=1, max_restarts=self.cfg.max_actor_restarts, max_task_retries=0
+        )(RayActor)
+        self.actors = [remote.remote(self.cfg, k, self.dtype) for k in range(self.cfg.actors)]
+        t0 = time.perf_counter()
+        try:
+            self.pids = ray.get([a.pid.remote() for a in self.actors], timeout=START_S)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(
+                f"{len(self.actors)} Ray actors not running after {START_S:.0f} s "
+                "(`ray status` shows what the cluster is short of)"
+            ) from None
+        except ray.exceptions.RayTaskError as exc:
+            raise ActorFailed(f"an actor failed to start:\n{exc}") from None
+        log.info("ray: %d actors up in %.1f s", len(self.actors), time.perf_counter() - t0)
+
+    def restore(self, payload: dict) -> None:
+        load_agent_weights(self.agent, payload["agent"], self.run.path if self.run else "ckpt")
+        self.learner.load_state_dict(payload["learner"])
+        self.saved_counters = payload["counters"]
+        self.restarts = payload.get("actor_restarts", 0)
+        log.warning("ray runtime: resumed actors restart their episodes")
+
+    def checkpoint(self, tracker: Tracker) -> None:
+        if self.run is not None:
+            tracker.flush()
+            self.run.save_checkpoint(
+                {
+                    "agent": self.agent.state_dict(),
+                    "learner": self.learner.state_dict(),
+                    "rng": rng_state(),
+                    "counters": tracker.state(),
+                    "config": to_dict(self.cfg),
+                    "runtime": "ray",
+                    "actor_restarts": self.restarts,
+                }
+            )
+
+    # -- weights out, segments in
+
+    def _publish(self) -> None:
+        arrays = {k: v.detach().cpu().numpy() for k, v in self.agent.state_dict().items()}
+        self.weights = PublishedWeights(self.version, (ray.put(arrays),))
+
+    def _request(self, k: int) -> None:
+        ref = self.actors[k].collect.remote(SegmentRequest(self.weights, self.deaths[k]))
+        self.pending[ref] = _Request(k, self.deaths[k])
+
+    def _start(self) -> None:
+        self._publish()
+        for _ in range(IN_FLIGHT):
+            for k in range(len(self.actors)):
+                self._request(k)
+
+    def _receive(self, ref) -> SegmentReady | None:
+        """The segment behind a ready reference, or None if its actor died collecting it."""
+        request = self.pending.pop(ref)
+        k = request.actor
+        try:
+            ready = ray.get(ref)
+        except ray.exceptions.RayTaskError as exc:
+            raise ActorFailed(f"actor {k} failed:\n{exc}") from None
+        except ray.exceptions.ActorDiedError as exc:  # Ray will not restart it
+            raise ActorLost(
+                f"actor {k} died {self.deaths[k] + 1} times; --max-actor-restarts "
+                f"{self.cfg.max_actor_restarts} exhausted ({type(exc).__name__})"
+            ) from None
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+            if request.epoch == self.deaths[k]:  # the first lost request of this death
+                self.deaths[k] += 1
+                self.restarts += 1
+                log.warning("ray: actor %d died (%s); Ray restarts it", k, type(exc).__name__)
+            ready = None
+        self._request(k)
+        return ready
+
+    def _gather(self, stop: StopRequest) -> list[SegmentReady] | None:
+        """batch_size / num_envs segments, oldest requests first; None on a stop request."""
+        got: list[SegmentReady] = []
+        last = time.monotonic()
+        while len(got) < self.cfg.segments_per_batch:
+            if stop.requested:
+                return None
+            need = self.cfg.segments_per_batch - len(got)
+            ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=WAIT_S)
+            if ready:  # take every ready one, oldest first, up to the batch
+                ready, _ = ray.wait(list(self.pending), num_returns=need, timeout=0)
+            for ref in ready:
+                seg = self._receive(ref)
+                if seg is not None:
+                    got.append(seg)
+                    last = time.monotonic()
+            if time.monotonic() - last > STALL_S:
+                raise ActorLost(
+                    f"no segment from any of the {len(self.actors)} actors in {STALL_S:.0f} s"
+                )
+        return got
+
+    def _batch(self, got: list[SegmentReady]):
+        """The segments joined along the batch dim: the learner's own, writable copy (the
+        object store's arrays are read-only, and the RTRL carry writes the start state)."""
+        segs = [wire.unpack(m.segment) for m in got]
+        if len(segs) > 1:
+            return cat_segments(segs)
+        return pytree.tree_map(lambda t: None if t is None else t.clone(), segs[0])
+
+    # -- the loop
+
+    def train(self) -> Tracker:
+        cfg = self.cfg
+        tracker = Tracker(cfg, self.run, self.saved_counters)
+        frames = cfg.unroll_length * cfg.batch_size
+        try:
+            with StopRequest() as stop:
+                self._start()
+                while not tracker.done:
+                    stepped = self._step(tracker, frames, stop)
+                    due = tracker.update % cfg.checkpoint_every == 0 or tracker.done
+                    if due or stop.requested:
+                        self.checkpoint(tracker)
+                    if stop.requested or not stepped:
+                        raise TrainingInterrupted(stop.signum, tracker.update, self.run is not None)
+        finally:
+            self.shutdown()
+            tracker.close()
+        return tracker
+
+    def _step(self, tracker: Tracker, frames: int, stop: StopRequest) -> bool:
+        """One update on the next segments; publish the new weights. False on a stop."""
+        got = self._gather(stop)
+        if got is None:
+            return False
+        lag = sum(self.version - m.version for m in got) / len(got)
+        batch = self._batch(got)
+        logs = [m.episodes() for m in got]
+        del got  # the object store may free the segments once the batch is copied
+        metrics = self.learner.update(batch)
+        self.version += 1
+        self._publish()
+        tracker.record(frames, logs, {**metrics, "actor_restarts": self.restarts}, lag)
+        return True
+
+    def actor_pids(self) -> list[int]:
+        """The actors' process ids now (a restarted actor has a new one)."""
+        return ray.get([a.pid.remote() for a in self.actors], timeout=START_S)
+
+    def shutdown(self) -> None:
+        """Stop every actor; shut Ray down if this runtime started it."""
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
+        self.actors, self.pending = [], {}
+        self.weights = None
+        if self.started_ray and ray.is_initialized():
+            ray.shutdown()
+            self.started_ray = False
