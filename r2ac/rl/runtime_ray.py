@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +89,7 @@ class SegmentReady:
     """Actor -> learner, through the object store: one whole segment."""
 
     actor: int
+    instance: int  # random per actor process: a new one means Ray restarted the actor
     epoch: int
     seq: int  # segments collected by this actor since its streams (re)started: 1, 2, ...
     version: int  # the weights version that acted
@@ -96,6 +99,17 @@ class SegmentReady:
 
     def episodes(self) -> EpisodeLog:
         return EpisodeLog(list(self.returns), list(self.lengths))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_CARETS = re.compile(r"^\s*\^+\s*$")
+
+
+def remote_traceback(exc: Exception) -> str:
+    """What Ray says of an exception inside an actor (the actor's process, its frames, the
+    exception), without terminal colours and Python's ^^^ markers."""
+    lines = _ANSI.sub("", str(exc)).rstrip().splitlines()
+    return "\n".join(line for line in lines if not _CARETS.match(line))
 
 
 class ActorFailed(RuntimeError):
@@ -127,6 +141,7 @@ class RayActor:
     def __init__(self, cfg: TrainConfig, index: int, dtype: torch.dtype = torch.float32):
         torch.set_num_threads(1)
         self.cfg, self.index, self.dtype = cfg, index, dtype
+        self.instance = secrets.randbits(62)
         self.version, self.epoch = -1, -1
         self._restart_streams(0)
 
@@ -142,8 +157,9 @@ class RayActor:
         self.actor = Actor(self.agent, self.env, seed, cfg.unroll_length)
         self.epoch, self.seq = epoch, 0
 
-    def pid(self) -> int:
-        return os.getpid()
+    def where(self) -> tuple[str, int]:
+        """(Ray node id, process id) of this actor."""
+        return ray.get_runtime_context().get_node_id(), os.getpid()
 
     def collect(self, request: SegmentRequest) -> SegmentReady:
         if request.epoch > self.epoch:
@@ -156,6 +172,7 @@ class RayActor:
         self.seq += 1
         return SegmentReady(
             actor=self.index,
+            instance=self.instance,
             epoch=self.epoch,
             seq=self.seq,
             version=self.version,
@@ -172,7 +189,8 @@ class RayActor:
 
 
 def connect(cfg: TrainConfig) -> bool:
-    """Start a local Ray (no address) or join a cluster; True if this call started one."""
+    """Start a local Ray (no address) or join a cluster; True if this call connected this
+    process (so shutdown disconnects it, which stops a Ray it started)."""
     if ray.is_initialized():  # e.g. tests sharing one session: not ours to shut down
         return False
     options = {"include_dashboard": False, "logging_level": logging.WARNING}
@@ -184,7 +202,7 @@ def connect(cfg: TrainConfig) -> bool:
     except (ConnectionError, RuntimeError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"--ray-address {cfg.ray_address}: cannot join Ray: {first}") from exc
-    return False
+    return True
 
 
 def check_cpus(needed: int) -> None:
@@ -196,12 +214,11 @@ def check_cpus(needed: int) -> None:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Request:
-    """A segment request in flight: which actor, and its death count when asked."""
+    """A segment request in flight."""
 
     actor: int
-    epoch: int
 
 
 # --- the runtime -------------------------------------------------------------------------------
@@ -222,8 +239,9 @@ class RayRuntime:
         self.saved_counters, self.version, self.restarts = None, 0, 0
         self.actors: list[Any] = []
         self.pending: dict[Any, _Request] = {}  # ObjectRef -> request, oldest first
-        self.deaths = [0] * cfg.actors
-        self.started_ray = connect(cfg)
+        self.deaths = [0] * cfg.actors  # restarts seen per actor: the epoch of its streams
+        self.instances: list[int | None] = [None] * cfg.actors
+        self.connected = connect(cfg)
         try:
             check_cpus(cfg.actors)
             self._make_actors()
@@ -238,15 +256,21 @@ class RayRuntime:
         self.actors = [remote.remote(self.cfg, k, self.dtype) for k in range(self.cfg.actors)]
         t0 = time.perf_counter()
         try:
-            self.pids = ray.get([a.pid.remote() for a in self.actors], timeout=START_S)
+            places = ray.get([a.where.remote() for a in self.actors], timeout=START_S)
         except ray.exceptions.GetTimeoutError:
             raise RuntimeError(
                 f"{len(self.actors)} Ray actors not running after {START_S:.0f} s "
                 "(`ray status` shows what the cluster is short of)"
             ) from None
-        except ray.exceptions.RayTaskError as exc:
-            raise ActorFailed(f"an actor failed to start:\n{exc}") from None
-        log.info("ray: %d actors up in %.1f s", len(self.actors), time.perf_counter() - t0)
+        except ray.exceptions.RayActorError as exc:  # an exception in RayActor.__init__
+            raise ActorFailed(f"an actor failed to start:\n{remote_traceback(exc)}") from None
+        nodes = len({node for node, _ in places})
+        log.info(
+            "ray: %d actors on %d node(s), up in %.1f s",
+            len(self.actors),
+            nodes,
+            time.perf_counter() - t0,
+        )
 
     def restore(self, payload: dict) -> None:
         load_agent_weights(self.agent, payload["agent"], self.run.path if self.run else "ckpt")
@@ -278,7 +302,7 @@ class RayRuntime:
 
     def _request(self, k: int) -> None:
         ref = self.actors[k].collect.remote(SegmentRequest(self.weights, self.deaths[k]))
-        self.pending[ref] = _Request(k, self.deaths[k])
+        self.pending[ref] = _Request(k)
 
     def _start(self) -> None:
         self._publish()
@@ -288,25 +312,41 @@ class RayRuntime:
 
     def _receive(self, ref) -> SegmentReady | None:
         """The segment behind a ready reference, or None if its actor died collecting it."""
-        request = self.pending.pop(ref)
-        k = request.actor
+        k = self.pending.pop(ref).actor
         try:
             ready = ray.get(ref)
         except ray.exceptions.RayTaskError as exc:
-            raise ActorFailed(f"actor {k} failed:\n{exc}") from None
+            raise ActorFailed(f"actor {k} failed:\n{remote_traceback(exc)}") from None
         except ray.exceptions.ActorDiedError as exc:  # Ray will not restart it
             raise ActorLost(
-                f"actor {k} died {self.deaths[k] + 1} times; --max-actor-restarts "
+                f"actor {k} died after {self.deaths[k]} restarts; --max-actor-restarts "
                 f"{self.cfg.max_actor_restarts} exhausted ({type(exc).__name__})"
             ) from None
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
-            if request.epoch == self.deaths[k]:  # the first lost request of this death
-                self.deaths[k] += 1
-                self.restarts += 1
-                log.warning("ray: actor %d died (%s); Ray restarts it", k, type(exc).__name__)
+            log.warning("ray: actor %d lost a segment (%s)", k, type(exc).__name__)
             ready = None
+        if ready is not None and ready.instance != self.instances[k]:
+            self._restarted(k, ready.instance)
         self._request(k)
         return ready
+
+    def _restarted(self, k: int, instance: int) -> None:
+        """A new process behind actor k: after the first, a restart (its streams began anew)."""
+        if self.instances[k] is not None:
+            self.deaths[k] += 1
+            self.restarts += 1
+            log.warning("ray: actor %d was restarted (%d so far)", k, self.deaths[k])
+        self.instances[k] = instance
+
+    def _ready(self, need: int) -> list:
+        """Up to `need` ready references, oldest requests first (none after WAIT_S)."""
+        pending = list(self.pending)
+        ready, _ = ray.wait(pending, num_returns=1, timeout=WAIT_S)
+        if not ready:
+            return []
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
+        ready = set(ready)
+        return [ref for ref in pending if ref in ready][:need]
 
     def _gather(self, stop: StopRequest) -> list[SegmentReady] | None:
         """batch_size / num_envs segments, oldest requests first; None on a stop request."""
@@ -315,11 +355,7 @@ class RayRuntime:
         while len(got) < self.cfg.segments_per_batch:
             if stop.requested:
                 return None
-            need = self.cfg.segments_per_batch - len(got)
-            ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=WAIT_S)
-            if ready:  # take every ready one, oldest first, up to the batch
-                ready, _ = ray.wait(list(self.pending), num_returns=need, timeout=0)
-            for ref in ready:
+            for ref in self._ready(self.cfg.segments_per_batch - len(got)):
                 seg = self._receive(ref)
                 if seg is not None:
                     got.append(seg)
@@ -374,9 +410,9 @@ class RayRuntime:
         tracker.record(frames, logs, {**metrics, "actor_restarts": self.restarts}, lag)
         return True
 
-    def actor_pids(self) -> list[int]:
-        """The actors' process ids now (a restarted actor has a new one)."""
-        return ray.get([a.pid.remote() for a in self.actors], timeout=START_S)
+    def actor_places(self) -> list[tuple[str, int]]:
+        """(node id, process id) of every actor now (a restarted actor has a new process)."""
+        return ray.get([a.where.remote() for a in self.actors], timeout=START_S)
 
     def shutdown(self) -> None:
         """Stop every actor; shut Ray down if this runtime started it."""
@@ -384,6 +420,6 @@ class RayRuntime:
             ray.kill(a, no_restart=True)
         self.actors, self.pending = [], {}
         self.weights = None
-        if self.started_ray and ray.is_initialized():
+        if self.connected and ray.is_initialized():
             ray.shutdown()
-            self.started_ray = False
+            self.connected = False

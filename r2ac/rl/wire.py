@@ -102,14 +102,19 @@ def unpack(tree: Any) -> Any:
     return tree
 
 
+def arrays(tree: Any) -> list[np.ndarray]:
+    """The arrays of a packed tree, in order."""
+    if isinstance(tree, PackedTensor):
+        return [tree.array]
+    if isinstance(tree, PackedBuffer):
+        return [p.array for p in tree.tensors]
+    if isinstance(tree, (list, tuple)):
+        return [a for v in tree for a in arrays(v)]
+    if isinstance(tree, dict):
+        return [a for v in tree.values() for a in arrays(v)]
+    return []
+
+
 def nbytes(tree: Any) -> int:
     """Bytes of the arrays in a packed tree (what the object store holds for it)."""
-    if isinstance(tree, PackedTensor):
-        return tree.array.nbytes
-    if isinstance(tree, PackedBuffer):
-        return sum(p.array.nbytes for p in tree.tensors)
-    if isinstance(tree, (list, tuple)):
-        return sum(nbytes(v) for v in tree)
-    if isinstance(tree, dict):
-        return sum(nbytes(v) for v in tree.values())
-    return 0
+    return sum(a.nbytes for a in arrays(tree))
