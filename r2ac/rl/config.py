@@ -8,7 +8,6 @@ values are properties, nothing is mutated while training.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import os
 import re
@@ -101,17 +100,19 @@ class TrainConfig:
     seed: int = 0
     """One seed for torch, numpy, python random, the envs and the action sampling."""
     runtime: Literal["serial", "parallel", "ray"] = "serial"
-    """serial: one deterministic process; parallel: actor processes + a learner; ray: Ray
-    actors (on this machine or a cluster) + a learner (needs the `ray` extra)."""
+    """serial: one deterministic process; parallel: actor processes + a learner on one
+    machine; ray: Ray actors (this machine or a cluster) + a learner (the `ray` extra)."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Device of the learner (agent, losses, optimiser); actors always act on the CPU."""
     num_actors: int = 0
     """Actor processes of the parallel and ray runtimes (0: max(2, cpus - 1))."""
+    max_actor_restarts: int = 3
+    """Actor processes that die (parallel, ray) are restarted this many times in all; past
+    that the run stops with a checkpoint and a line naming the actor."""
     ray_address: str | None = None
     """Ray runtime: None starts a local Ray with num_actors CPUs (shut down at the end);
     `auto` joins the cluster this machine belongs to (`ray start`), HOST:PORT the cluster
     whose head listens there."""
-    max_actor_restarts: int = 3
-    """Ray runtime: times Ray restarts each actor whose process died (its streams start over
-    from a zero core state); one more death stops the run with an error."""
     num_threads: int = 1
     """torch threads of the learner process (0: torch's default). Small models run fastest on 1."""
     out_dir: str | None = None
@@ -399,29 +400,59 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(
             f"batch_size ({cfg.batch_size}) must be a multiple of num_envs ({cfg.num_envs})"
         )
-    if cfg.runtime not in ("serial", "parallel", "ray"):
-        raise ConfigError(f"unknown runtime {cfg.runtime!r}; choose serial, parallel or ray")
-    _check_ray(cfg)
+    if cfg.runtime not in RUNTIMES:
+        raise ConfigError(f"unknown runtime {cfg.runtime!r}; choose one of {', '.join(RUNTIMES)}")
+    check_runtime_available(cfg.runtime)
+    check_device(cfg.device)
+    check_ray_options(cfg)
     cfg.env_kwargs()
     return cfg
+
+
+# The runtimes by name: module and class (r2ac/rl/runtime.py is their base).
+RUNTIMES = {
+    "serial": ("r2ac.rl.runtime_serial", "SerialRuntime"),
+    "parallel": ("r2ac.rl.runtime_parallel", "ParallelRuntime"),
+    "ray": ("r2ac.rl.runtime_ray", "RayRuntime"),
+}
+
+
+def check_runtime_available(name: str) -> None:
+    """ConfigError when the runtime needs an extra that is not installed (ray)."""
+    import importlib.util
+
+    if name == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError(
+            "--runtime ray needs Ray: install the ray extra (pip install -e '.[ray]')"
+        )
+    if importlib.util.find_spec(RUNTIMES[name][0]) is None:
+        raise ConfigError(f"--runtime {name} is not part of this version of r2ac")
+
+
+def check_device(device: str) -> None:
+    """ConfigError for `cuda` on a machine where torch sees no CUDA device."""
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"unknown device {device!r}; choose cpu or cuda")
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: torch sees no CUDA device here; use --device cpu")
 
 
 _RAY_ADDRESS = re.compile(r"^(auto|[A-Za-z0-9.\-]+:[0-9]{1,5})$")
 
 
-def _check_ray(cfg: TrainConfig) -> None:
-    """Ray options only with the ray runtime, a well-formed address, the package installed."""
-    if cfg.runtime != "ray":
-        if cfg.ray_address is not None:
-            raise ConfigError("--ray-address needs --runtime ray")
+def check_ray_options(cfg: TrainConfig) -> None:
+    """--ray-address only with the ray runtime, and well formed."""
+    if cfg.ray_address is None:
         return
-    if cfg.ray_address is not None and not _RAY_ADDRESS.match(cfg.ray_address):
+    if cfg.runtime != "ray":
+        raise ConfigError("--ray-address needs --runtime ray")
+    if not _RAY_ADDRESS.match(cfg.ray_address):
         raise ConfigError(
             f"--ray-address {cfg.ray_address!r}: give `auto` or HOST:PORT (the head's GCS "
             "address, as `ray start --head` prints it)"
         )
-    if importlib.util.find_spec("ray") is None:
-        raise ConfigError("--runtime ray needs Ray: pip install -e '.[ray]'")
 
 
 def to_dict(cfg: TrainConfig) -> dict:

@@ -24,7 +24,7 @@ from r2ac.rl.agent import Agent
 from r2ac.rl.build import agent_for_env, eval_seed, make_env
 from r2ac.rl.config import TrainConfig, validate
 from r2ac.rl.run_dir import RunDir
-from r2ac.rl.runtime_serial import load_agent_weights
+from r2ac.rl.runtime import load_agent_weights
 
 MAX_STREAMS = 32
 

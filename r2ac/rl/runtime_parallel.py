@@ -32,13 +32,10 @@ import torch.multiprocessing as mp
 from torch.utils import _pytree as pytree
 
 from r2ac.rl.actor import Actor, Segment, cat_segments
-from r2ac.rl.build import actor_seed, agent_for_env, make_env, seed_everything
-from r2ac.rl.config import TrainConfig, to_dict
-from r2ac.rl.learner import Learner
+from r2ac.rl.build import actor_seed, agent_for_env, make_env
+from r2ac.rl.config import TrainConfig
 from r2ac.rl.run_dir import RunDir
-from r2ac.rl.runtime_serial import load_agent_weights, rng_state
-from r2ac.rl.stop import StopRequest, TrainingInterrupted
-from r2ac.rl.tracker import Tracker
+from r2ac.rl.runtime import ActorError, Batch, Runtime
 
 log = logging.getLogger(__name__)
 POLL_S = 0.1
@@ -84,16 +81,14 @@ def actor_process(index, cfg, slots, free_q, full_q, weights, version, lock, sto
         full_q.put(("error", index, traceback.format_exc()))
 
 
-class ParallelRuntime:
+class ParallelRuntime(Runtime):
+    name = "parallel"
+
     def __init__(self, cfg: TrainConfig, run: RunDir | None = None):
-        self.cfg, self.run = cfg, run
-        seed_everything(cfg.seed)
-        if cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
+        super().__init__(cfg, run)
         env = make_env(cfg, cfg.num_envs, actor_seed(cfg.seed, 0))
-        self.agent = agent_for_env(cfg, env)
-        self.learner = Learner(self.agent, cfg)
-        example = Actor(self.agent, env, 0, cfg.unroll_length)
+        agent = self.set_agent(agent_for_env(cfg, env))
+        example = Actor(agent, env, 0, cfg.unroll_length)
         template = Segment(**example._buffers(), state=example.state)
         env.close()
         self.num_slots = max(2 * cfg.actors, 2 * cfg.segments_per_batch)
@@ -103,23 +98,21 @@ class ParallelRuntime:
             )
             for _ in range(self.num_slots)
         ]
-        self.weights = {
-            k: v.detach().clone().share_memory_() for k, v in self.agent.state_dict().items()
-        }
-        self.saved_counters, self.processes, self.version = None, [], 0
+        self.weights = {k: v.clone().share_memory_() for k, v in self.agent_state_cpu().items()}
+        self.processes = []
 
-    def restore(self, payload: dict) -> None:
-        load_agent_weights(self.agent, payload["agent"], self.run.path if self.run else "ckpt")
-        self.learner.load_state_dict(payload["learner"])
-        self.saved_counters = payload["counters"]
+    def restore_runtime_state(self, payload: dict) -> None:
         log.warning("parallel runtime: resumed actors restart their episodes")
+
+    def start(self) -> None:
+        self._start()
 
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
         self.free_q, self.full_q = ctx.Queue(), ctx.Queue()
         self.lock, self.stop = ctx.Lock(), ctx.Event()
         self.shared_version = ctx.Value("q", 0)
-        self._publish()
+        self.publish_weights()
         for slot in range(self.num_slots):
             self.free_q.put(slot)
         for k in range(self.cfg.actors):
@@ -142,7 +135,9 @@ class ParallelRuntime:
             p.start()
             self.processes.append(p)
 
-    def _publish(self) -> None:
+    def publish_weights(self) -> None:
+        if not hasattr(self, "lock"):
+            return
         with self.lock:
             for k, v in self.agent.state_dict().items():
                 self.weights[k].copy_(v)
@@ -155,63 +150,22 @@ class ParallelRuntime:
             except queue.Empty:
                 dead = [p.name for p in self.processes if not p.is_alive()]
                 if dead:
-                    raise RuntimeError(f"actor processes died: {dead}") from None
+                    raise ActorError(f"actor processes died: {dead}") from None
                 continue
             if item[0] == "error":
-                raise RuntimeError(f"actor {item[1]} failed:\n{item[2]}")
+                raise ActorError(f"actor {item[1]} failed:\n{item[2]}")
             return item
 
-    def _batch(self):
+    def next_batch(self) -> Batch:
         items = [self._next_full() for _ in range(self.cfg.segments_per_batch)]
         segs = [self.slots[slot] for slot, *_ in items]
         batch = cat_segments(segs) if len(segs) > 1 else _clone(segs[0])
         for slot, *_ in items:
             self.free_q.put(slot)
-        return batch, items
-
-    def checkpoint(self, tracker: Tracker) -> None:
-        if self.run is not None:
-            tracker.flush()
-            self.run.save_checkpoint(
-                {
-                    "agent": self.agent.state_dict(),
-                    "learner": self.learner.state_dict(),
-                    "rng": rng_state(),
-                    "counters": tracker.state(),
-                    "config": to_dict(self.cfg),
-                    "runtime": "parallel",
-                }
-            )
-
-    def train(self) -> Tracker:
-        cfg = self.cfg
-        tracker = Tracker(cfg, self.run, self.saved_counters)
-        frames = cfg.unroll_length * cfg.batch_size
-        try:
-            with StopRequest() as stop:
-                self._start()
-                while not tracker.done:
-                    self._step(tracker, frames)
-                    if tracker.update % cfg.checkpoint_every == 0 or tracker.done or stop.requested:
-                        self.checkpoint(tracker)
-                    if stop.requested:
-                        raise TrainingInterrupted(stop.signum, tracker.update, self.run is not None)
-        finally:
-            self.shutdown()
-            tracker.close()
-        return tracker
-
-    def _step(self, tracker: Tracker, frames: int) -> None:
-        """One update on the next batch of full slots; publish the new weights."""
-        batch, items = self._batch()
         lag = sum(self.version - v for _, _, v, *_ in items) / len(items)
-        metrics = self.learner.update(batch)
-        self.version += 1
-        self._publish()
-        logs = [_episodes(r, n) for *_, r, n in items]
-        tracker.record(frames, logs, metrics, policy_lag=lag)
+        return Batch(batch, [_episodes(r, n) for *_, r, n in items], lag)
 
-    def shutdown(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0) -> None:
         """Stop the actors, drain the queue so none blocks on a put, and join them."""
         if not self.processes:
             return

@@ -1,31 +1,35 @@
 """Ray runtime: Ray actors (here or on a cluster) collect segments; the learner batches them.
 
-Process model (Ray Core; docs/rl.md, "Runtimes" and "On a cluster"):
+A `Runtime` (r2ac/rl/runtime.py owns the loop, checkpoints, logging and the clean stop);
+segments arrive through Ray's object store and weights leave by `ray.put`. Process model
+(Ray Core; docs/rl.md, "Runtimes" and "On a cluster"):
 
 - `num_actors` Ray actors (`num_cpus=1` each), each a `RayActor`: its own env batch, seeded
   from the one seed and its index, a CPU copy of the agent and an `Actor` (the class the
-  serial runtime uses). Ray restarts an actor whose process died up to
-  `max_actor_restarts` times; the restarted actor's streams start over from a zero core state.
+  serial runtime uses).
 - Weights leave the learner once per version: `ray.put` of the state_dict as numpy arrays
   (`PublishedWeights`). Segments are requested with the newest published version; an actor
   pulls (`ray.get`, zero-copy on its node) the weights at the start of a segment whose
   version differs from the one it holds.
 - Each actor has `IN_FLIGHT` requests queued (one running, one waiting), so it never waits
-  for the learner. Its `SegmentReady` (the segment, its start core state with the RTRL
+  for the learner. Its `SegmentReady` (the segment and its start core state with the RTRL
   sensitivities, packed as numpy by r2ac.rl.wire) travels through the object store; the
   learner takes the oldest ready ones, batch_size / num_envs per update, concatenates them
   (the one copy), and requests the next segment from each actor it took one from.
   Policy lag = learner version at the update - version that produced the segment.
-- An actor that died loses the segments it was collecting (dropped whole: nothing of a
-  segment leaves an actor before it is complete); each death is counted in metrics.csv
-  (`actor_restarts`). An exception inside an actor stops the run with its traceback
-  (`ActorFailed`).
+- Faults: Ray restarts an actor whose process died (`max_restarts`); its new process starts
+  its streams from a zero core state (and, once the learner has seen the restart, from
+  seeds of their own). The segments it was collecting are lost whole (nothing of a segment
+  leaves an actor before it is complete). The learner sees a restart as a new `instance` in
+  an actor's segments and counts it in metrics.csv (`actor_restarts`); more than
+  `max_actor_restarts` in all stop the run with an ActorError, and so does an exception
+  inside an actor (with the actor's traceback).
 
 Not deterministic (which actor's segment comes first is up to the scheduler). Checkpoints
-hold weights, optimiser, scheduler and counters, as in the parallel runtime; on resume the
-actors restart their episodes from a zero core state. A Ray started here is shut down at the
-end (and on SIGINT / SIGTERM, after the checkpoint); a cluster joined here is left running,
-without this run's actors.
+hold weights, optimiser, scheduler, counters and the restart count; on resume the actors
+restart their episodes from a zero core state. `close()` kills every actor and disconnects:
+a Ray started here (no `--ray-address`) is shut down with it; a cluster joined here keeps
+running, without this run's actors.
 """
 
 from __future__ import annotations
@@ -46,13 +50,10 @@ from torch.utils import _pytree as pytree
 from r2ac.errors import ConfigError
 from r2ac.rl import wire
 from r2ac.rl.actor import Actor, EpisodeLog, cat_segments
-from r2ac.rl.build import actor_seed, agent_for_env, make_env, seed_everything
-from r2ac.rl.config import TrainConfig, to_dict
-from r2ac.rl.learner import Learner
+from r2ac.rl.build import actor_seed, agent_for_env, make_env
+from r2ac.rl.config import TrainConfig
 from r2ac.rl.run_dir import RunDir
-from r2ac.rl.runtime_serial import load_agent_weights, rng_state
-from r2ac.rl.stop import StopRequest, TrainingInterrupted
-from r2ac.rl.tracker import Tracker
+from r2ac.rl.runtime import ActorError, Batch, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -110,14 +111,6 @@ def remote_traceback(exc: Exception) -> str:
     exception), without terminal colours and Python's ^^^ markers."""
     lines = _ANSI.sub("", str(exc)).rstrip().splitlines()
     return "\n".join(line for line in lines if not _CARETS.match(line))
-
-
-class ActorFailed(RuntimeError):
-    """An exception inside an actor; the message holds the actor's traceback."""
-
-
-class ActorLost(RuntimeError):
-    """An actor died more often than --max-actor-restarts allows."""
 
 
 # --- the actor ---------------------------------------------------------------------------------
@@ -224,19 +217,20 @@ class _Request:
 # --- the runtime -------------------------------------------------------------------------------
 
 
-class RayRuntime:
+class RayRuntime(Runtime):
+    """Segments arrive from Ray actors through the object store; weights leave by `ray.put`."""
+
+    name = "ray"
+
     def __init__(
         self, cfg: TrainConfig, run: RunDir | None = None, dtype: torch.dtype = torch.float32
     ):
-        self.cfg, self.run, self.dtype = cfg, run, dtype
-        seed_everything(cfg.seed)
-        if cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
+        super().__init__(cfg, run)
+        self.dtype = dtype  # float64 only for the exactness tests
         env = make_env(cfg, cfg.num_envs, actor_seed(cfg.seed, 0))
-        self.agent = agent_for_env(cfg, env, dtype)
+        self.set_agent(agent_for_env(cfg, env, dtype))
         env.close()
-        self.learner = Learner(self.agent, cfg)
-        self.saved_counters, self.version, self.restarts = None, 0, 0
+        self.restarts, self.weights = 0, None
         self.actors: list[Any] = []
         self.pending: dict[Any, _Request] = {}  # ObjectRef -> request, oldest first
         self.deaths = [0] * cfg.actors  # restarts seen per actor: the epoch of its streams
@@ -246,7 +240,7 @@ class RayRuntime:
             check_cpus(cfg.actors)
             self._make_actors()
         except BaseException:
-            self.shutdown()
+            self.close()
             raise
 
     def _make_actors(self) -> None:
@@ -258,57 +252,72 @@ class RayRuntime:
         try:
             places = ray.get([a.where.remote() for a in self.actors], timeout=START_S)
         except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(
+            raise ActorError(
                 f"{len(self.actors)} Ray actors not running after {START_S:.0f} s "
                 "(`ray status` shows what the cluster is short of)"
             ) from None
         except ray.exceptions.RayActorError as exc:  # an exception in RayActor.__init__
-            raise ActorFailed(f"an actor failed to start:\n{remote_traceback(exc)}") from None
-        nodes = len({node for node, _ in places})
+            raise ActorError(f"an actor failed to start:\n{remote_traceback(exc)}") from None
         log.info(
             "ray: %d actors on %d node(s), up in %.1f s",
             len(self.actors),
-            nodes,
+            len({node for node, _ in places}),
             time.perf_counter() - t0,
         )
 
-    def restore(self, payload: dict) -> None:
-        load_agent_weights(self.agent, payload["agent"], self.run.path if self.run else "ckpt")
-        self.learner.load_state_dict(payload["learner"])
-        self.saved_counters = payload["counters"]
-        self.restarts = payload.get("actor_restarts", 0)
-        log.warning("ray runtime: resumed actors restart their episodes")
-
-    def checkpoint(self, tracker: Tracker) -> None:
-        if self.run is not None:
-            tracker.flush()
-            self.run.save_checkpoint(
-                {
-                    "agent": self.agent.state_dict(),
-                    "learner": self.learner.state_dict(),
-                    "rng": rng_state(),
-                    "counters": tracker.state(),
-                    "config": to_dict(self.cfg),
-                    "runtime": "ray",
-                    "actor_restarts": self.restarts,
-                }
-            )
-
     # -- weights out, segments in
 
-    def _publish(self) -> None:
-        arrays = {k: v.detach().cpu().numpy() for k, v in self.agent.state_dict().items()}
+    def publish_weights(self) -> None:
+        arrays = {k: v.numpy() for k, v in self.agent_state_cpu().items()}
         self.weights = PublishedWeights(self.version, (ray.put(arrays),))
+
+    def start(self) -> None:
+        self.publish_weights()
+        for _ in range(IN_FLIGHT):
+            for k in range(len(self.actors)):
+                self._request(k)
 
     def _request(self, k: int) -> None:
         ref = self.actors[k].collect.remote(SegmentRequest(self.weights, self.deaths[k]))
         self.pending[ref] = _Request(k)
 
-    def _start(self) -> None:
-        self._publish()
-        for _ in range(IN_FLIGHT):
-            for k in range(len(self.actors)):
-                self._request(k)
+    def next_batch(self) -> Batch:
+        got = self._gather()
+        lag = sum(self.version - m.version for m in got) / len(got)
+        segs = [wire.unpack(m.segment) for m in got]
+        if len(segs) > 1:
+            segment = cat_segments(segs)  # the learner's own, writable copy
+        elif self.device.type == "cpu":  # the object store's arrays are read-only, and the
+            segment = _clone(segs[0])  # learner's RTRL carry writes the start state
+        else:
+            segment = segs[0]  # the move to the device copies it
+        return Batch(segment, [m.episodes() for m in got], lag)
+
+    def _gather(self) -> list[SegmentReady]:
+        """batch_size / num_envs segments, oldest requests first."""
+        got: list[SegmentReady] = []
+        last = time.monotonic()
+        while len(got) < self.cfg.segments_per_batch:
+            for ref in self._ready(self.cfg.segments_per_batch - len(got)):
+                seg = self._receive(ref)
+                if seg is not None:
+                    got.append(seg)
+                    last = time.monotonic()
+            if time.monotonic() - last > STALL_S:
+                raise ActorError(
+                    f"no segment from any of the {len(self.actors)} Ray actors in {STALL_S:.0f} s"
+                )
+        return got
+
+    def _ready(self, need: int) -> list:
+        """Up to `need` ready references, oldest requests first (none after WAIT_S)."""
+        pending = list(self.pending)
+        ready, _ = ray.wait(pending, num_returns=1, timeout=WAIT_S)
+        if not ready:
+            return []
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
+        ready = set(ready)
+        return [ref for ref in pending if ref in ready][:need]
 
     def _receive(self, ref) -> SegmentReady | None:
         """The segment behind a ready reference, or None if its actor died collecting it."""
@@ -316,11 +325,11 @@ class RayRuntime:
         try:
             ready = ray.get(ref)
         except ray.exceptions.RayTaskError as exc:
-            raise ActorFailed(f"actor {k} failed:\n{remote_traceback(exc)}") from None
+            raise ActorError(f"actor {k} failed:\n{remote_traceback(exc)}") from None
         except ray.exceptions.ActorDiedError as exc:  # Ray will not restart it
-            raise ActorLost(
-                f"actor {k} died after {self.deaths[k]} restarts; --max-actor-restarts "
-                f"{self.cfg.max_actor_restarts} exhausted ({type(exc).__name__})"
+            raise ActorError(
+                f"actor {k} died and Ray will not restart it (--max-actor-restarts "
+                f"{self.cfg.max_actor_restarts}): {type(exc).__name__}"
             ) from None
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
             log.warning("ray: actor %d lost a segment (%s)", k, type(exc).__name__)
@@ -335,91 +344,39 @@ class RayRuntime:
         if self.instances[k] is not None:
             self.deaths[k] += 1
             self.restarts += 1
-            log.warning("ray: actor %d was restarted (%d so far)", k, self.deaths[k])
+            log.warning("ray: actor %d was restarted (%d restarts in all)", k, self.restarts)
+            if self.restarts > self.cfg.max_actor_restarts:
+                raise ActorError(
+                    f"actor {k} died; {self.restarts} restarts in all, more than "
+                    f"--max-actor-restarts {self.cfg.max_actor_restarts}"
+                )
         self.instances[k] = instance
 
-    def _ready(self, need: int) -> list:
-        """Up to `need` ready references, oldest requests first (none after WAIT_S)."""
-        pending = list(self.pending)
-        ready, _ = ray.wait(pending, num_returns=1, timeout=WAIT_S)
-        if not ready:
-            return []
-        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
-        ready = set(ready)
-        return [ref for ref in pending if ref in ready][:need]
+    # -- checkpoints, metrics, the end
 
-    def _gather(self, stop: StopRequest) -> list[SegmentReady] | None:
-        """batch_size / num_envs segments, oldest requests first; None on a stop request."""
-        got: list[SegmentReady] = []
-        last = time.monotonic()
-        while len(got) < self.cfg.segments_per_batch:
-            if stop.requested:
-                return None
-            for ref in self._ready(self.cfg.segments_per_batch - len(got)):
-                seg = self._receive(ref)
-                if seg is not None:
-                    got.append(seg)
-                    last = time.monotonic()
-            if time.monotonic() - last > STALL_S:
-                raise ActorLost(
-                    f"no segment from any of the {len(self.actors)} actors in {STALL_S:.0f} s"
-                )
-        return got
+    def runtime_state(self) -> dict:
+        return {"actor_restarts": self.restarts}
 
-    def _batch(self, got: list[SegmentReady]):
-        """The segments joined along the batch dim: the learner's own, writable copy (the
-        object store's arrays are read-only, and the RTRL carry writes the start state)."""
-        segs = [wire.unpack(m.segment) for m in got]
-        if len(segs) > 1:
-            return cat_segments(segs)
-        return pytree.tree_map(lambda t: None if t is None else t.clone(), segs[0])
+    def restore_runtime_state(self, payload: dict) -> None:
+        self.restarts = payload.get("actor_restarts", 0)
+        log.warning("ray runtime: resumed actors restart their episodes")
 
-    # -- the loop
-
-    def train(self) -> Tracker:
-        cfg = self.cfg
-        tracker = Tracker(cfg, self.run, self.saved_counters)
-        frames = cfg.unroll_length * cfg.batch_size
-        try:
-            with StopRequest() as stop:
-                self._start()
-                while not tracker.done:
-                    stepped = self._step(tracker, frames, stop)
-                    due = tracker.update % cfg.checkpoint_every == 0 or tracker.done
-                    if due or stop.requested:
-                        self.checkpoint(tracker)
-                    if stop.requested or not stepped:
-                        raise TrainingInterrupted(stop.signum, tracker.update, self.run is not None)
-        finally:
-            self.shutdown()
-            tracker.close()
-        return tracker
-
-    def _step(self, tracker: Tracker, frames: int, stop: StopRequest) -> bool:
-        """One update on the next segments; publish the new weights. False on a stop."""
-        got = self._gather(stop)
-        if got is None:
-            return False
-        lag = sum(self.version - m.version for m in got) / len(got)
-        batch = self._batch(got)
-        logs = [m.episodes() for m in got]
-        del got  # the object store may free the segments once the batch is copied
-        metrics = self.learner.update(batch)
-        self.version += 1
-        self._publish()
-        tracker.record(frames, logs, {**metrics, "actor_restarts": self.restarts}, lag)
-        return True
+    def extra_metrics(self) -> dict[str, float]:
+        return {"actor_restarts": self.restarts}
 
     def actor_places(self) -> list[tuple[str, int]]:
         """(node id, process id) of every actor now (a restarted actor has a new process)."""
         return ray.get([a.where.remote() for a in self.actors], timeout=START_S)
 
-    def shutdown(self) -> None:
-        """Stop every actor; shut Ray down if this runtime started it."""
+    def close(self) -> None:
+        """Stop every actor; disconnect from Ray, which stops a Ray this runtime started."""
         for a in self.actors:
             ray.kill(a, no_restart=True)
-        self.actors, self.pending = [], {}
-        self.weights = None
+        self.actors, self.pending, self.weights = [], {}, None
         if self.connected and ray.is_initialized():
             ray.shutdown()
-            self.connected = False
+        self.connected = False
+
+
+def _clone(tree):
+    return pytree.tree_map(lambda t: None if t is None else t.clone(), tree)

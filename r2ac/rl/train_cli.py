@@ -21,7 +21,7 @@ import sys
 
 from r2ac.errors import ConfigError, MissingDependencyError
 from r2ac.perf import keep_freed_memory
-from r2ac.rl.config import PRESETS, TrainConfig, preset, validate
+from r2ac.rl.config import PRESETS, RUNTIMES, TrainConfig, preset, validate
 from r2ac.rl.resources import check_resources
 from r2ac.rl.run_dir import RunDir, check_same_config, default_out_dir, plot_curve
 from r2ac.rl.stop import TrainingInterrupted, raise_on_signal
@@ -69,17 +69,11 @@ def _own_env_options(cfg: TrainConfig, default: TrainConfig, argv: list[str]) ->
 
 
 def make_runtime(cfg: TrainConfig, run: RunDir | None):
-    if cfg.runtime == "parallel":
-        from r2ac.rl.runtime_parallel import ParallelRuntime
+    """The runtime `cfg.runtime` names (config.RUNTIMES), imported when chosen."""
+    import importlib
 
-        return ParallelRuntime(cfg, run)
-    if cfg.runtime == "ray":
-        from r2ac.rl.runtime_ray import RayRuntime
-
-        return RayRuntime(cfg, run)
-    from r2ac.rl.runtime_serial import SerialRuntime
-
-    return SerialRuntime(cfg, run)
+    module, cls = RUNTIMES[cfg.runtime]
+    return getattr(importlib.import_module(module), cls)(cfg, run)
 
 
 def _prepare(argv: list[str]):
@@ -131,7 +125,9 @@ def finish(cfg: TrainConfig, run: RunDir, runtime) -> None:
     if cfg.eval_at_end:
         from r2ac.rl.evaluate import evaluate, write_eval
 
-        result = evaluate(runtime.agent, cfg, cfg.eval_sets, cfg.eval_episodes, cfg.eval_greedy)
+        result = evaluate(
+            runtime.cpu_agent(), cfg, cfg.eval_sets, cfg.eval_episodes, cfg.eval_greedy
+        )
         write_eval(run, result)
         print(
             f"eval: {result['mean']:.3f} +- {result['std']:.3f} over {cfg.eval_sets} x "

@@ -20,7 +20,8 @@ from r2ac.rl.actor import Actor  # noqa: E402
 from r2ac.rl.build import actor_seed, agent_for_env, make_env  # noqa: E402
 from r2ac.rl.learner import Learner  # noqa: E402
 from r2ac.rl.run_dir import RunDir, read_metrics  # noqa: E402
-from r2ac.rl.runtime_ray import IN_FLIGHT, ActorFailed, RayRuntime  # noqa: E402
+from r2ac.rl.runtime import ActorError  # noqa: E402
+from r2ac.rl.runtime_ray import IN_FLIGHT, RayRuntime  # noqa: E402
 
 from .rl_helpers import tiny  # noqa: E402
 
@@ -43,18 +44,19 @@ def _record(runtime: RayRuntime) -> tuple[list, list]:
     """Wrap the runtime: which segments (actor, epoch, seq) each update took, and the
     gradient of each update (before clipping)."""
     taken, grads = [], []
-    real_batch, real_backward = runtime._batch, runtime.learner.backward
+    real_gather, real_backward = runtime._gather, runtime.learner.backward
 
-    def batch(got):
+    def gather():
+        got = real_gather()
         taken.append([(m.actor, m.epoch, m.seq, m.instance) for m in got])
-        return real_batch(got)
+        return got
 
     def backward(seg):
         out = real_backward(seg)
         grads.append({n: p.grad.clone() for n, p in runtime.agent.named_parameters()})
         return out
 
-    runtime._batch, runtime.learner.backward = batch, backward
+    runtime._gather, runtime.learner.backward = gather, backward
     return taken, grads
 
 
@@ -148,16 +150,16 @@ def test_sigkilled_actor_is_restarted_counted_and_the_run_goes_on(tmp_path):
     runtime = RayRuntime(cfg, run)
     taken, _ = _record(runtime)
     (_, victim), *_ = runtime.actor_places()
-    real_step = runtime._step
+    real_next_batch = runtime.next_batch
 
-    def step(tracker, frames, stop):
-        if tracker.update == 5:
+    def next_batch():
+        if runtime.version == 5:
             os.kill(victim, signal.SIGKILL)
-        if tracker.update == 6:  # go on once Ray has restarted it (a new process: seconds)
+        if runtime.version == 6:  # go on once Ray has restarted it (a new process: seconds)
             _wait_for_new_process(runtime, 0, victim)
-        return real_step(tracker, frames, stop)
+        return real_next_batch()
 
-    runtime._step = step
+    runtime.next_batch = next_batch
     tracker = runtime.train()
     assert tracker.update == updates
     rows = read_metrics(run.metrics_path)
@@ -171,16 +173,17 @@ def test_sigkilled_actor_is_restarted_counted_and_the_run_goes_on(tmp_path):
 
 def test_exception_inside_an_actor_reaches_the_learner_with_its_traceback(tmp_path):
     cfg = _cfg(total_frames=3 * 4 * 50)
-    runtime = RayRuntime(cfg, RunDir.create(tmp_path / "run", cfg))
-    real_publish = runtime._publish
+    run = RunDir.create(tmp_path / "run", cfg)
+    runtime = RayRuntime(cfg, run)
+    real_publish = runtime.publish_weights
 
     def publish():  # weights the actors' agents cannot load, from version 3 on
         if runtime.version >= 3:
             runtime.agent.register_buffer("not_in_the_actor", torch.zeros(1))
         real_publish()
 
-    runtime._publish = publish
-    with pytest.raises(ActorFailed) as info:
+    runtime.publish_weights = publish
+    with pytest.raises(ActorError) as info:
         runtime.train()
     message = str(info.value)
     assert message.startswith("actor ") and "ray::RayActor.collect()" in message
@@ -188,3 +191,4 @@ def test_exception_inside_an_actor_reaches_the_learner_with_its_traceback(tmp_pa
     assert 'Unexpected key(s) in state_dict: "not_in_the_actor"' in message
     assert "\x1b[" not in message
     assert runtime.actors == []
+    assert run.checkpoint_path.is_file()  # the last complete update
