@@ -188,7 +188,11 @@ def connect(cfg: TrainConfig) -> bool:
         return False
     options = {"include_dashboard": False, "logging_level": logging.WARNING}
     if cfg.ray_address is None:
+        t0 = time.perf_counter()
         ray.init(address="local", num_cpus=cfg.actors, **options)
+        log.info(
+            "ray: local Ray with %d CPUs started in %.1f s", cfg.actors, time.perf_counter() - t0
+        )
         return True
     try:
         ray.init(address=cfg.ray_address, **options)
@@ -291,7 +295,17 @@ class RayRuntime(Runtime):
             segment = _clone(segs[0])  # learner's RTRL carry writes the start state
         else:
             segment = segs[0]  # the move to the device copies it
+        if self.version == 0:
+            self._log_sizes(got[0])
         return Batch(segment, [m.episodes() for m in got], lag)
+
+    def _log_sizes(self, first: SegmentReady) -> None:
+        total, state = wire.nbytes(first.segment), wire.nbytes(first.segment.state)
+        log.info(
+            "ray: %.0f kB a segment through the object store, %.0f kB of it the start state",
+            total / 1e3,
+            state / 1e3,
+        )
 
     def _gather(self) -> list[SegmentReady]:
         """batch_size / num_envs segments, oldest requests first."""
