@@ -113,6 +113,9 @@ class TrainConfig:
     """Ray runtime: None starts a local Ray with num_actors CPUs (shut down at the end);
     `auto` joins the cluster this machine belongs to (`ray start`), HOST:PORT the cluster
     whose head listens there."""
+    actor_timeout_s: float = 300.0
+    """The learner stops the run (with a checkpoint and a line naming the actors) when no
+    segment arrives from any actor for this many seconds (parallel, ray)."""
     num_threads: int = 1
     """torch threads of the learner process (0: torch's default). Small models run fastest on 1."""
     out_dir: str | None = None
@@ -349,6 +352,7 @@ def _out_of_range(cfg: TrainConfig) -> list[str]:
             "forget_bias",
             "popart_beta",
             "progress_every_s",
+            "actor_timeout_s",
         )
     }
     bad = [
@@ -366,6 +370,7 @@ def _out_of_range(cfg: TrainConfig) -> list[str]:
         ("seed", 0 <= cfg.seed < 2**63, ">= 0"),
         ("popart_beta", 0 < cfg.popart_beta <= 1, "in (0, 1]"),
         ("progress_every_s", cfg.progress_every_s > 0, "> 0"),
+        ("actor_timeout_s", cfg.actor_timeout_s > 0, "> 0"),
     )
     bad += [
         f"{n}={getattr(cfg, n)} (must be {rule})"

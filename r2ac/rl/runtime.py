@@ -53,8 +53,9 @@ The interface of a subclass
                                       must be idempotent and must not wait without a timeout
 
 Errors: an actor that fails for good raises `ActorError` from `next_batch` (one line naming
-the actor, or its traceback); the loop writes a checkpoint of the last complete update and
-re-raises, and `r2ac train` prints it and exits 1.
+the actor; `.traceback` holds the actor's traceback when it raised); the loop writes a
+checkpoint of the last complete update and re-raises; `r2ac train` prints the traceback (if
+any) and the line, and exits 1.
 """
 
 from __future__ import annotations
@@ -79,8 +80,12 @@ from r2ac.rl.tracker import Tracker
 
 
 class ActorError(RuntimeError):
-    """An actor failed for good (an exception, or died past its restarts); the message names
-    it (and holds its traceback for an exception)."""
+    """An actor failed for good: it raised, died past its restarts, or fell silent. The
+    message is one line naming it; `traceback` is the actor's own, when it raised."""
+
+    def __init__(self, message: str, traceback: str | None = None):
+        super().__init__(message)
+        self.traceback = traceback
 
 
 @dataclass(frozen=True)

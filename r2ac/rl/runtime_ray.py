@@ -59,7 +59,6 @@ log = logging.getLogger(__name__)
 
 IN_FLIGHT = 2  # segment requests queued per actor: one being collected, one waiting
 WAIT_S = 0.2  # a wait for segments looks at stop requests this often
-STALL_S = 600.0  # no segment from any actor for this long: stop with an error
 START_S = 300.0  # actors not all constructed after this long: stop with an error
 
 
@@ -104,6 +103,15 @@ class SegmentReady:
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _CARETS = re.compile(r"^\s*\^+\s*$")
+
+
+def exception_line(trace: str) -> str:
+    """'Type: message' of a traceback, on one line (the lines after its last frame)."""
+    lines = trace.splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    after = lines[frames[-1] + 1 :] if frames else lines[-1:]
+    start = next((i for i, line in enumerate(after) if line and not line[0].isspace()), 0)
+    return " ".join(line.strip() for line in after[start:] if line.strip())
 
 
 def remote_traceback(exc: Exception) -> str:
@@ -261,7 +269,8 @@ class RayRuntime(Runtime):
                 "(`ray status` shows what the cluster is short of)"
             ) from None
         except ray.exceptions.RayActorError as exc:  # an exception in RayActor.__init__
-            raise ActorError(f"an actor failed to start:\n{remote_traceback(exc)}") from None
+            trace = remote_traceback(exc)
+            raise ActorError(f"an actor failed to start: {exception_line(trace)}", trace) from None
         log.info(
             "ray: %d actors on %d node(s), up in %.1f s",
             len(self.actors),
@@ -317,9 +326,10 @@ class RayRuntime(Runtime):
                 if seg is not None:
                     got.append(seg)
                     last = time.monotonic()
-            if time.monotonic() - last > STALL_S:
+            if time.monotonic() - last > self.cfg.actor_timeout_s:
                 raise ActorError(
-                    f"no segment from any of the {len(self.actors)} Ray actors in {STALL_S:.0f} s"
+                    f"no segment from any of the {len(self.actors)} Ray actors in "
+                    f"{self.cfg.actor_timeout_s:g} s (actor_timeout_s)"
                 )
         return got
 
@@ -339,7 +349,8 @@ class RayRuntime(Runtime):
         try:
             ready = ray.get(ref)
         except ray.exceptions.RayTaskError as exc:
-            raise ActorError(f"actor {k} failed:\n{remote_traceback(exc)}") from None
+            trace = remote_traceback(exc)
+            raise ActorError(f"actor {k} raised {exception_line(trace)}", trace) from None
         except ray.exceptions.ActorDiedError as exc:  # Ray will not restart it
             raise ActorError(
                 f"actor {k} died and Ray will not restart it (--max-actor-restarts "

@@ -24,6 +24,7 @@ from r2ac.perf import keep_freed_memory
 from r2ac.rl.config import PRESETS, RUNTIMES, TrainConfig, preset, validate
 from r2ac.rl.resources import check_resources
 from r2ac.rl.run_dir import RunDir, check_same_config, default_out_dir, plot_curve
+from r2ac.rl.runtime import ActorError
 from r2ac.rl.stop import TrainingInterrupted, raise_on_signal
 
 
@@ -177,6 +178,15 @@ def _train(cfg: TrainConfig, run: RunDir, runtime) -> int:
         print(
             f"r2ac train: error: cannot write to {run.path}: {exc}; the last checkpoint is "
             f"intact: free space, then `r2ac train --resume {run.path}`",
+            file=sys.stderr,
+        )
+        return 1
+    except ActorError as exc:  # the learner is whole: its last update is checkpointed
+        if exc.traceback:
+            print(exc.traceback.rstrip(), file=sys.stderr)
+        print(
+            f"r2ac train: error: {exc}; the last checkpoint is in {run.path} "
+            f"(`r2ac train --resume {run.path}` continues from it)",
             file=sys.stderr,
         )
         return 1

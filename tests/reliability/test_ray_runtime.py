@@ -2,8 +2,8 @@
 Ctrl-C to the process group and SIGTERM finish the update, checkpoint, stop every actor and
 leave no process of the run behind; `--resume` finishes the run. Every process the run
 started carries a marker in its environment (Ray hands the driver's environment to its
-processes), which is how the tests find leftovers. Without Ray installed, `--runtime ray`
-is one line and exit 2."""
+processes), which is how the tests find leftovers. Bad Ray options are one line, exit 2
+(without Ray installed: tests/rl/test_device.py)."""
 
 from __future__ import annotations
 
@@ -128,18 +128,6 @@ def test_ray_sigterm_checkpoints_and_leaves_no_process(tmp_path):
     proc = _start(_train_args(out), out, mark, past=5)
     proc.send_signal(signal.SIGTERM)  # `kill PID`: the learner only
     _stopped_cleanly(proc, out, mark, "SIGTERM")
-
-
-def test_ray_runtime_without_ray_is_one_line_naming_the_extra(capsys, monkeypatch, tmp_path):
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a)
-    )
-    out = tmp_path / "run"
-    code, lines = r2ac_inline(capsys, "train", "--runtime", "ray", "--out-dir", str(out))
-    assert code == 2 and len(lines) == 1, lines
-    assert "pip install -e '.[ray]'" in lines[0]
-    assert not out.exists()
 
 
 @pytest.mark.parametrize(
