@@ -193,3 +193,16 @@ def test_exception_inside_an_actor_reaches_the_learner_with_its_traceback(tmp_pa
     assert "\x1b[" not in trace
     assert runtime.actors == []
     assert run.checkpoint_path.is_file()  # the last complete update
+
+
+@pytest.mark.gpu
+def test_learner_on_cuda_trains_from_ray_actors(tmp_path):
+    updates = 6
+    cfg = _cfg(device="cuda", total_frames=3 * 4 * updates)
+    runtime = RayRuntime(cfg, RunDir.create(tmp_path / "run", cfg))
+    before = {k: v.detach().cpu().clone() for k, v in runtime.agent.state_dict().items()}
+    assert next(runtime.agent.parameters()).is_cuda
+    tracker = runtime.train()
+    assert tracker.update == updates
+    after = runtime.agent.state_dict()
+    assert any(not torch.equal(after[k].cpu(), before[k]) for k in after)
