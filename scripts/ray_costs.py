@@ -6,10 +6,11 @@ For the config the options give (default: `r2ac train`'s), one thread each:
 - actor: frames/s of one `Actor` (no Ray);
 - learner: frames/s of `Learner.update` on a batch already there (no Ray);
 - bytes: a segment through the object store (all / its start state) and a weights version;
-- Ray: local start-up, the round trip of an empty actor call, and the cost of a segment
-  through the object store (an actor returns a stored packed segment; the learner gets it,
-  unpacks it and joins batch_size / num_envs of them, the runtime's path), with 4 requests
-  in flight as the runtime keeps them.
+- Ray: local start-up, the round trip of an empty actor call, and a segment through the
+  object store, split in two: from the request to the ready segment (the call and the
+  actor's copy into the store; actors do this in parallel), and the learner's own work once
+  it is ready (get, unpack, join batch_size / num_envs of them, or copy one: the runtime's
+  path), which bounds what one learner process can take: T = frames / that time.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import time
 
 import torch
+from torch.utils import _pytree as pytree
 
 
 def _timed(fn, repeats: int) -> float:
@@ -86,23 +88,31 @@ def ray_costs(packed, segments_per_batch: int) -> dict[str, float]:
     ray.get(src.ping.remote())
     ping = _timed(lambda: ray.get(src.ping.remote()), 200)
 
-    def batches(n: int = 20) -> float:
-        """Seconds a segment, with 4 requests in flight (the runtime's pipelining)."""
-        pending = [src.segment.remote() for _ in range(4)]
+    def batch(n: int) -> tuple[float, float]:
+        """(seconds the learner spends on a segment once it is ready: get, unpack, join;
+        seconds from the request to a ready segment: the call, the actor's copy into the
+        store), for a batch of n segments."""
         t0 = time.perf_counter()
-        for _ in range(n):
-            got = []
-            for _ in range(segments_per_batch):
-                got.append(ray.get(pending.pop(0)))
-                pending.append(src.segment.remote())
-            segs = [wire.unpack(m) for m in got]
-            cat_segments(segs) if len(segs) > 1 else segs[0].state.c.clone()
-        return (time.perf_counter() - t0) / (n * segments_per_batch)
+        refs = [src.segment.remote() for _ in range(n)]
+        ray.wait(refs, num_returns=n)
+        t1 = time.perf_counter()
+        segs = [wire.unpack(m) for m in ray.get(refs)]
+        cat_segments(segs) if n > 1 else pytree.tree_map(
+            lambda t: None if t is None else t.clone(), segs[0]
+        )
+        return (time.perf_counter() - t1) / n, (t1 - t0) / n
 
-    batches(5)
-    per_segment = statistics.median(batches() for _ in range(5))
+    batch(segments_per_batch)
+    times = [batch(segments_per_batch) for _ in range(40)]
+    learner = statistics.median(t for t, _ in times)
+    request = statistics.median(r for _, r in times)
     ray.shutdown()
-    return {"start_s": start, "ping_ms": ping * 1e3, "segment_ms": per_segment * 1e3}
+    return {
+        "start_s": start,
+        "ping_ms": ping * 1e3,
+        "learner_ms": learner * 1e3,
+        "request_ms": request * 1e3,
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -126,11 +136,11 @@ def main(argv: list[str]) -> int:
         f"{seg_bytes / frames:.0f} B a frame; weights {weights / 1e3:.1f} kB a version"
     )
     costs = ray_costs(packed, cfg.segments_per_batch)
+    print(f"ray     start-up {costs['start_s']:.1f} s, empty call {costs['ping_ms']:.2f} ms")
     print(
-        f"ray     start-up {costs['start_s']:.1f} s, empty call {costs['ping_ms']:.2f} ms, "
-        f"a segment through the object store {costs['segment_ms']:.2f} ms "
-        f"({seg_bytes / costs['segment_ms'] / 1e6:.2f} GB/s, "
-        f"{frames / costs['segment_ms'] * 1e3:.0f} frames/s)"
+        f"ray     a segment: requested to ready {costs['request_ms']:.2f} ms (the actor's "
+        f"side); the learner's get + unpack + join {costs['learner_ms']:.2f} ms "
+        f"(T = {frames / costs['learner_ms'] * 1e3:.0f} frames/s)"
     )
     return 0
 
