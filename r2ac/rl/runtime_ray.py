@@ -38,7 +38,11 @@ import logging
 import os
 import re
 import secrets
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +61,7 @@ from r2ac.rl.runtime import ActorError, Batch, Runtime
 
 log = logging.getLogger(__name__)
 
+RAY_OPTIONS = {"include_dashboard": False, "logging_level": logging.WARNING}
 IN_FLIGHT = 2  # segment requests queued per actor: one being collected, one waiting
 WAIT_S = 0.2  # a wait for segments looks at stop requests this often
 START_S = 300.0  # actors not all constructed after this long: stop with an error
@@ -191,23 +196,34 @@ class RayActor:
 
 def connect(cfg: TrainConfig) -> bool:
     """Start a local Ray (no address) or join a cluster; True if this call connected this
-    process (so shutdown disconnects it, which stops a Ray it started)."""
+    process (so close() disconnects it, which stops a Ray it started)."""
     if ray.is_initialized():  # e.g. tests sharing one session: not ours to shut down
         return False
-    options = {"include_dashboard": False, "logging_level": logging.WARNING}
-    if cfg.ray_address is None:
-        t0 = time.perf_counter()
-        ray.init(address="local", num_cpus=cfg.actors, **options)
-        log.info(
-            "ray: local Ray with %d CPUs started in %.1f s", cfg.actors, time.perf_counter() - t0
-        )
-        return True
-    try:
-        ray.init(address=cfg.ray_address, **options)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"--ray-address {cfg.ray_address}: cannot join Ray: {first}") from exc
+    with keep_sigterm_handler():
+        if cfg.ray_address is None:
+            t0 = time.perf_counter()
+            ray.init(address="local", num_cpus=cfg.actors, **RAY_OPTIONS)
+            seconds = time.perf_counter() - t0
+            log.info("ray: local Ray with %d CPUs started in %.1f s", cfg.actors, seconds)
+            return True
+        try:
+            ray.init(address=cfg.ray_address, **RAY_OPTIONS)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"--ray-address {cfg.ray_address}: cannot join Ray: {first}") from exc
     return True
+
+
+@contextmanager
+def keep_sigterm_handler() -> Iterator[None]:
+    """`ray.init` installs a SIGTERM handler (sys.exit) and leaves it after shutdown; the
+    process's own (r2ac.rl.stop's clean stop, or the default) is put back."""
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
 
 
 def check_cpus(needed: int) -> None:

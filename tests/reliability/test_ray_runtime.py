@@ -1,6 +1,7 @@
 """`r2ac train --runtime ray` as a user runs it (subprocesses, each starting its own Ray):
-Ctrl-C to the process group and SIGTERM finish the update, checkpoint, stop every actor and
-leave no process of the run behind; `--resume` finishes the run. Every process the run
+Ctrl-C to the process group and (`-m slow`) SIGTERM finish the update, checkpoint, stop
+every actor and leave no process of the run behind; `--resume` then finishes the run
+(in-process resume: tests/rl/test_ray.py). Every process the run
 started carries a marker in its environment (Ray hands the driver's environment to its
 processes), which is how the tests find leftovers. Bad Ray options are one line, exit 2
 (without Ray installed: tests/rl/test_device.py)."""
@@ -100,13 +101,21 @@ def _stopped_cleanly(proc: subprocess.Popen, out: Path, mark: str, name: str) ->
 
 
 @needs_ray
-def test_ray_ctrl_c_checkpoints_leaves_no_process_and_resumes(tmp_path):
+def test_ray_ctrl_c_checkpoints_and_leaves_no_process(tmp_path):
     out, mark = tmp_path / "run", uuid.uuid4().hex
     proc = _start(_train_args(out), out, mark, past=5)
     assert len(_marked(mark)) >= 4  # the learner, Ray's processes, two actors
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
     _stopped_cleanly(proc, out, mark, "SIGINT")
 
+
+@needs_ray
+@pytest.mark.slow
+def test_ray_sigterm_checkpoints_leaves_no_process_and_resumes(tmp_path):
+    out, mark = tmp_path / "run", uuid.uuid4().hex
+    proc = _start(_train_args(out), out, mark, past=5)
+    proc.send_signal(signal.SIGTERM)  # `kill PID`: the learner only
+    _stopped_cleanly(proc, out, mark, "SIGTERM")
     resumed = subprocess.run(
         r2ac_command("train", "--resume", str(out)),
         env={**subprocess_env(), "R2AC_TEST_MARK": mark},
@@ -119,15 +128,6 @@ def test_ray_ctrl_c_checkpoints_leaves_no_process_and_resumes(tmp_path):
     rows = read_metrics(out / "metrics.csv")
     assert [int(r["update"]) for r in rows] == list(range(1, UPDATES + 1))
     assert _none_left(mark) == []
-
-
-@needs_ray
-@pytest.mark.slow
-def test_ray_sigterm_checkpoints_and_leaves_no_process(tmp_path):
-    out, mark = tmp_path / "run", uuid.uuid4().hex
-    proc = _start(_train_args(out), out, mark, past=5)
-    proc.send_signal(signal.SIGTERM)  # `kill PID`: the learner only
-    _stopped_cleanly(proc, out, mark, "SIGTERM")
 
 
 @pytest.mark.parametrize(

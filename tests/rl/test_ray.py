@@ -5,7 +5,6 @@ reaches the learner with its traceback."""
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import signal
@@ -21,7 +20,12 @@ from r2ac.rl.build import actor_seed, agent_for_env, make_env  # noqa: E402
 from r2ac.rl.learner import Learner  # noqa: E402
 from r2ac.rl.run_dir import RunDir, read_metrics  # noqa: E402
 from r2ac.rl.runtime import ActorError  # noqa: E402
-from r2ac.rl.runtime_ray import IN_FLIGHT, RayRuntime  # noqa: E402
+from r2ac.rl.runtime_ray import (  # noqa: E402
+    IN_FLIGHT,
+    RAY_OPTIONS,
+    RayRuntime,
+    keep_sigterm_handler,
+)
 
 from .rl_helpers import tiny  # noqa: E402
 
@@ -30,7 +34,8 @@ K = 2  # actors
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_session():
-    ray.init(num_cpus=K, include_dashboard=False, logging_level=logging.WARNING)
+    with keep_sigterm_handler():  # the other tests expect the default SIGTERM handler
+        ray.init(num_cpus=K, **RAY_OPTIONS)
     yield
     ray.shutdown()
 
@@ -193,6 +198,35 @@ def test_exception_inside_an_actor_reaches_the_learner_with_its_traceback(tmp_pa
     assert "\x1b[" not in trace
     assert runtime.actors == []
     assert run.checkpoint_path.is_file()  # the last complete update
+
+
+def test_resume_continues_from_the_checkpoint(tmp_path):
+    """A run stopped after 8 updates (its checkpoint), resumed by a new runtime: the rows
+    go on from update 9 to the end, the weights and the restart count come back."""
+    cfg = _cfg(total_frames=3 * 4 * 16, checkpoint_every=8)
+    run = RunDir.create(tmp_path / "run", cfg)
+    first = RayRuntime(cfg, run)
+    first.restarts = 2  # as if two actors had died: the count is part of the checkpoint
+    real_next_batch = first.next_batch
+
+    def next_batch():
+        if first.version == 8:
+            raise ActorError("stop here")  # the base checkpoints update 8 and re-raises
+        return real_next_batch()
+
+    first.next_batch = next_batch
+    with pytest.raises(ActorError):
+        first.train()
+    payload = run.load_checkpoint()
+    assert payload["counters"]["update"] == 8 and payload["runtime"] == "ray"
+    second = RayRuntime(cfg, run)
+    second.restore(payload)
+    assert all(torch.equal(v, payload["agent"][k]) for k, v in second.agent.state_dict().items())
+    tracker = second.train()
+    assert tracker.update == 16
+    rows = read_metrics(run.metrics_path)
+    assert [r["update"] for r in rows] == list(range(1, 17))
+    assert rows[-1]["actor_restarts"] == 2
 
 
 @pytest.mark.gpu

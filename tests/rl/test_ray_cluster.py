@@ -4,6 +4,7 @@ the cluster running without its actors."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -12,7 +13,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from r2ac.rl.run_dir import RunDir, read_metrics  # noqa: E402
-from r2ac.rl.runtime_ray import RayRuntime  # noqa: E402
+from r2ac.rl.runtime_ray import RayRuntime, keep_sigterm_handler  # noqa: E402
 
 from .rl_helpers import tiny  # noqa: E402
 
@@ -32,6 +33,7 @@ def two_nodes():
 
 
 def test_run_on_two_nodes_finishes(tmp_path, two_nodes):
+    sigterm = signal.getsignal(signal.SIGTERM)
     updates = 20
     cfg = tiny(
         runtime="ray",
@@ -50,7 +52,9 @@ def test_run_on_two_nodes_finishes(tmp_path, two_nodes):
     assert [r["update"] for r in rows] == list(range(1, updates + 1))
     assert all(r["actor_restarts"] == 0 for r in rows)
     assert not ray.is_initialized()  # the runtime disconnected ...
-    ray.init(address=two_nodes.address)
+    assert signal.getsignal(signal.SIGTERM) is sigterm  # and left no handler of Ray's
+    with keep_sigterm_handler():
+        ray.init(address=two_nodes.address)
     try:  # ... and left the cluster up, with both nodes and no actor of the run alive
         assert len([n for n in ray.nodes() if n["Alive"]]) == 2
         deadline = time.monotonic() + 30  # the killed actors' CPUs come back
