@@ -39,6 +39,7 @@ import os
 import re
 import secrets
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -206,12 +207,28 @@ def connect(cfg: TrainConfig) -> bool:
             seconds = time.perf_counter() - t0
             log.info("ray: local Ray with %d CPUs started in %.1f s", cfg.actors, seconds)
             return True
+        check_reachable(cfg.ray_address)
         try:
             ray.init(address=cfg.ray_address, **RAY_OPTIONS)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(f"--ray-address {cfg.ray_address}: cannot join Ray: {first}") from exc
     return True
+
+
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+    """ConfigError unless something listens at HOST:PORT (`ray.init` would retry for
+    minutes); `auto` is left to Ray, which fails at once when it finds no cluster."""
+    if address == "auto":
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); "
+            "start the head with `ray start --head`"
+        ) from None
 
 
 @contextmanager

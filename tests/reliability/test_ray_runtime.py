@@ -135,6 +135,11 @@ def test_ray_sigterm_checkpoints_leaves_no_process_and_resumes(tmp_path):
     [
         (["--runtime", "ray", "--ray-address", "ray://head:10001"], "give `auto` or HOST:PORT"),
         (["--ray-address", "auto"], "--ray-address needs --runtime ray"),
+        pytest.param(
+            ["--runtime", "ray", "--ray-address", "127.0.0.1:1"],
+            "nothing answers there",
+            marks=needs_ray,
+        ),
     ],
 )
 def test_bad_ray_options_are_one_line(capsys, tmp_path, args, says):
