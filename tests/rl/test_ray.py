@@ -176,6 +176,28 @@ def test_sigkilled_actor_is_restarted_counted_and_the_run_goes_on(tmp_path):
     assert first_new[2] == 1  # ... whose streams started over (its segment 1)
 
 
+def test_a_death_past_the_restart_limit_stops_the_run_with_one_line(tmp_path):
+    cfg = _cfg(total_frames=3 * 4 * 400, max_actor_restarts=0)
+    run = RunDir.create(tmp_path / "run", cfg)
+    runtime = RayRuntime(cfg, run)
+    (_, victim), *_ = runtime.actor_places()
+    real_next_batch = runtime.next_batch
+
+    def next_batch():
+        if runtime.version == 3:
+            os.kill(victim, signal.SIGKILL)
+        return real_next_batch()
+
+    runtime.next_batch = next_batch
+    t0 = time.monotonic()
+    with pytest.raises(ActorError) as info:
+        runtime.train()
+    assert time.monotonic() - t0 < 60
+    message = str(info.value)
+    assert message.startswith("actor 0 died") and "--max-actor-restarts 0" in message
+    assert "\n" not in message and run.checkpoint_path.is_file() and runtime.actors == []
+
+
 def test_exception_inside_an_actor_reaches_the_learner_with_its_traceback(tmp_path):
     cfg = _cfg(total_frames=3 * 4 * 50)
     run = RunDir.create(tmp_path / "run", cfg)
