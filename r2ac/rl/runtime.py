@@ -228,27 +228,31 @@ class Runtime:
     def train(self) -> Tracker:
         """Train to the end; on SIGINT/SIGTERM finish the update, checkpoint and raise
         TrainingInterrupted; on an ActorError checkpoint the last update and re-raise."""
-        cfg = self.cfg
-        tracker = Tracker(cfg, self.run, self.saved_counters)
-        try:
-            with StopRequest() as stop:
+        with StopRequest() as stop:  # first: a signal during the set-up waits for update 1
+            tracker = Tracker(self.cfg, self.run, self.saved_counters)
+            try:
                 self.start()
                 while not tracker.done:
-                    try:
-                        self._update(tracker)
-                    except ActorError:
-                        self.checkpoint(tracker)
-                        raise
-                    if tracker.update % cfg.checkpoint_every == 0 or tracker.done or stop.requested:
-                        self.checkpoint(tracker)
-                    if stop.requested:
-                        raise TrainingInterrupted(stop.signum, tracker.update, self.run is not None)
-        finally:
-            try:
-                self.close()
+                    self._step(tracker, stop)
             finally:
-                tracker.close()
+                try:
+                    self.close()
+                finally:
+                    tracker.close()
         return tracker
+
+    def _step(self, tracker: Tracker, stop: StopRequest) -> None:
+        """One update; a checkpoint when due, when stopping, or when an actor failed."""
+        try:
+            self._update(tracker)
+        except ActorError:
+            self.checkpoint(tracker)
+            raise
+        every = self.cfg.checkpoint_every
+        if tracker.update % every == 0 or tracker.done or stop.requested:
+            self.checkpoint(tracker)
+        if stop.requested:
+            raise TrainingInterrupted(stop.signum, tracker.update, self.run is not None)
 
     def _update(self, tracker: Tracker) -> None:
         """One batch, one learner update, the new weights published, one metrics record."""

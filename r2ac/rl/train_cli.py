@@ -150,6 +150,9 @@ def main(argv: list[str]) -> int:
     except OSError as exc:  # e.g. a full or read-only disk found when creating the run
         print(f"r2ac train: error: cannot write the run directory: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C while imports and envs were still being set up
+        print("r2ac train: interrupted before training started", file=sys.stderr)
+        return 130
     try:
         return _train(cfg, run, runtime)
     finally:
@@ -191,10 +194,11 @@ def _train(cfg: TrainConfig, run: RunDir, runtime) -> int:
         )
         return 1
     except KeyboardInterrupt:  # a second Ctrl-C: stopped mid-update
-        print(
-            f"r2ac train: interrupted; the last checkpoint is in {run.path} (`r2ac train "
-            f"--resume {run.path}` continues from it)",
-            file=sys.stderr,
-        )
+        if run.checkpoint_path.is_file():
+            where = f"the last checkpoint is in {run.path} (`r2ac train --resume {run.path}`"
+            where += " continues from it)"
+        else:
+            where = f"no checkpoint yet (`r2ac train --restart {run.path}` starts it again)"
+        print(f"r2ac train: interrupted; {where}", file=sys.stderr)
         return 130
     return 0
