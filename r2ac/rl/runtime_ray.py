@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 
 RAY_OPTIONS = {"include_dashboard": False, "logging_level": logging.WARNING}
 IN_FLIGHT = 2  # segment requests queued per actor: one being collected, one waiting
-WAIT_S = 0.2  # a wait for segments looks at stop requests this often
+WAIT_S = 0.2  # a wait for segments wakes up this often (to check actor_timeout_s)
 START_S = 300.0  # actors not all constructed after this long: stop with an error
 
 
@@ -73,7 +73,7 @@ START_S = 300.0  # actors not all constructed after this long: stop with an erro
 
 @dataclass(frozen=True)
 class PublishedWeights:
-    """A weights version in the object store. The reference sits in a list so that Ray does
+    """A weights version in the object store. The reference sits in a tuple so that Ray does
     not fetch it with the request: an actor fetches it only when its version is new."""
 
     version: int
@@ -187,9 +187,6 @@ class RayActor:
             returns=tuple(episodes.returns),
             lengths=tuple(episodes.lengths),
         )
-
-    def close(self) -> None:
-        self.env.close()
 
 
 # --- connecting to Ray -------------------------------------------------------------------------
