@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -103,14 +104,18 @@ class TrainConfig:
     """One seed for torch, numpy, python random, the envs and the action sampling."""
     runtime: Literal["serial", "parallel", "ray"] = "serial"
     """serial: one deterministic process; parallel: actor processes + a learner on one
-    machine; ray: Ray actors (the `ray` extra)."""
+    machine; ray: Ray actors (this machine or a cluster) + a learner (the `ray` extra)."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Device of the learner (agent, losses, optimiser); actors always act on the CPU."""
     num_actors: int = 0
-    """Actor processes of the parallel runtime (0: max(2, cpus - 1))."""
+    """Actor processes of the parallel and ray runtimes (0: max(2, cpus - 1))."""
     max_actor_restarts: int = 3
     """Actor processes that die (parallel, ray) are restarted this many times in all; past
     that the run stops with a checkpoint and a line naming the actor."""
+    ray_address: str | None = None
+    """Ray runtime: None starts a local Ray with num_actors CPUs (shut down at the end);
+    `auto` joins the cluster this machine belongs to (`ray start`), HOST:PORT the cluster
+    whose head listens there."""
     actor_timeout_s: float = 300.0
     """The learner stops the run (with a checkpoint and a line naming the actors) when no
     segment arrives from any actor for this many seconds (parallel, ray)."""
@@ -435,6 +440,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"unknown runtime {cfg.runtime!r}; choose one of {', '.join(RUNTIMES)}")
     check_runtime_available(cfg.runtime)
     check_device(cfg.device)
+    check_ray_options(cfg)
     cfg.env_kwargs()
     return cfg
 
@@ -467,6 +473,22 @@ def check_device(device: str) -> None:
 
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: torch sees no CUDA device here; use --device cpu")
+
+
+_RAY_ADDRESS = re.compile(r"^(auto|[A-Za-z0-9.\-]+:[0-9]{1,5})$")
+
+
+def check_ray_options(cfg: TrainConfig) -> None:
+    """--ray-address only with the ray runtime, and well formed."""
+    if cfg.ray_address is None:
+        return
+    if cfg.runtime != "ray":
+        raise ConfigError("--ray-address needs --runtime ray")
+    if not _RAY_ADDRESS.match(cfg.ray_address):
+        raise ConfigError(
+            f"--ray-address {cfg.ray_address!r}: give `auto` or HOST:PORT (the head's GCS "
+            "address, as `ray start --head` prints it)"
+        )
 
 
 def to_dict(cfg: TrainConfig) -> dict:
