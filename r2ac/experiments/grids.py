@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,9 @@ class Grid:
     tasks: tuple[Task, ...]
     variants: tuple[Variant, ...]
     default_seeds: int = 3
+    suite_score: Callable[[float], float] | None = None
+    """Maps a task's score onto a common scale; set, the tables get a "suite" column: the
+    mean over tasks of the mapped per-task means (a row with a task missing shows "-")."""
 
 
 @dataclass(frozen=True)
@@ -308,6 +312,13 @@ GRIDS: dict[str, Grid] = {
     ),
 }
 
+
+def popgym_normalised(score: float) -> float:
+    """POPGym's normalisation (Morad et al. 2023, the authors' plotting code): every return lies
+    in [-1, 1] with the optimum at +1, mapped onto [0, 1]."""
+    return 0.5 * score + 0.5
+
+
 GRIDS["popgym"] = Grid(
     "popgym",
     "POPGym (Morad et al. 2023), someone else's memory benchmark: exact RTRL at a short M "
@@ -327,6 +338,7 @@ GRIDS["popgym"] = Grid(
         Variant("rtu-rtrl", 4),
         Variant("rtu-bptt", 4),
     ),
+    suite_score=popgym_normalised,
 )
 
 # Studies that are measurements, not grids of training runs (r2ac.experiments.cli dispatches).

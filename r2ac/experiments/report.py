@@ -61,6 +61,15 @@ def format_cell(values: list[float], seeds: int) -> str:
     return f"{mean:.3f} ± {std:.3f}{partial}"
 
 
+def suite_cell(per_task: list[list[float]], score_map) -> str:
+    """Mean over tasks of each task's mapped seed mean; "-" unless every task has a run."""
+    if not all(per_task):
+        return "-"
+    mapped = [score_map(float(np.mean(values))) for values in per_task]
+    partial = "" if len({len(v) for v in per_task}) == 1 else " (seeds differ by task)"
+    return f"{float(np.mean(mapped)):.3f}{partial}"
+
+
 def markdown_table(
     grid: Grid,
     tasks: tuple[Task, ...],
@@ -71,10 +80,14 @@ def markdown_table(
     notes: bool = True,
 ) -> str:
     scores = collect(specs, out, metric)
-    header = "| model | " + " | ".join(t.name for t in tasks) + " |"
-    lines = [header, "|" + "---|" * (len(tasks) + 1)]
+    suite = grid.suite_score is not None and len(tasks) > 1
+    names = [t.name for t in tasks] + (["suite (normalised)"] if suite else [])
+    lines = ["| model | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
     for v in grid.variants:
-        cells = [format_cell(scores.get((t.name, v.label), []), seeds) for t in tasks]
+        per_task = [scores.get((t.name, v.label), []) for t in tasks]
+        cells = [format_cell(values, seeds) for values in per_task]
+        if suite:
+            cells.append(suite_cell(per_task, grid.suite_score))
         lines.append(f"| {v.label} | " + " | ".join(cells) + " |")
     task_notes = [f"- {t.note}" for t in tasks if t.note] if notes else []
     return "\n".join(lines + ([""] + task_notes if task_notes else []))

@@ -270,3 +270,15 @@ def test_final_train_return_averages_the_last_tenth(tmp_path):
     assert report.final_train_return(tmp_path) == 1.0  # the last 2 of 20 rows
     assert report.final_train_return(tmp_path, fraction=0.2) == 0.5
     assert report.final_train_return(tmp_path / "missing") is None
+
+
+def test_suite_column_is_the_mean_of_normalised_task_means():
+    assert grids.popgym_normalised(-1.0) == 0.0 and grids.popgym_normalised(1.0) == 1.0
+    per_task = [[0.5, 0.7], [-1.0, -0.8]]  # task means 0.6 and -0.9 -> 0.8 and 0.05
+    assert report.suite_cell(per_task, grids.popgym_normalised) == "0.425"
+    assert report.suite_cell([[0.5], []], grids.popgym_normalised) == "-"
+    assert report.suite_cell([[0.5], [0.1, 0.3]], grids.popgym_normalised).endswith(
+        "(seeds differ by task)"
+    )
+    assert grids.grid("popgym").suite_score is grids.popgym_normalised
+    assert grids.grid("memory-m").suite_score is None
