@@ -331,8 +331,8 @@ class ELSTM(RecurrentCore):
         gates = em.GateTrace(*(torch.cat(parts) for parts in zip(*(t.gates for t in traces))))
         x = torch.cat(xs)  # (T, B, D)
         keep = keep_mask(cat_resets([t.reset for t in traces], xs), x.dtype)  # (T, B, 1) | None
-        trace = em.local_derivatives(gates, self.w_f, self.w_z, keep)
-        return ELSTMState(c, self._carry(state.sens, trace, x))
+        w = (self.w_f, self.w_z)
+        return ELSTMState(c, em.carry_from_gates(state.sens, gates, keep, w, x, self.fused_step))
 
     def _params(self) -> tuple[Tensor, ...]:
         """The parameters in `_layer_forward`'s order."""

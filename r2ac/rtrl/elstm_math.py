@@ -215,6 +215,27 @@ def carry_segment(sens: ELSTMSensitivity, trace: RecurrenceTrace, x: Tensor) -> 
     return ELSTMSensitivity(new.permute(0, 2, 3, 1), wb)
 
 
+def carry_from_gates(
+    sens: ELSTMSensitivity,
+    gates: GateTrace,
+    keep: Tensor | None,
+    w: tuple[Tensor, Tensor],
+    x: Tensor,
+    fused: bool = False,
+) -> ELSTMSensitivity:
+    """The carry of a segment from its steps' gates (T, B, N), keep (T, B, 1) or None,
+    w = (w_f, w_z) and inputs x (T, B, D): `local_derivatives`, then `carry_segment` (or
+    `carry_step`, `fused` or not, for T = 1); in float32 on CPU both in the native kernel."""
+    stored = _stored_blocks(sens.FZ)  # (B, D, 2, N) or None
+    if _native(stored, sens.wb, x):
+        new, wb = native.carry_from_gates(stored, sens.wb, gates, keep, w, x)
+        return ELSTMSensitivity(new.permute(0, 2, 3, 1), wb)
+    trace = local_derivatives(gates, *w, keep)
+    if x.shape[0] == 1:
+        return carry_step(sens, trace, x, fused=fused)
+    return carry_segment(sens, trace, x)
+
+
 def _stored_blocks(FZ: Tensor) -> Tensor | None:
     """FZ's storage as per-stream (D, 2, N) blocks, (B, D, 2, N), if it has the layer's layout
     (`zero_FZ`); None for any other layout."""

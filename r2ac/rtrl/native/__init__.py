@@ -180,6 +180,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     fn = lib.r2ac_history
     fn.restype = ctypes.c_int
     fn.argtypes = [i64] * 3 + [ptr] * 5
+    fn = lib.r2ac_carry_gates
+    fn.restype = ctypes.c_int
+    fn.argtypes = [i64] * 4 + [ptr] * 3 + [i64] * 2 + [ptr] * 8
     return lib
 
 
@@ -283,6 +286,32 @@ def carry(
     _checked(stored, wb, x)
     out, wb_out = torch.empty_like(stored), torch.empty_like(wb)
     _run_carry(stored, out, wb, wb_out, (fh, zh, a, cp), x, None)
+    return out, wb_out
+
+
+def carry_from_gates(
+    stored: Tensor,
+    wb: Tensor,
+    gates: tuple[Tensor, Tensor, Tensor],
+    keep: Tensor | None,
+    w: tuple[Tensor, Tensor],
+    x: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """`carry` with the trace derived in the kernel from the steps' gates: f, z, cp (T, B, N),
+    keep (T, B, 1) or None, w = (w_f, w_z) (N,) (elstm_math.local_derivatives)."""
+    _checked(stored, wb, x)
+    B, D, _, N = stored.shape
+    out, wb_out = torch.empty_like(stored), torch.empty_like(wb)
+    f, z, cp, w_f, w_z = (v.detach().contiguous() for v in (*gates, *w))
+    keep = None if keep is None else keep.contiguous()
+    rc = _lib.r2ac_carry_gates(
+        B, D, N, x.shape[0], stored.data_ptr(), out.data_ptr(), x.data_ptr(), x.stride(0),
+        x.stride(1), *(v.data_ptr() for v in (f, z, cp)),
+        None if keep is None else keep.data_ptr(), w_f.data_ptr(), w_z.data_ptr(),
+        wb.data_ptr(), wb_out.data_ptr(),
+    )  # fmt: skip
+    if rc != 0:
+        raise NativeKernelError(f"r2ac_carry_gates returned {rc}")
     return out, wb_out
 
 

@@ -12,7 +12,8 @@
  * per stream, u and G for a thread's columns are computed into its cache (`stream_inputs`), and
  * each (6 x 64) tile of the block is loaded once, feeds the history sum, is scaled, gets its T
  * rank-1 updates in registers, and is stored once (`tile`). It also runs without the history
- * (an actor's carry) and out of place (the carried block written to a second buffer), and
+ * (an actor's carry) and out of place (the carried block written to a second buffer);
+ * `r2ac_carry_gates` first derives the trace from the gates an actor's steps kept, and
  * `r2ac_history` is the history alone (a learner that does not carry).
  *
  * Threads come from OpenMP; the library links the libgomp that PyTorch already loaded, so both
@@ -285,4 +286,32 @@ int r2ac_history(int64_t B, int64_t D, int64_t N, const float *fz, float *hist,
         free(h);
     }
     return failed ? 2 : 0;
+}
+
+/* The carry of r2ac_carry_fused without a history, from the gates of the segment's steps
+ * (elstm_math.local_derivatives, in one loop): f, z, cp (T, B, N) contiguous; keep (T, B)
+ * contiguous (0 where a stream restarts at step t), or NULL for no reset; w_f, w_z (N,).
+ * Returns 0, 1 or 2 as r2ac_carry_fused. */
+int r2ac_carry_gates(int64_t B, int64_t D, int64_t N, int64_t T, const float *fz, float *fz_out,
+                     const float *x, int64_t sxt, int64_t sxb, const float *f, const float *z,
+                     const float *cp, const float *keep, const float *w_f, const float *w_z,
+                     const float *wb, float *wb_out)
+{
+    int64_t n = T * B * N;
+    float *fh = malloc(sizeof(float) * (size_t)(3 * n + 16));
+    if (fh == NULL) return 2;
+    float *zh = fh + n, *a = zh + n;
+    for (int64_t tb = 0; tb < T * B; tb++) {
+        float k = keep != NULL ? keep[tb] : 1.0f;
+        for (int64_t i = tb * N, u = 0; u < N; i++, u++) {
+            float omf = 1.0f - f[i];
+            fh[i] = (cp[i] - z[i]) * f[i] * omf;
+            zh[i] = omf * (1.0f - z[i] * z[i]);
+            a[i] = (f[i] + w_f[u] * fh[i] + w_z[u] * zh[i]) * k;
+        }
+    }
+    int rc = r2ac_carry_fused(B, D, N, T, fz, fz_out, NULL, x, sxt, sxb, fh, zh, a, cp, NULL, wb,
+                              wb_out, NULL);
+    free(fh);
+    return rc;
 }
