@@ -18,11 +18,11 @@ Core-state flow: the actor carries every stream's full core state across segment
 with `core.light_state(start)` (for RTRL cores the state without sensitivities) through
 `core.act`, which also returns a trace of each step, and at the segment end brings the full
 state up to date with `core.carry_traces(start, traces)`: the segment-wise carry, computed
-from what the steps already computed (the eLSTM's gates, the RTU's and LRU's pre-activations)
-instead of re-running the recurrence; a core without such traces re-runs it once over the
-recorded inputs (`advance_state`), and a core with nothing to drop has carried its full state
-while acting. The sensitivities therefore accumulate over the stream's whole history since its
-last reset, computed with the actor's weights.
+from what the steps already computed (the eLSTM's gates, the RTU's and LRU's input maps and
+previous states) instead of re-running the recurrence. A core without such traces re-runs
+it once over the recorded inputs (`advance_state`); a core with nothing to drop has carried
+its full state while acting. The sensitivities therefore accumulate over the stream's whole
+history since its last reset, computed with the actor's weights.
 """
 
 from __future__ import annotations

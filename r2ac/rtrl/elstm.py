@@ -310,9 +310,8 @@ class ELSTM(RecurrentCore):
     def act(
         self, x: Tensor, state: ELSTMState, reset: Tensor | None = None
     ) -> tuple[Tensor, ELSTMState, ELSTMTrace]:
-        """h (T, B, N) as `forward` gives it, the light state after the steps, and their gates
-        for `carry_traces` (the core contract's acting step; no output gate is recomputed
-        and no recurrence is re-run at the segment end)."""
+        """h (T, B, N) as `forward` gives it, the light state after the steps, and a trace of
+        their gates, from which `carry_traces` carries without re-running the recurrence."""
         T, B = self.check_input(x, reset)
         self.check_state(state, B)
         keep = keep_mask(reset, x.dtype)  # (T, B, 1) or None
@@ -323,7 +322,8 @@ class ELSTM(RecurrentCore):
     @torch.no_grad()
     def carry_traces(self, state: ELSTMState, traces: Sequence[ELSTMTrace]) -> ELSTMState:
         """The state after the acted steps, with the sensitivities carried from `state`'s over
-        the steps' gates: the local derivatives in one pass, then one segment GEMM."""
+        the steps' gates (`elstm_math.carry_from_gates`: in float32 on CPU one pass of the
+        native kernel, the local derivatives included; `state` is left intact)."""
         c = traces[-1].c
         if not (self.carries_sensitivities and state.sens is not None):
             return ELSTMState(c, None)

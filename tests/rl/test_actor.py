@@ -86,7 +86,7 @@ def test_rtrl_actor_carries_sensitivities_and_matches_a_per_step_carry():
     assert both.obs.shape[1] == 2 * B and both.state.c.shape[0] == 2 * B
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-6)])
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("core", CARRYING)
 def test_carry_from_traces_equals_the_segment_recompute(core, dtype, tol):
     """The actor's carried state (act + carry_traces) against the segment-wise recompute

@@ -116,30 +116,54 @@ typedef float v8u __attribute__((vector_size(32), aligned(4)));
 #define LD8(p) (*(const v8u *)(p))
 #define ST8(p, v) (*(v8u *)(p) = (v))
 
+/* What the steps of a segment left for its carry, (T, B, N) contiguous each: either the trace
+ * (fh, zh, a; f == NULL) or the gates f, z with keep (T, B) (NULL: no reset) and w_f, w_z (N,),
+ * from which the trace is derived as elstm_math.local_derivatives does; cp in both. */
+struct steps {
+    const float *fh, *zh, *a, *cp, *f, *z, *keep, *w_f, *w_z;
+};
+
+/* Step t's (fh or zh) and a for the 8 units n.. of stream b, half k (0: f, 1: z). */
+static inline void step_derivatives(const struct steps *s, int64_t B, int64_t N, int64_t t,
+                                    int64_t b, int64_t k, int64_t n, v8 *v, v8 *a)
+{
+    int64_t off = (t * B + b) * N + n;
+    if (s->f == NULL) {
+        *v = LD8((k ? s->zh : s->fh) + off);
+        *a = LD8(s->a + off);
+        return;
+    }
+    v8 one = {1, 1, 1, 1, 1, 1, 1, 1};
+    v8 f = LD8(s->f + off), z = LD8(s->z + off), omf = one - f;
+    v8 fh = (LD8(s->cp + off) - z) * f * omf, zh = omf * (one - z * z);
+    float keep = s->keep != NULL ? s->keep[t * B + b] : 1.0f;
+    *v = k ? zh : fh;
+    *a = (f + LD8(s->w_f + n) * fh + LD8(s->w_z + n) * zh) * keep;
+}
+
 /* Carry inputs of one stream b for the columns [c_lo, c_hi) of [f | z] (multiples of 8, so
  * 8 columns never straddle the halves): u[t][c - c_lo] = g(t) * (fh or zh)[t, b, n] with
  * g(t) = prod_{s > t} a(s, b, n); G[c - c_lo] = prod_s a(s); d2 = d_hat[b, n].
  * The owner of column (k, n) also carries wb rows k and k + 2 of unit n: with a history
  * (d_hat not NULL) d_wb gets d_hat * wb_old, then wb_out = G * wb + sum_t [u*cp, u]. */
 static void stream_inputs(int64_t T, int64_t B, int64_t N, int64_t b, int64_t c_lo, int64_t c_hi,
-                          const float *fh, const float *zh, const float *a, const float *cp,
-                          const float *d_hat, const float *wb, float *wb_out, float *d_wb,
-                          float *u, float *G, float *d2)
+                          const struct steps *st, const float *d_hat, const float *wb,
+                          float *wb_out, float *d_wb, float *u, float *G, float *d2)
 {
     int64_t width = c_hi - c_lo;
     for (int64_t c = c_lo; c < c_hi; c += 8) {
         int64_t k = c >= N, n = c - k * N, off0 = b * N + n;
-        const float *src = k ? zh : fh;
         v8 zero = {0, 0, 0, 0, 0, 0, 0, 0}, one = {1, 1, 1, 1, 1, 1, 1, 1};
         v8 g = one, s_cp = zero, s = zero;
         float *uc = u + (c - c_lo);
         for (int64_t t = T - 1; t >= 0; t--) {
-            int64_t off = t * B * N + off0;
-            v8 v = g * LD8(src + off);
+            v8 d, a;
+            step_derivatives(st, B, N, t, b, k, n, &d, &a);
+            v8 v = g * d;
             ST8(uc + t * width, v);
-            s_cp += v * LD8(cp + off);
+            s_cp += v * LD8(st->cp + t * B * N + off0);
             s += v;
-            g *= LD8(a + off);
+            g *= a;
         }
         ST8(G + (c - c_lo), g);
         int64_t i_cp = (b * 4 + k) * N + n, i = (b * 4 + k + 2) * N + n;
@@ -185,10 +209,9 @@ static void store_history(int64_t D, int64_t c_lo, int64_t width, const float *h
  * in strips of 64 columns, top to bottom. It sums hist in a private (D, width) buffer, in
  * the blocks' layout, and transposes it once at the end.
  * Returns 0, or 1 for arguments it does not take, 2 if a buffer could not be allocated. */
-int r2ac_carry_fused(int64_t B, int64_t D, int64_t N, int64_t T, const float *fz, float *fz_out,
-                     float *hist, const float *x, int64_t sxt, int64_t sxb, const float *fh,
-                     const float *zh, const float *a, const float *cp, const float *d_hat,
-                     const float *wb, float *wb_out, float *d_wb)
+static int carry(int64_t B, int64_t D, int64_t N, int64_t T, const float *fz, float *fz_out,
+                 float *hist, const float *x, int64_t sxt, int64_t sxb, const struct steps *st,
+                 const float *d_hat, const float *wb, float *wb_out, float *d_wb)
 {
     int64_t C = 2 * N; /* a multiple of 16: whole vectors */
     if (N % 8 != 0 || T < 1) return 1;
@@ -211,8 +234,8 @@ int r2ac_carry_fused(int64_t B, int64_t D, int64_t N, int64_t T, const float *fz
             float *h = packed + n_tiles * T * PS; /* (D, width): this thread's columns of hist */
             for (int64_t i = 0; i < H * D * width; i++) h[i] = 0.0f;
             for (int64_t b = 0; b < B; b++) {
-                stream_inputs(T, B, N, b, c_lo, c_hi, fh, zh, a, cp, H ? d_hat : NULL, wb,
-                              wb_out, d_wb, u, G, d2);
+                stream_inputs(T, B, N, b, c_lo, c_hi, st, H ? d_hat : NULL, wb, wb_out, d_wb,
+                              u, G, d2);
                 for (int64_t t = 0; t < T; t++) { /* x_b packed per row tile as [t][r] */
                     const float *xr = x + t * sxt + b * sxb;
                     float *dst = packed + t * PS;
@@ -239,6 +262,15 @@ int r2ac_carry_fused(int64_t B, int64_t D, int64_t N, int64_t T, const float *fz
         free(buf);
     }
     return failed ? 2 : 0;
+}
+
+int r2ac_carry_fused(int64_t B, int64_t D, int64_t N, int64_t T, const float *fz, float *fz_out,
+                     float *hist, const float *x, int64_t sxt, int64_t sxb, const float *fh,
+                     const float *zh, const float *a, const float *cp, const float *d_hat,
+                     const float *wb, float *wb_out, float *d_wb)
+{
+    struct steps st = {fh, zh, a, cp, NULL, NULL, NULL, NULL, NULL};
+    return carry(B, D, N, T, fz, fz_out, hist, x, sxt, sxb, &st, d_hat, wb, wb_out, d_wb);
 }
 
 /* The history gradient alone, for a segment whose carry is not needed:
@@ -289,29 +321,14 @@ int r2ac_history(int64_t B, int64_t D, int64_t N, const float *fz, float *hist,
 }
 
 /* The carry of r2ac_carry_fused without a history, from the gates of the segment's steps
- * (elstm_math.local_derivatives, in one loop): f, z, cp (T, B, N) contiguous; keep (T, B)
- * contiguous (0 where a stream restarts at step t), or NULL for no reset; w_f, w_z (N,).
- * Returns 0, 1 or 2 as r2ac_carry_fused. */
+ * instead of its trace (`struct steps`; the trace is derived where it is read): f, z, cp
+ * (T, B, N) contiguous; keep (T, B) contiguous or NULL; w_f, w_z (N,). Returns 0, 1 or 2 as
+ * r2ac_carry_fused. */
 int r2ac_carry_gates(int64_t B, int64_t D, int64_t N, int64_t T, const float *fz, float *fz_out,
                      const float *x, int64_t sxt, int64_t sxb, const float *f, const float *z,
                      const float *cp, const float *keep, const float *w_f, const float *w_z,
                      const float *wb, float *wb_out)
 {
-    int64_t n = T * B * N;
-    float *fh = malloc(sizeof(float) * (size_t)(3 * n + 16));
-    if (fh == NULL) return 2;
-    float *zh = fh + n, *a = zh + n;
-    for (int64_t tb = 0; tb < T * B; tb++) {
-        float k = keep != NULL ? keep[tb] : 1.0f;
-        for (int64_t i = tb * N, u = 0; u < N; i++, u++) {
-            float omf = 1.0f - f[i];
-            fh[i] = (cp[i] - z[i]) * f[i] * omf;
-            zh[i] = omf * (1.0f - z[i] * z[i]);
-            a[i] = (f[i] + w_f[u] * fh[i] + w_z[u] * zh[i]) * k;
-        }
-    }
-    int rc = r2ac_carry_fused(B, D, N, T, fz, fz_out, NULL, x, sxt, sxb, fh, zh, a, cp, NULL, wb,
-                              wb_out, NULL);
-    free(fh);
-    return rc;
+    struct steps st = {NULL, NULL, NULL, cp, f, z, keep, w_f, w_z};
+    return carry(B, D, N, T, fz, fz_out, NULL, x, sxt, sxb, &st, NULL, wb, wb_out, NULL);
 }
