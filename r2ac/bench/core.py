@@ -7,11 +7,17 @@ over the same equations (r2ac.rtrl.reference) is timed too, as the bar the bptt 
 clear. Peak memory is measured per rule in a fresh process (CPU: growth of the resident set
 over the state and inputs; CUDA: the allocator's peak). For T = 1 it also times the per-step
 sensitivity update alone and compares its bandwidth with a plain memory copy of the same size.
+Every shape also times the learner's history term + in-place carry alone (on CUDA by the
+candidate r2ac.rtrl.gpu_carry selects) against the device's measured copy bandwidth
+(r2ac.bench.bandwidth). `--grid gpu` runs issue 25's grid: N = 512, 1024, 2048; B = 32, 64,
+128, 256; T = 1, 50, 100; D = 257 (`gpu-512`, `gpu-1024`, `gpu-2048`: one N each).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import platform
 import statistics
 import sys
@@ -22,14 +28,24 @@ from dataclasses import asdict, dataclass, field
 import torch
 import tyro
 
+from r2ac.bench import bandwidth
 from r2ac.bench.probe import run_fresh
 from r2ac.errors import ConfigError, check_writable
-from r2ac.perf import keep_freed_memory, release_freed_memory, rss_bytes
-from r2ac.rtrl import ELSTM, ELSTMSensitivity, ELSTMState, native
+from r2ac.perf import keep_freed_memory, peak_memory_mib
+from r2ac.rtrl import ELSTM, ELSTMSensitivity, ELSTMState, gpu_carry, native
 from r2ac.rtrl import elstm_math as em
 from r2ac.rtrl.reference import elstm_reference
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _grid(hidden_sizes: tuple[int, ...]) -> tuple[tuple[int, int, int, int], ...]:
+    """(T, B, N, D) for T in 1, 50, 100, B in 32..256, the given N, D = 257 (issue 25)."""
+    TBN = itertools.product((1, 50, 100), (32, 64, 128, 256), hidden_sizes)
+    return tuple((T, B, N, 257) for T, B, N in TBN)
+
+
+GRIDS = {"gpu": _grid((512, 1024, 2048))} | {f"gpu-{n}": _grid((n,)) for n in (512, 1024, 2048)}
 
 
 @dataclass(frozen=True)
@@ -57,6 +73,16 @@ class BenchCoreConfig:
     input_grad: bool = False
     """Let x require a gradient, as when the core sits on a trainable stem (R2AC): both rules
     then also compute dL/dx, one more GEMM of BPTT's size in every segment."""
+    grid: str | None = None
+    """A named grid of shapes instead of --shapes: gpu (N 512, 1024, 2048 x B 32, 64, 128,
+    256 x T 1, 50, 100, D 257), or gpu-512, gpu-1024, gpu-2048 (one N each)."""
+    gpu_carry: str | None = None
+    """GPU carry candidate: auto, compile, triton or torch (default: $R2AC_GPU_CARRY, else
+    auto, the fastest measured)."""
+    copy_mib: int = 256
+    """Size of the device-to-device copy that measures the copy bandwidth."""
+    table_out: str | None = None
+    """Write the final table (markdown, with the machine lines) to this file."""
 
 
 @dataclass
@@ -67,6 +93,7 @@ class Row:
     held_mb: dict[str, float] = field(default_factory=dict)
     state_mb: float = 0.0
     gbs: dict[str, float] = field(default_factory=dict)  # T = 1: eager, fused carry and copy
+    carry: dict[str, float | str] = field(default_factory=dict)  # bandwidth.CarryRow's fields
 
     @property
     def ratio(self) -> float:
@@ -174,21 +201,17 @@ class PeakRow:
     shape: tuple[int, int, int, int]
     rule: str
     dtype: str
-    peak_mb: float
+    peak_mb: float | None
 
 
-def peak_memory_mb(shape, rule, dtype_name, device) -> float:
-    """Peak extra memory of one forward + backward over the inputs and state already held."""
+def peak_memory_mb(shape, rule, dtype_name, device) -> float | None:
+    """Peak extra memory of a forward + backward over the inputs and state already held
+    (CUDA: of the second, after a warm-up; CPU: of the first two, in a fresh process)."""
     if str(device).startswith("cuda"):
         layer, x, readout, state = _setup(shape, rule, DTYPES[dtype_name], device)
         run = segment_fn(layer, x, readout, state)
         run()
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        run()
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
+        return peak_memory_mib(run, device)
     return run_fresh(peak_probe, PeakRow, shape=list(shape), rule=rule, dtype=dtype_name).peak_mb
 
 
@@ -196,12 +219,8 @@ def peak_probe(shape: list[int], rule: str, dtype: str) -> PeakRow:
     """Run in a fresh process by peak_memory_mb (CPU): the peak RSS growth of two segments."""
     keep_freed_memory()
     layer, x, readout, state = _setup(tuple(shape), rule, DTYPES[dtype], "cpu")
-    release_freed_memory()  # setup temporaries must not be reused unseen by the run
-    base = rss_bytes("VmRSS")
     run = segment_fn(layer, x, readout, state)
-    run()
-    run()
-    return PeakRow(tuple(shape), rule, dtype, (rss_bytes("VmHWM") - base) / 2**20)
+    return PeakRow(tuple(shape), rule, dtype, peak_memory_mib(lambda: (run(), run()), "cpu"))
 
 
 def saved_for_backward_mb(run: Callable[[], object], exclude: Iterable[torch.Tensor]) -> float:
@@ -239,7 +258,7 @@ def held_for_backward_mb(shape, rule, dtype, device) -> float:
     return mb
 
 
-def bench_shape(shape, cfg: BenchCoreConfig) -> Row:
+def bench_shape(shape, cfg: BenchCoreConfig, copy_gbs: float | None = None) -> Row:
     dtype = DTYPES[cfg.dtype]
     row = Row(shape)
     fns = {}
@@ -257,24 +276,33 @@ def bench_shape(shape, cfg: BenchCoreConfig) -> Row:
         row.peak_mb = {r: peak_memory_mb(shape, r, cfg.dtype, cfg.device) for r in ("bptt", "rtrl")}
     if T == 1:
         row.gbs = carry_bandwidth(shape, dtype, cfg.device, 5 * cfg.repeats, cfg.warmup)
+    if copy_gbs:
+        carry = bandwidth.carry_row(shape, dtype, cfg.device, cfg.repeats, cfg.warmup, copy_gbs)
+        row.carry = asdict(carry)
     return row
 
 
 def format_rows(rows: list[Row]) -> str:
     head = (
-        "| T, B, N, D | bptt ms | rtrl ms | naive ms | rtrl/bptt speed | rtrl steps/s "
-        "| held for backward MB bptt / rtrl | peak MB bptt / rtrl | state MB | T=1 carry GB/s: eager / fused / copy |"
+        "| T, B, N, D | bptt ms | rtrl ms | naive ms | rtrl/bptt speed | steps/s bptt / rtrl "
+        "| held for backward MB bptt / rtrl | peak MB bptt / rtrl | state MB "
+        "| T=1 carry GB/s: eager / fused / copy | history + carry: by, ms, GB/s, of copy |"
     )
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 11]
     for r in rows:
         T, B, _, _ = r.shape
         naive = f"{r.ms['naive']:.1f}" if "naive" in r.ms else "-"
         peak = f"{r.peak_mb['bptt']:.0f} / {r.peak_mb['rtrl']:.0f}" if r.peak_mb else "-"
         bw = " / ".join(f"{r.gbs[k]:.1f}" for k in ("eager", "fused", "copy")) if r.gbs else "-"
+        steps = " / ".join(f"{T * B / r.ms[k] * 1e3:,.0f}" for k in ("bptt", "rtrl"))
+        c = r.carry
+        carry = (
+            f"{c['candidate']}, {c['ms']:.3f}, {c['gbs']:.0f}, {c['fraction']:.0%}" if c else "-"
+        )
         lines.append(
             f"| {', '.join(map(str, r.shape))} | {r.ms['bptt']:.2f} | {r.ms['rtrl']:.2f} | {naive} "
-            f"| {r.ratio:.2f}x | {T * B / r.ms['rtrl'] * 1e3:,.0f} "
-            f"| {r.held_mb['bptt']:.1f} / {r.held_mb['rtrl']:.1f} | {peak} | {r.state_mb:.1f} | {bw} |"
+            f"| {r.ratio:.2f}x | {steps} | {r.held_mb['bptt']:.1f} / {r.held_mb['rtrl']:.1f} "
+            f"| {peak} | {r.state_mb:.1f} | {bw} | {carry} |"
         )
     return "\n".join(lines)
 
@@ -292,43 +320,80 @@ def machine_line(device: str) -> str:
     )
 
 
+def check_device(device: str) -> None:
+    """ConfigError unless `device` is cpu, or cuda[:i] with a CUDA device present."""
+    if device != "cpu" and device != "cuda" and not device.startswith("cuda:"):
+        raise ConfigError(f"--device must be cpu or cuda, got {device!r}")
+    if device != "cpu" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}: torch sees no CUDA device here; use --device cpu")
+
+
+def checked_shapes(cfg: BenchCoreConfig) -> list[tuple[int, int, int, int]]:
+    """The shapes to run, after every option is checked (ConfigError or ValueError)."""
+    if cfg.dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {cfg.dtype!r}; choose float32 or float64")
+    check_device(cfg.device)
+    if cfg.grid is not None and cfg.grid not in GRIDS:
+        raise ConfigError(f"unknown --grid {cfg.grid!r}; choose one of {', '.join(GRIDS)}")
+    if cfg.gpu_carry is not None and cfg.gpu_carry not in gpu_carry.CHOICES:
+        choices = ", ".join(gpu_carry.CHOICES)
+        raise ConfigError(f"unknown --gpu-carry {cfg.gpu_carry!r}; choose one of {choices}")
+    if cfg.repeats < 1 or cfg.warmup < 0 or cfg.copy_mib < 1:
+        raise ConfigError(
+            f"need --repeats >= 1, --warmup >= 0 and --copy-mib >= 1, got {cfg.repeats},"
+            f" {cfg.warmup}, {cfg.copy_mib}"
+        )
+    for path, option in ((cfg.json_out, "--json-out"), (cfg.table_out, "--table-out")):
+        if path:
+            check_writable(path, option, is_file=True)
+    return list(GRIDS[cfg.grid]) if cfg.grid else [parse_shape(s) for s in cfg.shapes]
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = tyro.cli(BenchCoreConfig, args=argv, prog="r2ac bench core", description=__doc__)
-    if cfg.dtype not in DTYPES:
-        print(
-            f"r2ac bench core: unknown dtype {cfg.dtype!r}; choose float32 or float64",
-            file=sys.stderr,
-        )
-        return 2
     try:
-        shapes = [parse_shape(s) for s in cfg.shapes]
-        if cfg.repeats < 1 or cfg.warmup < 0:
-            raise ConfigError(
-                f"need --repeats >= 1 and --warmup >= 0, got {cfg.repeats}, {cfg.warmup}"
-            )
-        if cfg.json_out:
-            check_writable(cfg.json_out, "--json-out", is_file=True)
+        shapes = checked_shapes(cfg)
     except (ValueError, ConfigError) as exc:
         print(f"r2ac bench core: {exc}", file=sys.stderr)
         return 2
     keep_freed_memory()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    print(
+    saved_choice = os.environ.get(gpu_carry.ENV)
+    if cfg.gpu_carry:
+        os.environ[gpu_carry.ENV] = cfg.gpu_carry
+    try:
+        _run(cfg, shapes)
+    finally:  # the choice holds for this command only (main also runs inside tests)
+        os.environ.pop(gpu_carry.ENV, None)
+        if saved_choice is not None:
+            os.environ[gpu_carry.ENV] = saved_choice
+    return 0
+
+
+def _run(cfg: BenchCoreConfig, shapes: list[tuple[int, int, int, int]]) -> None:
+    copy_gbs = bandwidth.copy_bandwidth_gbs(cfg.device, cfg.copy_mib, cfg.repeats, cfg.warmup)
+    header = [
         machine_line(cfg.device),
-        f"dtype {cfg.dtype}, {cfg.repeats} repeats (median)",
-        "input requires grad" if cfg.input_grad else "input without grad",
-    )
+        f"dtype {cfg.dtype}, {cfg.repeats} repeats (median), "
+        + ("input requires grad" if cfg.input_grad else "input without grad"),
+        f"copy bandwidth (read + write, {cfg.copy_mib} MiB): {copy_gbs:.0f} GB/s",
+    ]
+    if cfg.device.startswith("cuda"):
+        header.insert(1, bandwidth.gpu_line(cfg.device))
+    print("\n".join(header))
     rows = []
     for shape in shapes:
-        rows.append(bench_shape(shape, cfg))
+        rows.append(bench_shape(shape, cfg, copy_gbs))
         print(format_rows(rows[-1:]).splitlines()[-1], flush=True)
     print()
     print(format_rows(rows))
     if cfg.json_out:
         with open(cfg.json_out, "w") as fh:
             json.dump([asdict(r) | {"ratio": r.ratio} for r in rows], fh, indent=1)
-    return 0
+    if cfg.table_out:
+        with open(cfg.table_out, "w") as fh:
+            fh.write("\n".join(header) + "\n\n" + format_rows(rows) + "\n")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ Three parts, all printed as markdown tables:
 2. Scaling: per core, the time of one step (a T = 1 segment: forward, backward and the
    sensitivity carry, i.e. fully online learning) and its memory, against N at fixed D and B:
    the carried state per stream (analytic) and the peak memory growth of the step (measured:
-   peak resident set on CPU, reset through /proc/self/clear_refs; allocator peak on CUDA).
+   r2ac.perf.peak_memory_mib, in a fresh process on CPU).
    A log-log plot shows Elman/RTRL's N^4 against the O(N D) per-step cost of the others.
 3. Hybrid vs per-step full RTRL for the Elman RNN: one segment of T steps with the hybrid
    BPTT-RTRL carry (one O(N^4) product per segment) against T online steps (one per step).
@@ -32,7 +32,7 @@ from torch.utils import _pytree as pytree
 from r2ac.bench.core import DTYPES, machine_line, segment_fn, time_alternating
 from r2ac.bench.probe import ProbeError, run_fresh_rows
 from r2ac.errors import ConfigError, check_writable
-from r2ac.perf import keep_freed_memory, release_freed_memory, rss_bytes
+from r2ac.perf import keep_freed_memory, peak_memory_mib, return_freed_memory_at_once
 from r2ac.rtrl import core_names, make_core
 from r2ac.rtrl import elman as el
 from r2ac.rtrl.gradcheck import check_gradients, layer_gradients, make_problem, reference_gradients
@@ -187,39 +187,6 @@ def state_bytes(state) -> int:
     return sum(t.numel() * t.element_size() for t in pytree.tree_leaves(state) if t is not None)
 
 
-def _return_freed_memory_at_once() -> None:
-    """glibc: serve every allocation above 64 KiB with its own mmap, unmapped on free, so that
-    the resident set follows live memory (the opposite of r2ac.perf.keep_freed_memory)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD (also stops its dynamic growth)
-    except (OSError, AttributeError):
-        pass
-
-
-def peak_mib(run, device: str) -> float | None:
-    """Peak memory growth of one call of `run` (CPU: peak RSS, reset via /proc/self/clear_refs)."""
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        run()
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
-    try:
-        release_freed_memory()
-        base = rss_bytes("VmRSS")
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        run()
-        return max(rss_bytes("VmHWM") - base, 0) / 2**20
-    except OSError:
-        return None
-
-
 @dataclass(frozen=True)
 class PeakRow:
     """Peak memory growth of one T = 1 step of one core at one N (`peaks_probe`)."""
@@ -231,14 +198,14 @@ class PeakRow:
 
 def peaks_probe(points: list[list], D: int, B: int, dtype: str) -> list[PeakRow]:
     """Run in one fresh process by `peaks` (CPU): a row per (core, N) of `points`."""
-    _return_freed_memory_at_once()
+    return_freed_memory_at_once()
     torch.set_num_threads(1)
     rows = []
     for name, N in points:
         setup = _setup(name, N, D, B, 1, DTYPES[dtype], "cpu")
         run = segment_fn(*setup)
         run()  # the first call allocates the autograd machinery's caches
-        rows.append(PeakRow(name, N, peak_mib(run, "cpu")))
+        rows.append(PeakRow(name, N, peak_memory_mib(run, "cpu")))
         del setup, run
     return rows
 
@@ -250,7 +217,9 @@ def peaks(
     dtype, D, B = DTYPES[cfg.dtype], cfg.input_size, cfg.batch_size
     if cfg.device.startswith("cuda"):
         return {
-            (n, N): peak_mib(segment_fn(*_setup(n, N, D, B, 1, dtype, cfg.device)), cfg.device)
+            (n, N): peak_memory_mib(
+                segment_fn(*_setup(n, N, D, B, 1, dtype, cfg.device)), cfg.device
+            )
             for n, N in points
         }
     try:

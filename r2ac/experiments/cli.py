@@ -4,7 +4,8 @@
 Runs a named grid (r2ac.experiments.grids: memory-m, ablation, reactive) with the trainer,
 evaluates every run with the paper's protocol, and writes OUT/results.md (table: mean +- std
 over seeds, learning curves as PNG) and OUT/results.json. Resumable: re-running the same
-command skips finished runs and resumes interrupted ones. `r2ac experiment cost` runs the
+command skips finished runs and resumes interrupted ones; Ctrl-C stops the running ones at
+their next update, each with a checkpoint (one line, exit 130). `r2ac experiment cost` runs the
 cost study instead (r2ac.experiments.cost, its own options). `--dry-run` lists the runs.
 """
 
@@ -16,6 +17,7 @@ import json
 import os
 import platform
 import shlex
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,6 +200,16 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"r2ac experiment: error: {exc}", file=sys.stderr)
         return 2
+    except runner.GridStopped as stop:
+        print(
+            f"r2ac experiment: stopped by {signal.Signals(stop.signum).name}: "
+            f"{stop.summary()}; re-run the same command to resume",
+            file=sys.stderr,
+        )
+        return stop.exit_code
+    except KeyboardInterrupt:  # before any run started: nothing to stop
+        print("r2ac experiment: interrupted; re-run the same command to resume", file=sys.stderr)
+        return 130
 
 
 __all__ = ["ExperimentConfig", "main", "run_experiment"]

@@ -48,10 +48,10 @@ import tyro
 from torch.utils import _pytree as pytree
 
 from r2ac.bench.core import machine_line, saved_for_backward_mb, time_alternating
-from r2ac.bench.cores import peak_mib, state_bytes
+from r2ac.bench.cores import state_bytes
 from r2ac.bench.probe import ProbeError, run_fresh
 from r2ac.errors import ConfigError
-from r2ac.perf import keep_freed_memory
+from r2ac.perf import keep_freed_memory, peak_memory_mib
 from r2ac.rl.actor import Segment
 from r2ac.rl.build import make_agent
 from r2ac.rl.config import PRESETS, TrainConfig
@@ -248,7 +248,27 @@ def update_peak_probe(cfg: dict, core: str, M: int) -> PeakRow:
         torch.set_num_threads(config.threads)
     case = build_case(config, core, M)
     case.run()  # the first update allocates the optimiser state and autograd's caches
-    return PeakRow(core, M, peak_mib(case.run, config.device))
+    return PeakRow(core, M, peak_memory_mib(case.run, config.device))
+
+
+@dataclass(frozen=True)
+class CostRow:
+    """One (core, M) of the study: what one learner update costs and how far its gradient
+    reaches. Written to cost.json as its fields (dataclasses.asdict)."""
+
+    core: str
+    M: int
+    gradient_span: int | str  # M for a BPTT core, "unbounded" for an RTRL core
+    update_ms: float  # median time of one update
+    peak_mb: float | None  # peak memory growth of one update (None: not measured)
+    held_mb: float  # saved for backward between forward and backward
+    state_mb: float  # the carried state
+    segment_mb: float  # the segment's tensors
+
+    @property
+    def total_mb(self) -> float | None:
+        """What one update needs beyond the segment: its peak growth plus the carried state."""
+        return None if self.peak_mb is None else self.peak_mb + self.state_mb
 
 
 def tensors_mb(tensors: Iterable[torch.Tensor]) -> float:
@@ -270,36 +290,36 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
-def measure_span(cfg: CostConfig, M: int) -> list[dict]:
+def measure_span(cfg: CostConfig, M: int) -> list[CostRow]:
     """Rows of every core at segment length M (timings alternate the cores in one loop)."""
     cases = {core: build_case(cfg, core, M) for core in cfg.cores}
     ms = time_alternating(
         {c: case.run for c, case in cases.items()}, cfg.repeats, cfg.warmup, cfg.device
     )
     rows = [
-        {
-            "core": core,
-            "M": M,
-            "gradient_span": gradient_span(core, M),
-            "update_ms": ms[core],
-            "peak_mb": None,
-            "held_mb": saved_for_backward_mb(case.run, case.held_before()),
-            "state_mb": state_bytes(case.segment.state) / 2**20,
-            "segment_mb": tensors_mb(case.segment[:-1]),
-        }
+        CostRow(
+            core=core,
+            M=M,
+            gradient_span=gradient_span(core, M),
+            update_ms=ms[core],
+            peak_mb=None,
+            held_mb=saved_for_backward_mb(case.run, case.held_before()),
+            state_mb=state_bytes(case.segment.state) / 2**20,
+            segment_mb=tensors_mb(case.segment[:-1]),
+        )
         for core, case in cases.items()
     ]
     del cases  # the probes run alone
-    for row in rows:
-        row["peak_mb"] = peak_update_mb(cfg, row["core"], M) if cfg.memory else None
-    return rows
+    if not cfg.memory:
+        return rows
+    return [dataclasses.replace(r, peak_mb=peak_update_mb(cfg, r.core, M)) for r in rows]
 
 
-def measure(cfg: CostConfig, log: Callable[[str], None] | None = None) -> list[dict]:
+def measure(cfg: CostConfig, log: Callable[[str], None] | None = None) -> list[CostRow]:
     """One row per (core, M): update ms, peak MB, held-for-backward MB, state MB, span."""
     keep_freed_memory()  # else every large new tensor pays fresh page faults (see r2ac.perf)
     validate(cfg)
-    rows: list[dict] = []
+    rows: list[CostRow] = []
     with torch_threads(cfg.threads):
         for M in cfg.spans:
             rows += measure_span(cfg, M)
@@ -319,13 +339,11 @@ def linear_fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
     return fit.slope, fit.intercept
 
 
-def bptt_fits(rows: list[dict]) -> dict[str, dict[str, float]]:
+def bptt_fits(rows: list[CostRow]) -> dict[str, dict[str, float]]:
     """Per BPTT core: peak MB = a*M + b, and its value at a 1000-step span."""
     fits = {}
-    for core in dict.fromkeys(r["core"] for r in rows if r["core"].endswith("-bptt")):
-        points = [
-            (r["M"], r["peak_mb"]) for r in rows if r["core"] == core and r["peak_mb"] is not None
-        ]
+    for core in dict.fromkeys(r.core for r in rows if r.core.endswith("-bptt")):
+        points = [(r.M, r.peak_mb) for r in rows if r.core == core and r.peak_mb is not None]
         fit = linear_fit(points)
         if fit:
             a, b = fit
@@ -337,9 +355,9 @@ def bptt_fits(rows: list[dict]) -> dict[str, dict[str, float]]:
     return fits
 
 
-def _ordered(rows: list[dict]) -> list[dict]:
-    order = list(dict.fromkeys(r["core"] for r in rows))
-    return sorted(rows, key=lambda r: (order.index(r["core"]), r["M"]))
+def _ordered(rows: list[CostRow]) -> list[CostRow]:
+    order = list(dict.fromkeys(r.core for r in rows))
+    return sorted(rows, key=lambda r: (order.index(r.core), r.M))
 
 
 def _num(value: float | None) -> str:
@@ -350,25 +368,18 @@ def _num(value: float | None) -> str:
     return f"{value:,.{digits}f}"
 
 
-def format_table(rows: list[dict]) -> str:
+def format_table(rows: list[CostRow]) -> str:
     lines = [
         "| core | M | gradient span | update ms | peak MB | held-for-backward MB | state MB |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in _ordered(rows):
-        cells = [_num(r[k]) for k in ("update_ms", "peak_mb", "held_mb", "state_mb")]
-        lines.append(
-            f"| {r['core']} | {r['M']} | {r['gradient_span']} | " + " | ".join(cells) + " |"
-        )
+        cells = [_num(v) for v in (r.update_ms, r.peak_mb, r.held_mb, r.state_mb)]
+        lines.append(f"| {r.core} | {r.M} | {r.gradient_span} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _total_mb(row: dict) -> float | None:
-    """What one update needs beyond the segment: its peak growth plus the carried state."""
-    return None if row["peak_mb"] is None else row["peak_mb"] + row["state_mb"]
-
-
-def summary_lines(rows: list[dict]) -> list[str]:
+def summary_lines(rows: list[CostRow]) -> list[str]:
     """The linear law of the BPTT rows (the paper's analogue) and what RTRL pays instead."""
     lines = []
     for core, fit in bptt_fits(rows).items():
@@ -378,17 +389,15 @@ def summary_lines(rows: list[dict]) -> list[str]:
             f"episode by TBPTT (M = {EPISODE_STEPS}) would need about "
             f"{fit[f'mb_at_{EPISODE_STEPS}']:,.0f} MB."
         )
-    bptt = {r["M"]: r for r in rows if r["core"].endswith("-bptt")}  # the first BPTT core's rows
-    for core in dict.fromkeys(r["core"] for r in rows if r["gradient_span"] == UNBOUNDED):
-        rs = [r for r in _ordered(rows) if r["core"] == core]
+    bptt = {r.M: r for r in reversed(rows) if r.core.endswith("-bptt")}  # the first BPTT core's
+    for core in dict.fromkeys(r.core for r in rows if r.gradient_span == UNBOUNDED):
+        rs = [r for r in _ordered(rows) if r.core == core]
         line = (
             f"- {core}: gradient span unbounded at every M, for a carried state of "
-            f"{_num(rs[0]['state_mb'])} MB whatever the span"
+            f"{_num(rs[0].state_mb)} MB whatever the span"
         )
         pairs = [
-            f"M={r['M']}: {_num(_total_mb(r))} vs {_num(_total_mb(bptt[r['M']]))}"
-            for r in rs
-            if r["M"] in bptt
+            f"M={r.M}: {_num(r.total_mb)} vs {_num(bptt[r.M].total_mb)}" for r in rs if r.M in bptt
         ]
         if pairs:
             line += "; peak + state MB against TBPTT (span M) at equal M: " + ", ".join(pairs)
@@ -429,7 +438,36 @@ def command_line(cfg: CostConfig) -> str:
     return shlex.join(parts)
 
 
-def plot(rows: list[dict], path: str, cfg: CostConfig) -> None:
+def _plot_core(mem_ax, time_ax, rs: list[CostRow], color: str, fit: dict | None) -> None:
+    """One core's lines: peak (solid), held for backward (dashed), the carried state of an
+    RTRL core, the fit of a BPTT core; its update time on the right."""
+    core = rs[0].core
+    unbounded = rs[0].gradient_span == UNBOUNDED
+    span = "span unbounded" if unbounded else "span = M"
+    Ms = [r.M for r in rs]
+    peaks = [(r.M, r.peak_mb) for r in rs if r.peak_mb is not None]
+    if peaks:
+        mem_ax.plot(*zip(*peaks), "-o", color=color, label=f"{core}: peak ({span})")
+    mem_ax.plot(Ms, [r.held_mb for r in rs], "--x", color=color, label=f"{core}: held for backward")
+    if unbounded:
+        mem_ax.axhline(
+            rs[0].state_mb, color=color, ls=":", lw=1, label=f"{core}: carried state (any span)"
+        )
+    if fit is not None:
+        a, b = fit["a_mb_per_step"], fit["b_mb"]
+        xs = [0, max(Ms)]
+        mem_ax.plot(
+            xs,
+            [a * x + b for x in xs],
+            ":",
+            color="grey",
+            lw=1,
+            label=f"fit {a:.2f}*M + {b:.0f} MB",
+        )
+    time_ax.plot(Ms, [r.update_ms for r in rs], "-o", color=color, label=f"{core} ({span})")
+
+
+def plot(rows: list[CostRow], path: str, cfg: CostConfig) -> None:
     """Left: memory against M (peak solid, held for backward dashed); right: update time."""
     import matplotlib
 
@@ -438,61 +476,19 @@ def plot(rows: list[dict], path: str, cfg: CostConfig) -> None:
 
     fig, (mem_ax, time_ax) = plt.subplots(1, 2, figsize=(11, 4.5))
     fits = bptt_fits(rows)
-    for i, core in enumerate(dict.fromkeys(r["core"] for r in rows)):
-        rs = [r for r in _ordered(rows) if r["core"] == core]
-        color = f"C{i}"
-        span = "span unbounded" if rs[0]["gradient_span"] == UNBOUNDED else "span = M"
-        peaks = [(r["M"], r["peak_mb"]) for r in rs if r["peak_mb"] is not None]
-        if peaks:
-            mem_ax.plot(*zip(*peaks), "-o", color=color, label=f"{core}: peak ({span})")
-        mem_ax.plot(
-            [r["M"] for r in rs],
-            [r["held_mb"] for r in rs],
-            "--x",
-            color=color,
-            label=f"{core}: held for backward",
-        )
-        if rs[0]["gradient_span"] == UNBOUNDED:
-            mem_ax.axhline(
-                rs[0]["state_mb"],
-                color=color,
-                ls=":",
-                lw=1,
-                label=f"{core}: carried state (any span)",
-            )
-        if core in fits:
-            a, b = fits[core]["a_mb_per_step"], fits[core]["b_mb"]
-            xs = [0, max(r["M"] for r in rs)]
-            mem_ax.plot(
-                xs,
-                [a * x + b for x in xs],
-                ":",
-                color="grey",
-                lw=1,
-                label=f"fit {a:.2f}*M + {b:.0f} MB",
-            )
-        time_ax.plot(
-            [r["M"] for r in rs],
-            [r["update_ms"] for r in rs],
-            "-o",
-            color=color,
-            label=f"{core} ({span})",
-        )
+    for i, core in enumerate(dict.fromkeys(r.core for r in rows)):
+        rs = [r for r in _ordered(rows) if r.core == core]
+        _plot_core(mem_ax, time_ax, rs, f"C{i}", fits.get(core))
     note = ["RTRL: span unbounded at any M", "TBPTT: span = M"]
     note += [
         f"{core} at span {EPISODE_STEPS}:\n~{fit[f'mb_at_{EPISODE_STEPS}']:,.0f} MB (fit)"
         for core, fit in fits.items()
     ]
+    box = {"facecolor": "white", "alpha": 0.8, "edgecolor": "none"}
     mem_ax.text(
-        0.98,
-        0.34,
-        "\n".join(note),
-        transform=mem_ax.transAxes,
-        ha="right",
-        va="bottom",
-        fontsize=8,
-        bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
-    )
+        0.98, 0.34, "\n".join(note), transform=mem_ax.transAxes, ha="right", va="bottom",
+        fontsize=8, bbox=box,
+    )  # fmt: skip
     mem_ax.set_ylabel("MB (peak growth of one update / saved tensors)")
     time_ax.set_ylabel("ms per learner update (median)")
     for ax in (mem_ax, time_ax):
@@ -508,7 +504,7 @@ def plot(rows: list[dict], path: str, cfg: CostConfig) -> None:
     plt.close(fig)
 
 
-def write_report(rows: list[dict], cfg: CostConfig, out_dir: str) -> dict[str, str]:
+def write_report(rows: list[CostRow], cfg: CostConfig, out_dir: str) -> dict[str, str]:
     """Write cost.json, cost.md and cost.png into out_dir; return their paths by kind."""
     os.makedirs(out_dir, exist_ok=True)
     paths = {kind: os.path.join(out_dir, f"cost.{kind}") for kind in ("json", "md", "png")}
@@ -522,7 +518,9 @@ def write_report(rows: list[dict], cfg: CostConfig, out_dir: str) -> dict[str, s
         "config": asdict(cfg),
     }
     with open(paths["json"], "w") as fh:
-        json.dump({**meta, "rows": rows, "bptt_fits": bptt_fits(rows)}, fh, indent=1)
+        json.dump(
+            {**meta, "rows": [asdict(r) for r in rows], "bptt_fits": bptt_fits(rows)}, fh, indent=1
+        )
         fh.write("\n")
     md = [
         f"# Cost of one R2AC learner update: {', '.join(cfg.cores)}",

@@ -36,7 +36,7 @@ class Agent(nn.Module):
     ``(T, B, core_input_size(...))`` to ``(T, B, core.hidden_size)``. With ``freeze_stem``
     the stem gets no gradients (its parameters are frozen and it runs under ``no_grad``).
     ``reward_scale`` multiplies the clipped last reward of the input (the losses see the
-    same scale).
+    same scale). ``head_hidden`` > 0 puts a shared ReLU layer between core and heads.
     """
 
     def __init__(
@@ -48,6 +48,7 @@ class Agent(nn.Module):
         prev_action: bool = False,
         value_norm: bool = False,
         reward_scale: float = 1.0,
+        head_hidden: int = 0,
     ):
         super().__init__()
         if not isinstance(core, RecurrentCore):
@@ -62,7 +63,9 @@ class Agent(nn.Module):
             )
         self.stem = stem
         self.core = core
-        self.heads = PolicyValueHeads(hidden_size, num_actions, value_norm=value_norm)
+        self.heads = PolicyValueHeads(
+            hidden_size, num_actions, value_norm=value_norm, hidden=head_hidden
+        )
         self.num_actions = num_actions
         self.prev_action = prev_action
         self.reward_scale = reward_scale

@@ -24,9 +24,11 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
 
 
-def actor_seed(seed: int, actor_index: int) -> int:
-    """Env / sampler seed of actor `actor_index`: independent streams from one seed."""
-    return int(np.random.SeedSequence([seed, actor_index]).generate_state(1)[0] % 2**31)
+def actor_seed(seed: int, actor_index: int, generation: int = 0) -> int:
+    """Env / sampler seed of actor `actor_index`: independent streams from one seed. A
+    restarted actor process (`generation` k > 0) gets new streams, not its first ones again."""
+    entropy = [seed, actor_index] + ([generation] if generation else [])
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0] % 2**31)
 
 
 def eval_seed(seed: int, set_index: int) -> int:
@@ -69,6 +71,7 @@ def make_agent(
         freeze_stem=cfg.freeze_stem,
         prev_action=cfg.prev_action,
         value_norm=cfg.popart,
+        head_hidden=cfg.head_hidden,
         reward_scale=cfg.reward_scale,
     ).to(dtype)
     if load_stem and cfg.load_stem:

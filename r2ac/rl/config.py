@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -43,6 +44,9 @@ class TrainConfig:
     """Output features of the stem (the core input is these plus the clipped last reward)."""
     mlp_hidden: tuple[int, ...] = (64,)
     """Hidden layer sizes of the MLP stem (vector observations)."""
+    head_hidden: int = 0
+    """Width of a ReLU layer between the core and the policy / value heads, shared by both
+    (POPGym's baselines decode the memory's output with an MLP); 0: linear heads."""
     conv_channels: tuple[int, ...] = (16, 32, 32)
     """Channels of the three ResNet stages (image observations)."""
     image_stem: str = "resnet"
@@ -98,10 +102,23 @@ class TrainConfig:
     """Global gradient-norm clipping threshold."""
     seed: int = 0
     """One seed for torch, numpy, python random, the envs and the action sampling."""
-    runtime: Literal["serial", "parallel"] = "serial"
-    """serial: one deterministic process; parallel: actor processes + a learner."""
+    runtime: Literal["serial", "parallel", "ray"] = "serial"
+    """serial: one deterministic process; parallel: actor processes + a learner on one
+    machine; ray: Ray actors (this machine or a cluster) + a learner (the `ray` extra)."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Device of the learner (agent, losses, optimiser); actors always act on the CPU."""
     num_actors: int = 0
-    """Actor processes of the parallel runtime (0: max(2, cpus - 1))."""
+    """Actor processes of the parallel and ray runtimes (0: max(2, cpus - 1))."""
+    max_actor_restarts: int = 3
+    """Actor processes that die (parallel, ray) are restarted this many times in all; past
+    that the run stops with a checkpoint and a line naming the actor."""
+    ray_address: str | None = None
+    """Ray runtime: None starts a local Ray with num_actors CPUs (shut down at the end);
+    `auto` joins the cluster this machine belongs to (`ray start`), HOST:PORT the cluster
+    whose head listens there."""
+    actor_timeout_s: float = 300.0
+    """The learner stops the run (with a checkpoint and a line naming the actors) when no
+    segment arrives from any actor for this many seconds (parallel, ray)."""
     num_threads: int = 1
     """torch threads of the learner process (0: torch's default). Small models run fastest on 1."""
     out_dir: str | None = None
@@ -191,13 +208,15 @@ PRESETS: dict[str, TrainConfig] = {
         lr_decay=True,
     ),
     # POPGym (Morad et al. 2023): card games and CartPoles with returns in [-1, 1] and
-    # per-step rewards of 1/51 .. 1/200. Measured on RepeatFirstEasy (docs/results.md,
-    # "POPGym"): the actor needs rewards of about +-1 per step (x50) to learn at all, and the
-    # critic then needs PopArt's normalisation (value loss only), or its error spikes
-    # (baseline loss up to 1e5) wreck the shared core and the policy collapses for good; the
-    # previous action marks an episode's first step and disambiguates observations; the
-    # warm-up tames RMSProp's first, 10x-too-large steps; the linear decay keeps a learned
-    # policy; a trainable stem.
+    # per-step rewards of 1/51 .. 1/200. Measured on RepeatFirstEasy and RepeatPreviousEasy
+    # (docs/results.md, "POPGym"): the actor needs rewards of about +-1 per step (x50) to
+    # learn at all; the critic then needs PopArt's normalisation, or its error spikes
+    # (baseline loss up to 1e5) wreck the shared core; dividing the advantages by PopArt's
+    # sigma too keeps the policy's entropy up (with the critic alone normalised the policy
+    # collapsed on RepeatPrevious within 50 k frames); a shared 128-wide ReLU layer before
+    # the heads (as POPGym's baselines decode memory); the previous action marks an
+    # episode's first step and disambiguates observations; the warm-up tames RMSProp's
+    # first, 10x-too-large steps; the linear decay keeps a learned policy; a trainable stem.
     "popgym": TrainConfig(
         env="gym/popgym-RepeatFirstEasy-v0",
         env_options=(),
@@ -213,7 +232,8 @@ PRESETS: dict[str, TrainConfig] = {
         reward_scale=50.0,
         prev_action=True,
         popart=True,
-        popart_advantages=False,
+        popart_advantages=True,
+        head_hidden=128,
         eval_sets=3,
         eval_episodes=100,
     ),
@@ -266,6 +286,25 @@ def preset_table() -> str:
     for name in PRESETS:
         values = ", ".join(f"`{k}={v}`" for k, v in preset_overrides(name).items())
         lines.append(f"| {name} | {values or '(the defaults)'} |")
+    return "\n".join(lines)
+
+
+def preset_help(width: int = 100) -> str:
+    """The presets as `r2ac train --help` lists them: each name and its values beyond
+    TrainConfig's defaults (the same values as preset_table), wrapped to `width`."""
+    import textwrap
+
+    pad = max(len(name) for name in PRESETS) + 4
+    lines = ["Presets (--preset NAME; its values beyond TrainConfig's defaults, then flags):"]
+    for name in PRESETS:
+        values = ", ".join(f"{k}={v}" for k, v in preset_overrides(name).items())
+        lines += textwrap.wrap(
+            values or "(the defaults)",
+            width,
+            initial_indent=f"  {name:<{pad - 2}}",
+            subsequent_indent=" " * pad,
+            break_on_hyphens=False,
+        )
     return "\n".join(lines)
 
 
@@ -338,6 +377,7 @@ def _out_of_range(cfg: TrainConfig) -> list[str]:
             "forget_bias",
             "popart_beta",
             "progress_every_s",
+            "actor_timeout_s",
         )
     }
     bad = [
@@ -355,6 +395,7 @@ def _out_of_range(cfg: TrainConfig) -> list[str]:
         ("seed", 0 <= cfg.seed < 2**63, ">= 0"),
         ("popart_beta", 0 < cfg.popart_beta <= 1, "in (0, 1]"),
         ("progress_every_s", cfg.progress_every_s > 0, "> 0"),
+        ("actor_timeout_s", cfg.actor_timeout_s > 0, "> 0"),
     )
     bad += [
         f"{n}={getattr(cfg, n)} (must be {rule})"
@@ -373,7 +414,13 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     bad = [f"{name}={getattr(cfg, name)}" for name in _POSITIVE if getattr(cfg, name) < 1]
     bad += [
         f"{n}={getattr(cfg, n)}"
-        for n in ("num_actors", "num_threads", "lr_warmup_updates")
+        for n in (
+            "num_actors",
+            "num_threads",
+            "lr_warmup_updates",
+            "head_hidden",
+            "max_actor_restarts",
+        )
         if getattr(cfg, n) < 0
     ]
     bad += [f"mlp_hidden={cfg.mlp_hidden}"] if any(n < 1 for n in cfg.mlp_hidden) else []
@@ -389,10 +436,59 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(
             f"batch_size ({cfg.batch_size}) must be a multiple of num_envs ({cfg.num_envs})"
         )
-    if cfg.runtime not in ("serial", "parallel"):
-        raise ConfigError(f"unknown runtime {cfg.runtime!r}; choose serial or parallel")
+    if cfg.runtime not in RUNTIMES:
+        raise ConfigError(f"unknown runtime {cfg.runtime!r}; choose one of {', '.join(RUNTIMES)}")
+    check_runtime_available(cfg.runtime)
+    check_device(cfg.device)
+    check_ray_options(cfg)
     cfg.env_kwargs()
     return cfg
+
+
+# The runtimes by name: module and class (r2ac/rl/runtime.py is their base).
+RUNTIMES = {
+    "serial": ("r2ac.rl.runtime_serial", "SerialRuntime"),
+    "parallel": ("r2ac.rl.runtime_parallel", "ParallelRuntime"),
+    "ray": ("r2ac.rl.runtime_ray", "RayRuntime"),
+}
+
+
+def check_runtime_available(name: str) -> None:
+    """ConfigError when the runtime needs an extra that is not installed (ray)."""
+    import importlib.util
+
+    if name == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError(
+            "--runtime ray needs Ray: install the ray extra (pip install -e '.[ray]')"
+        )
+    if importlib.util.find_spec(RUNTIMES[name][0]) is None:
+        raise ConfigError(f"--runtime {name} is not part of this version of r2ac")
+
+
+def check_device(device: str) -> None:
+    """ConfigError for `cuda` on a machine where torch sees no CUDA device."""
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"unknown device {device!r}; choose cpu or cuda")
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: torch sees no CUDA device here; use --device cpu")
+
+
+_RAY_ADDRESS = re.compile(r"^(auto|[A-Za-z0-9.\-]+:[0-9]{1,5})$")
+
+
+def check_ray_options(cfg: TrainConfig) -> None:
+    """--ray-address only with the ray runtime, and well formed."""
+    if cfg.ray_address is None:
+        return
+    if cfg.runtime != "ray":
+        raise ConfigError("--ray-address needs --runtime ray")
+    if not _RAY_ADDRESS.match(cfg.ray_address):
+        raise ConfigError(
+            f"--ray-address {cfg.ray_address!r}: give `auto` or HOST:PORT (the head's GCS "
+            "address, as `ray start --head` prints it)"
+        )
 
 
 def to_dict(cfg: TrainConfig) -> dict:

@@ -10,7 +10,6 @@ over-represented.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -23,8 +22,8 @@ from r2ac.rl import checkpoint
 from r2ac.rl.agent import Agent
 from r2ac.rl.build import agent_for_env, eval_seed, make_env
 from r2ac.rl.config import TrainConfig, validate
-from r2ac.rl.run_dir import RunDir
-from r2ac.rl.runtime_serial import load_agent_weights
+from r2ac.rl.run_dir import RunDir, write_json
+from r2ac.rl.runtime import load_agent_weights
 
 MAX_STREAMS = 32
 
@@ -101,7 +100,7 @@ def write_eval(run: RunDir, result: dict, out: str | Path | None = None) -> Path
     """Write the result to `out` (default RUN/eval.json, which experiment grids read)."""
     path = Path(out) if out else run.eval_path
     # atomic: the experiment runner reads "eval.json exists" as "the run is finished"
-    return checkpoint.write_atomic((json.dumps(result, indent=2) + "\n").encode(), path)
+    return write_json(path, result)
 
 
 def evaluate_run(

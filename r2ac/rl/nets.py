@@ -188,7 +188,8 @@ def make_stem(
 
 
 class PolicyValueHeads(nn.Module):
-    """Linear policy logits and a linear baseline on core outputs ``(..., in_features)``.
+    """Linear policy logits and a linear baseline on core outputs ``(..., in_features)``,
+    optionally after one shared ReLU layer of width ``hidden`` (0: none).
 
     With ``value_norm`` the baseline is PopArt-normalised (van Hasselt et al. 2016; Hessel et
     al. 2019, "Multi-task deep RL with PopArt"): the linear layer predicts a normalised value
@@ -201,10 +202,16 @@ class PolicyValueHeads(nn.Module):
 
     SIGMA_RANGE = (1e-4, 1e6)
 
-    def __init__(self, in_features: int, num_actions: int, value_norm: bool = False):
+    def __init__(
+        self, in_features: int, num_actions: int, value_norm: bool = False, hidden: int = 0
+    ):
         super().__init__()
-        self.policy = nn.Linear(in_features, num_actions)
-        self.baseline = nn.Linear(in_features, 1)
+        self.torso = (
+            nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU()) if hidden else nn.Identity()
+        )
+        width = hidden or in_features
+        self.policy = nn.Linear(width, num_actions)
+        self.baseline = nn.Linear(width, 1)
         self.value_norm = value_norm
         if value_norm:
             self.register_buffer("value_mean", torch.zeros(()))  # mu: E[target]
@@ -219,6 +226,7 @@ class PolicyValueHeads(nn.Module):
 
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns logits ``(..., num_actions)`` and values ``(...)`` (unnormalised)."""
+        h = self.torso(h)  # (..., width)
         values = self.baseline(h).squeeze(-1)  # (...)
         if self.value_norm:
             values = values * self.value_scale() + self.value_mean

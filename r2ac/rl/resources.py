@@ -51,7 +51,8 @@ def activation_bytes(cfg: TrainConfig, s: Sizes) -> int:
         stem = s.obs_values + 3 * sum(cfg.conv_channels) * s.image_pixels
     else:
         stem = s.obs_values + 2 * sum(cfg.mlp_hidden)
-    values = stem + 4 * cfg.stem_features + 24 * cfg.hidden_size + 6 * s.num_actions + 20
+    values = stem + 4 * cfg.stem_features + 24 * cfg.hidden_size + 2 * cfg.head_hidden
+    values += 6 * s.num_actions + 20
     return FLOAT * values
 
 

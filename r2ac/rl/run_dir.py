@@ -45,6 +45,7 @@ COLUMNS = (
     "policy_lag",
     "value_mean",
     "value_scale",
+    "actor_restarts",
 )
 
 
@@ -60,6 +61,12 @@ def git_revision() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    """Write `obj` as indented JSON atomically (temp file, fsync, rename): a kill never leaves
+    half a file, and a reader never sees one."""
+    return checkpoint.write_atomic((json.dumps(obj, indent=2) + "\n").encode(), path)
 
 
 def default_out_dir(cfg: TrainConfig, root: str | Path = "runs") -> str:
@@ -139,7 +146,7 @@ class RunDir:
             "git_revision": git_revision(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
-        checkpoint.write_atomic((json.dumps(meta, indent=2) + "\n").encode(), run.config_path)
+        write_json(run.config_path, meta)
         return run
 
     @classmethod
@@ -228,8 +235,10 @@ class MetricsLog:
         if resume_update is not None:
             drop_rows_after(run.metrics_path, resume_update)
         new = not run.metrics_path.is_file() or run.metrics_path.stat().st_size == 0
+        # a run started by an older version keeps its header (its columns, in its order)
+        self.columns = COLUMNS if new else _header(run.metrics_path)
         self._file = run.metrics_path.open("a", newline="")
-        self._csv = csv.DictWriter(self._file, fieldnames=COLUMNS, extrasaction="ignore")
+        self._csv = csv.DictWriter(self._file, fieldnames=self.columns, extrasaction="ignore")
         if new:
             self._csv.writeheader()
         self._file.flush()
@@ -250,7 +259,7 @@ class MetricsLog:
             self._tb.flush()
 
     def write(self, row: dict[str, float]) -> None:
-        self._csv.writerow({k: row.get(k, "") for k in COLUMNS})
+        self._csv.writerow({k: row.get(k, "") for k in self.columns})
         self._file.flush()
         if self._tb is not None:
             step = int(row["frames"])
@@ -265,16 +274,24 @@ class MetricsLog:
             self._tb.close()
 
 
-def _complete_rows(text: str) -> list[dict[str, str]]:
+def _header(path: Path) -> tuple[str, ...]:
+    """The column names of an existing metrics CSV (its first line)."""
+    with path.open(newline="") as f:
+        return tuple(next(csv.reader(f), COLUMNS))
+
+
+def _complete_rows(text: str) -> tuple[list[dict[str, str]], tuple[str, ...]]:
     """Rows of a metrics CSV, without a last line cut short by a kill (no newline, or
-    missing columns)."""
+    missing columns), and its header."""
     if text and not text.endswith("\n"):
         text = text[: text.rfind("\n") + 1]
+    reader = csv.DictReader(io.StringIO(text))
+    columns = tuple(reader.fieldnames or COLUMNS)
     rows = []
-    for row in csv.DictReader(io.StringIO(text)):
-        if row.get(COLUMNS[-1]) is not None and str(row.get("update", "")).isdigit():
+    for row in reader:
+        if row.get(columns[-1]) is not None and str(row.get("update", "")).isdigit():
             rows.append(row)
-    return rows
+    return rows, columns
 
 
 def drop_rows_after(path: Path, update: int) -> None:
@@ -283,12 +300,12 @@ def drop_rows_after(path: Path, update: int) -> None:
     if not path.is_file():
         return
     text = path.read_text()
-    rows = _complete_rows(text)
+    rows, columns = _complete_rows(text)
     kept = [r for r in rows if int(r["update"]) <= update]
     if len(kept) == len(rows) and text.endswith("\n"):
         return
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=COLUMNS, extrasaction="ignore")
+    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(kept)
     checkpoint.write_atomic(out.getvalue().encode(), path)

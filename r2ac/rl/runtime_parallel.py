@@ -1,47 +1,69 @@
 """Parallel runtime: actor processes fill shared-memory segment slots; the learner batches them.
 
-Process model (torch.multiprocessing, "spawn" start method: children import torch afresh,
-so no OpenMP / thread-pool state is inherited through fork):
+Process model (torch.multiprocessing, "spawn": children import torch afresh, so no OpenMP /
+thread-pool state is inherited through fork; plumbing in r2ac/rl/processes.py):
 
-- `num_slots` segments are preallocated once as shared-memory tensors (`share_memory_()`),
-  including the core start state of their streams. Slot indices circulate through two
-  queues: `free` (the learner hands slots back) and `full` (an actor filled one).
-- Actor process k owns one batched env (seeded from the one seed and k) and an `Actor`
-  (the same class as the serial runtime). Before each segment it copies the newest
-  published weights if their version changed, collects M steps, writes them into a free
-  slot and puts (slot, actor, weight version, finished episodes) on `full`.
-- The learner (this process) takes batch_size / num_envs full slots, concatenates them
-  along the batch dim (a copy), frees the slots, runs `Learner.update` and publishes the
-  weights into a shared-memory state_dict under a lock, incrementing the version.
+- Segment slots are preallocated once as shared-memory tensors (`share_memory_()`),
+  including the core start state of their streams; actor k owns `slots_per_actor` of them.
+- Actor process k owns one batched env (seeded from the one seed, k and its restart count)
+  and an `Actor` (the same class as the serial runtime). For each segment it takes one of
+  its free slots, copies the newest published weights if their version changed (a seqlock,
+  `WeightBoard`), collects M steps, writes them into the slot and sends
+  `SegmentReady(slot, actor, version, returns, lengths)` on its pipe.
+- The learner (this process) waits on every actor's pipe and process sentinel at once, takes
+  batch_size / num_envs ready segments, joins them along the batch dim (a copy), sends each
+  slot back (`SlotFree`), updates, and publishes the weights as the next version.
   Policy lag = learner version at the update - version that produced the segment.
 
+Faults: an actor that dies (its sentinel fires) has its ready segments dropped whole and is
+started again, up to `max_actor_restarts` restarts in all, with streams from a zero core
+state (`actor_restarts` in metrics.csv); past that, or when an actor raises (`ActorFailed`,
+with its traceback), or when no segment arrives for `actor_timeout_s`, `next_batch` raises
+ActorError naming it. The actors run in a process group of their own, ignore SIGINT and die
+with the learner (PR_SET_PDEATHSIG); `close` sends Stop, joins with a timeout and kills
+what is left.
+
 Not deterministic (scheduling decides which actor's segment comes first). Checkpoints hold
-weights, optimiser, scheduler and counters; on resume the actors restart their episodes
-from a zero core state (their env states are not saved).
+weights, optimiser, scheduler, counters and the restart count; on resume the actors restart
+their episodes from a zero core state (their env states are not saved).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import signal
+import math
+import os
+import sys
+import time
 import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
 
 import torch
 import torch.multiprocessing as mp
 from torch.utils import _pytree as pytree
 
-from r2ac.rl.actor import Actor, Segment, cat_segments
-from r2ac.rl.build import actor_seed, agent_for_env, make_env, seed_everything
-from r2ac.rl.config import TrainConfig, to_dict
-from r2ac.rl.learner import Learner
+from r2ac.rl.actor import Actor, EpisodeLog, Segment, cat_segments
+from r2ac.rl.build import actor_seed, agent_for_env, make_env
+from r2ac.rl.config import TrainConfig
+from r2ac.rl.processes import (
+    ActorFailed,
+    ActorSpec,
+    SegmentReady,
+    SlotFree,
+    Stop,
+    WeightBoard,
+    describe_exit,
+    die_with_parent,
+    ignore_interrupts,
+    spawn_into_group,
+)
 from r2ac.rl.run_dir import RunDir
-from r2ac.rl.runtime_serial import load_agent_weights, rng_state
-from r2ac.rl.stop import StopRequest, TrainingInterrupted
-from r2ac.rl.tracker import Tracker
+from r2ac.rl.runtime import ActorError, Batch, Runtime
 
 log = logging.getLogger(__name__)
-POLL_S = 0.1
+POLL_S = 0.1  # how often a waiting process looks up from its pipe
+CLOSE_TIMEOUT_S = 10.0  # close(): time the actors get to exit before they are killed
 
 
 def _copy_into(dst, src) -> None:
@@ -54,189 +76,243 @@ def _clone(tree):
     return pytree.tree_map(lambda t: None if t is None else t.clone(), tree)
 
 
-def actor_process(index, cfg, slots, free_q, full_q, weights, version, lock, stop) -> None:
-    """Body of actor process `index` (module level so that spawn can import it)."""
-    # Ctrl-C (and `timeout`'s SIGTERM) reach the whole process group: the learner decides
-    # when to stop, finishes its update, and stops us through `stop` (or SIGKILL).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+def actor_main(spec: ActorSpec, cfg: TrainConfig, conn: Connection, slots, board) -> None:
+    """Body of an actor process (module level so that spawn can import it): act until Stop,
+    or until the learner is gone; an exception goes to the learner with its traceback."""
+    die_with_parent(spec.parent_pid)
+    ignore_interrupts()
+    code = 0
     try:
-        torch.set_num_threads(1)
-        seed = actor_seed(cfg.seed, index)
-        torch.manual_seed(seed)
-        env = make_env(cfg, cfg.num_envs, seed)
+        _act(spec, cfg, conn, slots, board)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the learner closed its end: nobody to report to
+    except Exception:  # noqa: BLE001 - reported to the learner, which raises ActorError
+        code = 1
+        try:
+            conn.send(ActorFailed(spec.index, traceback.format_exc()))
+        except OSError:
+            pass
+    # Nothing of ours needs the interpreter's teardown, which takes seconds with torch
+    # loaded (the learner's shutdown waits for it).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _act(spec: ActorSpec, cfg: TrainConfig, conn: Connection, slots, board: WeightBoard) -> None:
+    torch.set_num_threads(1)
+    seed = actor_seed(cfg.seed, spec.index, spec.generation)
+    torch.manual_seed(seed)
+    env = make_env(cfg, cfg.num_envs, seed)
+    try:
         agent = agent_for_env(cfg, env, load_stem=False)
-        actor, used = Actor(agent, env, seed, cfg.unroll_length), -1
-        while not stop.is_set():
-            try:
-                slot = free_q.get(timeout=POLL_S)
-            except queue.Empty:
-                continue
-            if version.value != used:
-                with lock:
-                    agent.load_state_dict(weights)
-                    used = version.value
+        actor, version = Actor(agent, env, seed, cfg.unroll_length), -1
+        free = list(spec.slots)
+        while _await_slot(conn, free, spec.parent_pid):
+            slot = free.pop(0)
+            version = board.read_into(agent, version)
             seg, episodes = actor.collect()
-            _copy_into(slots[slot], seg)
-            full_q.put((slot, index, used, episodes.returns, episodes.lengths))
+            _copy_into(slots[spec.slots.index(slot)], seg)
+            ready = SegmentReady(
+                slot, spec.index, version, tuple(episodes.returns), tuple(episodes.lengths)
+            )
+            conn.send(ready)
+    finally:
         env.close()
-    except Exception:  # noqa: BLE001 - reported to the learner, which raises
-        full_q.put(("error", index, traceback.format_exc()))
 
 
-class ParallelRuntime:
+def _await_slot(conn: Connection, free: list[int], parent_pid: int) -> bool:
+    """Read the learner's messages until one of our slots is free; False on Stop or when
+    the learner is gone."""
+    while not free or conn.poll():
+        if not conn.poll(POLL_S):
+            if os.getppid() != parent_pid:
+                return False
+            continue
+        message = conn.recv()
+        if isinstance(message, Stop):
+            return False
+        free.append(message.slot)
+    return True
+
+
+@dataclass
+class _Handle:
+    """The learner's side of one actor process."""
+
+    spec: ActorSpec
+    process: mp.Process
+    conn: Connection
+
+
+class ParallelRuntime(Runtime):
+    name = "parallel"
+    actor_target = staticmethod(actor_main)  # tests swap in a faulty actor
+
     def __init__(self, cfg: TrainConfig, run: RunDir | None = None):
-        self.cfg, self.run = cfg, run
-        seed_everything(cfg.seed)
-        if cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
+        super().__init__(cfg, run)
         env = make_env(cfg, cfg.num_envs, actor_seed(cfg.seed, 0))
-        self.agent = agent_for_env(cfg, env)
-        self.learner = Learner(self.agent, cfg)
-        example = Actor(self.agent, env, 0, cfg.unroll_length)
+        agent = self.set_agent(agent_for_env(cfg, env))
+        example = Actor(agent, env, 0, cfg.unroll_length)
         template = Segment(**example._buffers(), state=example.state)
         env.close()
-        self.num_slots = max(2 * cfg.actors, 2 * cfg.segments_per_batch)
+        self.slots_per_actor = max(2, math.ceil(2 * cfg.segments_per_batch / cfg.actors))
         self.slots = [
             pytree.tree_map(
                 lambda t: None if t is None else torch.zeros_like(t).share_memory_(), template
             )
-            for _ in range(self.num_slots)
+            for _ in range(cfg.actors * self.slots_per_actor)
         ]
-        self.weights = {
-            k: v.detach().clone().share_memory_() for k, v in self.agent.state_dict().items()
-        }
-        self.saved_counters, self.processes, self.version = None, [], 0
+        self.board = WeightBoard.create(self.agent_state_cpu())
+        self.handles: dict[int, _Handle] = {}
+        self.ready: list[SegmentReady] = []
+        self.restarts, self.pgid = 0, 0
 
-    def restore(self, payload: dict) -> None:
-        load_agent_weights(self.agent, payload["agent"], self.run.path if self.run else "ckpt")
-        self.learner.load_state_dict(payload["learner"])
-        self.saved_counters = payload["counters"]
+    @property
+    def processes(self) -> list:
+        """The actor processes now running (or not yet joined)."""
+        return [h.process for h in self.handles.values()]
+
+    def runtime_state(self) -> dict:
+        return {"actor_restarts": self.restarts}
+
+    def restore_runtime_state(self, payload: dict) -> None:
+        self.restarts = int(payload.get("actor_restarts", 0))
         log.warning("parallel runtime: resumed actors restart their episodes")
 
+    def extra_metrics(self) -> dict[str, float]:
+        return {"actor_restarts": float(self.restarts)}
+
+    def start(self) -> None:
+        self._start()
+
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")
-        self.free_q, self.full_q = ctx.Queue(), ctx.Queue()
-        self.lock, self.stop = ctx.Lock(), ctx.Event()
-        self.shared_version = ctx.Value("q", 0)
-        self._publish()
-        for slot in range(self.num_slots):
-            self.free_q.put(slot)
+        self.publish_weights()
         for k in range(self.cfg.actors):
-            p = ctx.Process(
-                target=actor_process,
-                daemon=True,
-                name=f"r2ac-actor-{k}",
-                args=(
-                    k,
-                    self.cfg,
-                    self.slots,
-                    self.free_q,
-                    self.full_q,
-                    self.weights,
-                    self.shared_version,
-                    self.lock,
-                    self.stop,
-                ),
-            )
-            p.start()
-            self.processes.append(p)
+            self._spawn(k, generation=0)
 
-    def _publish(self) -> None:
-        with self.lock:
-            for k, v in self.agent.state_dict().items():
-                self.weights[k].copy_(v)
-            self.shared_version.value = self.version
+    def _spawn(self, index: int, generation: int) -> None:
+        """Start actor process `index` on its own slots (in the actors' process group)."""
+        ctx = mp.get_context("spawn")
+        ours, theirs = ctx.Pipe()
+        first = index * self.slots_per_actor
+        spec = ActorSpec(
+            index, generation, tuple(range(first, first + self.slots_per_actor)), os.getpid()
+        )
+        process = ctx.Process(
+            target=self.actor_target,
+            name=f"r2ac-actor-{index}",
+            daemon=True,
+            args=(spec, self.cfg, theirs, [self.slots[s] for s in spec.slots], self.board),
+        )
+        with spawn_into_group(self.pgid) as group:
+            process.start()
+        self.pgid = group.pgid
+        theirs.close()
+        self.handles[index] = _Handle(spec, process, ours)
 
-    def _next_full(self):
-        while True:
-            try:
-                item = self.full_q.get(timeout=1.0)
-            except queue.Empty:
-                dead = [p.name for p in self.processes if not p.is_alive()]
-                if dead:
-                    raise RuntimeError(f"actor processes died: {dead}") from None
-                continue
-            if item[0] == "error":
-                raise RuntimeError(f"actor {item[1]} failed:\n{item[2]}")
-            return item
+    def publish_weights(self) -> None:
+        self.board.publish(self.agent.state_dict(), self.version)
 
-    def _batch(self):
-        items = [self._next_full() for _ in range(self.cfg.segments_per_batch)]
-        segs = [self.slots[slot] for slot, *_ in items]
+    def next_batch(self) -> Batch:
+        need = self.cfg.segments_per_batch
+        deadline = time.monotonic() + self.cfg.actor_timeout_s
+        while len(self.ready) < need:
+            if self._receive(timeout=min(POLL_S * 10, self.cfg.actor_timeout_s)):
+                deadline = time.monotonic() + self.cfg.actor_timeout_s
+            elif time.monotonic() > deadline:
+                raise ActorError(
+                    f"no segment from any actor in {self.cfg.actor_timeout_s:g} s "
+                    f"(actor_timeout_s); actors: {self._describe()}"
+                )
+        items, self.ready = self.ready[:need], self.ready[need:]
+        segs = [self.slots[m.slot] for m in items]
         batch = cat_segments(segs) if len(segs) > 1 else _clone(segs[0])
-        for slot, *_ in items:
-            self.free_q.put(slot)
-        return batch, items
+        for m in items:
+            self._send(m.actor, SlotFree(m.slot))
+        lag = sum(self.version - m.version for m in items) / len(items)
+        return Batch(batch, [EpisodeLog(list(m.returns), list(m.lengths)) for m in items], lag)
 
-    def checkpoint(self, tracker: Tracker) -> None:
-        if self.run is not None:
-            tracker.flush()
-            self.run.save_checkpoint(
-                {
-                    "agent": self.agent.state_dict(),
-                    "learner": self.learner.state_dict(),
-                    "rng": rng_state(),
-                    "counters": tracker.state(),
-                    "config": to_dict(self.cfg),
-                    "runtime": "parallel",
-                }
+    def _receive(self, timeout: float) -> bool:
+        """Wait up to `timeout` on every pipe and process sentinel; take what arrived and
+        handle deaths. Returns whether a segment arrived."""
+        by_conn = {h.conn: h for h in self.handles.values()}
+        by_sentinel = {h.process.sentinel: h for h in self.handles.values()}
+        ready = wait([*by_conn, *by_sentinel], timeout)
+        before = len(self.ready)
+        dead = [by_sentinel[r] for r in ready if r in by_sentinel]
+        for h in [by_conn[r] for r in ready if r in by_conn]:
+            if not self._drain(h) and h not in dead:
+                dead.append(h)
+        for h in dead:
+            self._restart(h)
+        return len(self.ready) > before
+
+    def _drain(self, h: _Handle) -> bool:
+        """Every message waiting on `h`'s pipe; False if the pipe is closed (it died)."""
+        try:
+            while h.conn.poll():
+                message = h.conn.recv()
+                if isinstance(message, ActorFailed):
+                    last = message.traceback.strip().splitlines()[-1]
+                    raise ActorError(
+                        f"actor {message.actor} (pid {h.process.pid}) raised {last}",
+                        traceback=message.traceback,
+                    )
+                self.ready.append(message)
+        except (EOFError, OSError):
+            return False
+        return True
+
+    def _send(self, index: int, message) -> None:
+        """Send to actor `index`; a dead one is found by its sentinel at the next wait."""
+        h = self.handles.get(index)
+        if h is not None:
+            try:
+                h.conn.send(message)
+            except OSError:
+                pass
+
+    def _restart(self, h: _Handle) -> None:
+        """Drop a dead actor's segments whole; start it again, or raise ActorError."""
+        h.process.join(timeout=CLOSE_TIMEOUT_S)
+        if h.process.is_alive():
+            h.process.kill()
+            h.process.join(timeout=CLOSE_TIMEOUT_S)
+        h.conn.close()
+        del self.handles[h.spec.index]
+        self.ready = [m for m in self.ready if m.actor != h.spec.index]
+        what = (
+            f"actor {h.spec.index} (pid {h.process.pid}) died ({describe_exit(h.process.exitcode)})"
+        )
+        if self.restarts >= self.cfg.max_actor_restarts:
+            raise ActorError(
+                f"{what}; no restart left (max_actor_restarts={self.cfg.max_actor_restarts})"
             )
+        self.restarts += 1
+        log.warning(
+            "%s; restarting it (%d of %d)", what, self.restarts, self.cfg.max_actor_restarts
+        )
+        self._spawn(h.spec.index, h.spec.generation + 1)
 
-    def train(self) -> Tracker:
-        cfg = self.cfg
-        tracker = Tracker(cfg, self.run, self.saved_counters)
-        frames = cfg.unroll_length * cfg.batch_size
-        try:
-            with StopRequest() as stop:
-                self._start()
-                while not tracker.done:
-                    self._step(tracker, frames)
-                    if tracker.update % cfg.checkpoint_every == 0 or tracker.done or stop.requested:
-                        self.checkpoint(tracker)
-                    if stop.requested:
-                        raise TrainingInterrupted(stop.signum, tracker.update, self.run is not None)
-        finally:
-            self.shutdown()
-            tracker.close()
-        return tracker
+    def _describe(self) -> str:
+        return ", ".join(
+            f"{k} (pid {h.process.pid}, {describe_exit(h.process.exitcode)})"
+            for k, h in sorted(self.handles.items())
+        )
 
-    def _step(self, tracker: Tracker, frames: int) -> None:
-        """One update on the next batch of full slots; publish the new weights."""
-        batch, items = self._batch()
-        lag = sum(self.version - v for _, _, v, *_ in items) / len(items)
-        metrics = self.learner.update(batch)
-        self.version += 1
-        self._publish()
-        logs = [_episodes(r, n) for *_, r, n in items]
-        tracker.record(frames, logs, metrics, policy_lag=lag)
-
-    def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the actors, drain the queue so none blocks on a put, and join them."""
-        if not self.processes:
-            return
-        self.stop.set()
-        for p in self.processes:
-            p.join(timeout=timeout)
-            while p.is_alive():
-                self._drain()
-                p.join(timeout=POLL_S)
-                timeout -= POLL_S
-                if timeout < 0:
-                    p.kill()  # actors ignore SIGTERM (see actor_process)
-                    p.join()
-        self._drain()
-        self.processes = []
-
-    def _drain(self) -> None:
-        try:
-            while True:
-                self.full_q.get_nowait()
-        except (queue.Empty, OSError, ValueError):
-            pass
-
-
-def _episodes(returns, lengths):
-    from r2ac.rl.actor import EpisodeLog
-
-    return EpisodeLog(list(returns), list(lengths))
+    def close(self) -> None:
+        """Tell every actor to stop, join them within CLOSE_TIMEOUT_S, kill the rest."""
+        for index in list(self.handles):
+            self._send(index, Stop())
+        deadline = time.monotonic() + CLOSE_TIMEOUT_S
+        for h in self.handles.values():
+            h.process.join(timeout=max(0.0, deadline - time.monotonic()))
+        for h in self.handles.values():
+            if h.process.is_alive():
+                log.warning("actor %d did not stop in %g s: killed", h.spec.index, CLOSE_TIMEOUT_S)
+                h.process.kill()
+                h.process.join(timeout=CLOSE_TIMEOUT_S)
+            h.conn.close()
+        self.handles = {}
+        self.ready = []

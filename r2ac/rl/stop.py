@@ -39,9 +39,8 @@ class StopRequest:
 
     def _handle(self, signum, frame) -> None:
         self.signum = signum
-        signal.signal(
-            signum, signal.SIG_DFL if signum == signal.SIGTERM else signal.default_int_handler
-        )
+        if signum == signal.SIGINT:  # the next Ctrl-C stops at once; SIGTERM stays handled
+            signal.signal(signum, signal.default_int_handler)
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():  # signals only go there

@@ -21,9 +21,10 @@ import sys
 
 from r2ac.errors import ConfigError, MissingDependencyError
 from r2ac.perf import keep_freed_memory
-from r2ac.rl.config import PRESETS, TrainConfig, preset, validate
+from r2ac.rl.config import PRESETS, RUNTIMES, TrainConfig, preset, preset_help, validate
 from r2ac.rl.resources import check_resources
 from r2ac.rl.run_dir import RunDir, check_same_config, default_out_dir, plot_curve
+from r2ac.rl.runtime import ActorError
 from r2ac.rl.stop import TrainingInterrupted, raise_on_signal
 
 
@@ -50,7 +51,8 @@ def parse_config(argv: list[str]) -> TrainConfig:
 
     description = (
         f"Train R2AC. --preset {{{','.join(PRESETS)}}} picks the defaults "
-        "(default delayed-cue); --resume RUN_DIR continues a run."
+        "(default delayed-cue), and the options below show its values as their defaults; "
+        "--resume RUN_DIR continues a run.\n\n" + preset_help()
     )
     cfg = tyro.cli(
         TrainConfig, default=default, args=argv, prog="r2ac train", description=description
@@ -69,13 +71,11 @@ def _own_env_options(cfg: TrainConfig, default: TrainConfig, argv: list[str]) ->
 
 
 def make_runtime(cfg: TrainConfig, run: RunDir | None):
-    if cfg.runtime == "parallel":
-        from r2ac.rl.runtime_parallel import ParallelRuntime
+    """The runtime `cfg.runtime` names (config.RUNTIMES), imported when chosen."""
+    import importlib
 
-        return ParallelRuntime(cfg, run)
-    from r2ac.rl.runtime_serial import SerialRuntime
-
-    return SerialRuntime(cfg, run)
+    module, cls = RUNTIMES[cfg.runtime]
+    return getattr(importlib.import_module(module), cls)(cfg, run)
 
 
 def _prepare(argv: list[str]):
@@ -127,7 +127,9 @@ def finish(cfg: TrainConfig, run: RunDir, runtime) -> None:
     if cfg.eval_at_end:
         from r2ac.rl.evaluate import evaluate, write_eval
 
-        result = evaluate(runtime.agent, cfg, cfg.eval_sets, cfg.eval_episodes, cfg.eval_greedy)
+        result = evaluate(
+            runtime.cpu_agent(), cfg, cfg.eval_sets, cfg.eval_episodes, cfg.eval_greedy
+        )
         write_eval(run, result)
         print(
             f"eval: {result['mean']:.3f} +- {result['std']:.3f} over {cfg.eval_sets} x "
@@ -149,6 +151,9 @@ def main(argv: list[str]) -> int:
     except OSError as exc:  # e.g. a full or read-only disk found when creating the run
         print(f"r2ac train: error: cannot write the run directory: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C while imports and envs were still being set up
+        print("r2ac train: interrupted before training started", file=sys.stderr)
+        return 130
     try:
         return _train(cfg, run, runtime)
     finally:
@@ -180,11 +185,21 @@ def _train(cfg: TrainConfig, run: RunDir, runtime) -> int:
             file=sys.stderr,
         )
         return 1
-    except KeyboardInterrupt:  # a second Ctrl-C: stopped mid-update
+    except ActorError as exc:  # the learner is whole: its last update is checkpointed
+        if exc.traceback:
+            print(exc.traceback.rstrip(), file=sys.stderr)
         print(
-            f"r2ac train: interrupted; the last checkpoint is in {run.path} (`r2ac train "
-            f"--resume {run.path}` continues from it)",
+            f"r2ac train: error: {exc}; the last checkpoint is in {run.path} "
+            f"(`r2ac train --resume {run.path}` continues from it)",
             file=sys.stderr,
         )
+        return 1
+    except KeyboardInterrupt:  # a second Ctrl-C: stopped mid-update
+        if run.checkpoint_path.is_file():
+            where = f"the last checkpoint is in {run.path} (`r2ac train --resume {run.path}`"
+            where += " continues from it)"
+        else:
+            where = f"no checkpoint yet (`r2ac train --restart {run.path}` starts it again)"
+        print(f"r2ac train: interrupted; {where}", file=sys.stderr)
         return 130
     return 0

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from r2ac.rtrl import elstm_math as em
+from r2ac.rtrl import gpu_carry
 from r2ac.rtrl.core import RecurrentCore, StateTensor
 from r2ac.rtrl.deferred import PendingCarry, ReadToken
 from r2ac.rtrl.elstm_math import ELSTMSensitivity, ELSTMState
@@ -156,7 +157,7 @@ def _history_gradient(ctx, d_hat, carried):
     pending = history.pending
     if pending is not None and pending.in_place_safe():  # S(t0) is read for the last time
         return pending.run_in_place(d_hat)
-    return em.inject_gradients(d_hat, ELSTMSensitivity(FZ, wb))
+    return gpu_carry.history(d_hat, ELSTMSensitivity(FZ, wb))  # CUDA: a fused candidate
 
 
 class ELSTM(RecurrentCore):
@@ -268,7 +269,7 @@ class ELSTM(RecurrentCore):
                 history.pending = PendingCarry(
                     sens,
                     out_of_place=lambda: self._carry(sens, trace, x),
-                    in_place=lambda d_hat: em.history_and_carry_in_place(d_hat, sens, trace, x),
+                    in_place=lambda d: gpu_carry.history_and_carry_in_place(d, sens, trace, x),
                 )
                 new_sens = ELSTMSensitivity.deferred(history.pending)
             else:

@@ -1,10 +1,12 @@
 """`r2ac copy`: train an eLSTM on the copy task and score every output bit on a held-out set.
 
-Writes DIR/config.json (options, git revision, machine), DIR/curve.csv (the learning curve),
-DIR/curve.png (its plot) and DIR/results.json (final test metrics: bit_accuracy counts every
-output bit, 0s and 1s alike; sequence_accuracy the sequences with every bit right).
+Writes DIR/config.json (options, git revision, machine), DIR/checkpoint.pt (at every
+evaluation), DIR/curve.csv (the learning curve, rewritten atomically at every evaluation),
+DIR/curve.png (its plot) and, last, DIR/results.json (final test metrics: bit_accuracy counts
+every output bit, 0s and 1s alike; sequence_accuracy the sequences with every bit right).
 `--train-steps 0` evaluates the untrained model. Bad options: a message and exit code 2,
-nothing written.
+nothing written. SIGINT / SIGTERM: the batch finishes, a checkpoint is written, one line,
+exit 130 / 143; the same command with `--resume` continues bit-identically.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
+import shlex
+import signal
 import sys
 import time
 from dataclasses import asdict
@@ -23,21 +26,12 @@ import tyro
 from r2ac.errors import ConfigError, check_writable
 from r2ac.perf import keep_freed_memory
 from r2ac.rl import checkpoint as rl_checkpoint
-from r2ac.tasks import copy as ct
+from r2ac.rl.run_dir import RunDir, git_revision, write_json
+from r2ac.rl.stop import TrainingInterrupted, raise_on_signal
+from r2ac.tasks.copy import CHECKPOINT_NAME, CopyConfig, curve, metrics, resume, training
+from r2ac.tasks.copy.data import make_test_set
 
-
-def git_revision() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=os.path.dirname(os.path.abspath(__file__)),
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+PROG = "r2ac copy"
 
 
 def machine() -> dict[str, str | int]:
@@ -51,18 +45,9 @@ def machine() -> dict[str, str | int]:
     }
 
 
-def _write_json(path: str, obj) -> None:
-    """Atomically (temp file + rename): a kill never leaves half a config or result."""
-    rl_checkpoint.write_atomic((json.dumps(obj, indent=1) + "\n").encode(), path)
-
-
-def run(cfg: ct.CopyConfig) -> dict:
-    """Train and evaluate per `cfg`, write the four files into cfg.out; return the results."""
-    from tqdm import tqdm
-
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    os.makedirs(cfg.out, exist_ok=True)
+def write_config(cfg: CopyConfig) -> dict:
+    """DIR/config.json (atomic): options, schedule, git revision, machine; a resumed run keeps
+    the record of the earlier invocations. Returns what was written."""
     meta = {
         "config": asdict(cfg),
         "schedule": cfg.schedule,
@@ -70,12 +55,20 @@ def run(cfg: ct.CopyConfig) -> dict:
         "machine": machine(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    config_path = os.path.join(cfg.out, "config.json")
-    if cfg.resume and os.path.exists(config_path):  # keep the record of the earlier invocations
-        with open(config_path) as fh:
+    path = os.path.join(cfg.out, "config.json")
+    if cfg.resume and os.path.exists(path):
+        with open(path) as fh:
             before = json.load(fh)
         meta["earlier_invocations"] = [*before.pop("earlier_invocations", []), before]
-    _write_json(config_path, meta)
+    write_json(path, meta)
+    return meta
+
+
+def _progress(cfg: CopyConfig):
+    """A progress bar and the two callbacks of `training.train` that feed it; on_eval also
+    rewrites curve.csv, so that the file follows the checkpoint."""
+    from tqdm import tqdm
+
     bar = tqdm(
         total=cfg.train_steps,
         desc=f"copy l={cfg.length} {cfg.core}-{cfg.rule} {cfg.schedule}",
@@ -94,7 +87,9 @@ def run(cfg: ct.CopyConfig) -> dict:
             refresh=False,
         )
 
-    def on_eval(row):
+    def on_eval(rows):
+        row = rows[-1]
+        curve.write_curve_csv(rows, os.path.join(cfg.out, "curve.csv"))
         last["seq"] = f"{row['test_sequence_accuracy']:.3f}"
         bar.write(
             f"step {int(row['step']):>6}  {row['seconds']:8.1f}s  test bits "
@@ -102,17 +97,15 @@ def run(cfg: ct.CopyConfig) -> dict:
             f"loss {row['test_loss']:.4f}"
         )
 
-    wall0 = time.perf_counter()
-    model, result = ct.train(
-        cfg, on_batch, on_eval, checkpoint=os.path.join(cfg.out, "checkpoint.pt")
-    )
-    bar.close()
+    return bar, on_batch, on_eval
+
+
+def final_results(cfg: CopyConfig, model, result: training.RunResult) -> dict:
+    """results.json's content: the final test metrics, per-length accuracy, the recipe."""
     results = dict(result.final)
-    test_set = ct.make_test_set(cfg.length, cfg.test_size, cfg.test_seed)
-    by_length = ct.sequence_accuracy_by_length(model, test_set, cfg.device)
-    results["longest_all_right"] = max(
-        (k for k in by_length if all(v == 1.0 for j, v in by_length.items() if j <= k)), default=0
-    )
+    test_set = make_test_set(cfg.length, cfg.test_size, cfg.test_seed)
+    by_length = metrics.sequence_accuracy_by_length(model, test_set, cfg.device)
+    results["longest_all_right"] = metrics.longest_all_right(by_length)
     results["sequence_accuracy_by_length"] = {str(k): v for k, v in by_length.items()}
     results.update(
         length=cfg.length,
@@ -126,21 +119,42 @@ def run(cfg: ct.CopyConfig) -> dict:
         train_steps=result.steps,
         updates=result.updates,
         train_seconds=round(result.train_seconds, 2),
-        wall_seconds=round(time.perf_counter() - wall0, 2),
         solved_at_step=result.solved_at_step,
-        git_revision=meta["git_revision"],
     )
-    ct.write_curve_csv(result.curve, os.path.join(cfg.out, "curve.csv"))
-    ct.plot_curves(
-        [(f"{cfg.core}-{cfg.rule}, {cfg.schedule}", result.curve)],
-        os.path.join(cfg.out, "curve.png"),
-        title=f"copy task, l = {cfg.length}, N = {cfg.hidden}, B = {cfg.batch_size}, lr = {cfg.lr:g}",
-    )
-    _write_json(os.path.join(cfg.out, "results.json"), results)
     return results
 
 
-def check_new_out(cfg: ct.CopyConfig) -> None:
+def run(cfg: CopyConfig) -> dict:
+    """Train and evaluate per `cfg`, write the run's files into cfg.out; return the results.
+
+    Raises TrainingInterrupted on SIGINT / SIGTERM, with the checkpoint written.
+    """
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    meta = write_config(cfg)
+    bar, on_batch, on_eval = _progress(cfg)
+    wall0 = time.perf_counter()
+    checkpoint = os.path.join(cfg.out, CHECKPOINT_NAME)
+    try:
+        model, result = training.train(cfg, on_batch, on_eval, checkpoint=checkpoint)
+    finally:
+        bar.close()
+    with raise_on_signal(result.steps):  # the checkpoint is complete: a signal stops at once
+        results = final_results(cfg, model, result)
+        results["wall_seconds"] = round(time.perf_counter() - wall0, 2)
+        results["git_revision"] = meta["git_revision"]
+        curve.write_curve_csv(result.curve, os.path.join(cfg.out, "curve.csv"))
+        curve.plot_curves(
+            [(f"{cfg.core}-{cfg.rule}, {cfg.schedule}", result.curve)],
+            os.path.join(cfg.out, "curve.png"),
+            title=f"copy task, l = {cfg.length}, N = {cfg.hidden}, B = {cfg.batch_size}, "
+            f"lr = {cfg.lr:g}",
+        )
+        write_json(os.path.join(cfg.out, "results.json"), results)  # last: the run is done
+    return results
+
+
+def check_new_out(cfg: CopyConfig) -> None:
     """ConfigError unless --out can be written and, without --resume, holds nothing: an
     earlier run's checkpoint and results are never overwritten."""
     check_writable(cfg.out, "--out")
@@ -155,29 +169,52 @@ def check_new_out(cfg: ct.CopyConfig) -> None:
         )
 
 
+def prepare(cfg: CopyConfig) -> RunDir:
+    """Every check on bad input, before anything in cfg.out is written; the locked --out."""
+    cfg.validate()
+    check_new_out(cfg)
+    checkpoint = os.path.join(cfg.out, CHECKPOINT_NAME)
+    if cfg.resume and os.path.exists(checkpoint):
+        resume.check_resumable(resume.checkpoint_config(checkpoint), cfg, checkpoint)
+    os.makedirs(cfg.out, exist_ok=True)
+    return RunDir(cfg.out).acquire()  # a second process on --out: refused
+
+
+def _continue_command(argv: list[str]) -> str:
+    return shlex.join(["r2ac", "copy", *argv, *([] if "--resume" in argv else ["--resume"])])
+
+
 def main(argv: list[str] | None = None) -> int:
-    cfg = tyro.cli(ct.CopyConfig, args=argv, prog="r2ac copy", description=__doc__)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cfg = tyro.cli(CopyConfig, args=argv, prog=PROG, description=__doc__)
     try:
-        cfg.validate()
-        check_new_out(cfg)
-        checkpoint = os.path.join(cfg.out, "checkpoint.pt")
-        if cfg.resume and os.path.exists(checkpoint):
-            # before anything in cfg.out is rewritten
-            ct.check_resumable(ct.checkpoint_config(checkpoint), cfg, checkpoint)
-        os.makedirs(cfg.out, exist_ok=True)
-        lock = rl_checkpoint.lock_directory(cfg.out)  # a second process on --out: refused
-        rl_checkpoint.remove_stale_temps(cfg.out)
+        run_dir = prepare(cfg)
     except ConfigError as exc:
-        print(f"r2ac copy: {exc}", file=sys.stderr)
+        print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     keep_freed_memory()
     try:
         results = run(cfg)
     except ConfigError as exc:  # e.g. a checkpoint from before configs were stored in it
-        print(f"r2ac copy: {exc}", file=sys.stderr)
+        print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
+    except TrainingInterrupted as stop:
+        saved = "checkpoint written; " if stop.saved else ""
+        print(
+            f"{PROG}: stopped by {signal.Signals(stop.signum).name} after batch {stop.update} "
+            f"of {cfg.train_steps}; {saved}continue with `{_continue_command(argv)}`",
+            file=sys.stderr,
+        )
+        return stop.exit_code
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before training started
+        print(
+            f"{PROG}: interrupted; the last checkpoint (if any) is in {cfg.out}; "
+            f"`{_continue_command(argv)}` continues from it",
+            file=sys.stderr,
+        )
+        return 130
     finally:
-        os.close(lock)
+        run_dir.release()
     print(
         f"bit_accuracy {results['bit_accuracy']:.4f}  sequence_accuracy "
         f"{results['sequence_accuracy']:.4f}  ({results['train_steps']} batches, "

@@ -99,8 +99,10 @@ def test_cost_rows_carry_their_own_cores_numbers(monkeypatch):
         spans=(2,), hidden_size=8, batch_size=2, input_size=5, repeats=1, warmup=0
     )
     rows = cost.measure_span(cfg, 2)
-    assert [(r["core"], r["update_ms"], r["peak_mb"]) for r in rows] == [
-        ("elstm-bptt", 100.0, 2000.0),
-        ("elstm-rtrl", 200.0, 2001.0),
+    assert all(isinstance(r, cost.CostRow) for r in rows)
+    assert [(r.core, r.M, r.update_ms, r.peak_mb) for r in rows] == [
+        ("elstm-bptt", 2, 100.0, 2000.0),
+        ("elstm-rtrl", 2, 200.0, 2001.0),
     ]
-    assert rows[1]["state_mb"] > rows[0]["state_mb"]  # sensitivities: the rtrl row's own state
+    assert rows[1].state_mb > rows[0].state_mb  # sensitivities: the rtrl row's own state
+    assert [r.gradient_span for r in rows] == [2, cost.UNBOUNDED]

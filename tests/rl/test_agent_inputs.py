@@ -57,9 +57,10 @@ def test_reward_input_is_clipped_then_scaled():
     torch.testing.assert_close(x[0, :, FEATURES], torch.tensor([0.4, -1.0, 20.0, -20.0]))
 
 
-def test_popart_update_preserves_every_output():
+@pytest.mark.parametrize("head_hidden", [0, 9])
+def test_popart_update_preserves_every_output(head_hidden):
     torch.manual_seed(0)
-    heads = PolicyValueHeads(HIDDEN, ACTIONS, value_norm=True).double()
+    heads = PolicyValueHeads(HIDDEN, ACTIONS, value_norm=True, hidden=head_hidden).double()
     h = torch.randn(50, HIDDEN, dtype=torch.float64)
     g = torch.Generator().manual_seed(1)
     for _ in range(20):

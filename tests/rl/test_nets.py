@@ -162,6 +162,17 @@ def test_policy_value_heads():
     torch.testing.assert_close(values, h @ heads.baseline.weight[0] + heads.baseline.bias[0])
 
 
+def test_policy_value_heads_with_a_shared_hidden_layer():
+    torch.manual_seed(0)
+    heads = PolicyValueHeads(6, 4, hidden=9).double()
+    h = torch.randn(5, 3, 6, dtype=torch.float64)
+    logits, values = heads(h)
+    z = torch.relu(h @ heads.torso[0].weight.T + heads.torso[0].bias)  # (5, 3, 9)
+    torch.testing.assert_close(logits, z @ heads.policy.weight.T + heads.policy.bias)
+    torch.testing.assert_close(values, z @ heads.baseline.weight[0] + heads.baseline.bias[0])
+    assert heads.policy.in_features == heads.baseline.in_features == 9
+
+
 def test_feedforward_core_contract():
     core = Feedforward(input_size=3, hidden_size=5)
     state = core.initial_state(batch_size=4)

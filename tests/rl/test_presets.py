@@ -2,7 +2,10 @@
 
 from pathlib import Path
 
+import pytest
+
 from r2ac.rl.config import PRESETS, preset_overrides, preset_table, validate
+from r2ac.rl.train_cli import parse_config
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "rl.md"
 
@@ -30,7 +33,8 @@ def test_popgym_preset_is_the_measured_recipe():
         "prev_action": True,
         "entropy_cost": 0.01,
         "popart": True,
-        "popart_advantages": False,
+        "popart_advantages": True,
+        "head_hidden": 128,
         "advantage_norm": False,
     }
     chosen = PRESETS["popgym"]
@@ -52,3 +56,18 @@ def test_defaults_are_task_neutral_and_the_delayed_cue_is_a_preset():
 def test_every_preset_is_valid():
     for name in PRESETS:
         validate(PRESETS[name])
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--preset", "popgym", "--help"]])
+def test_train_help_lists_every_preset_with_its_values(argv, capsys):
+    with pytest.raises(SystemExit):
+        parse_config(argv)
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())  # unwrapped, unboxed
+    for name in PRESETS:
+        values = ", ".join(f"{k}={v}" for k, v in preset_overrides(name).items())
+        assert f" {name} {values}" in text, name
+    chosen = PRESETS["popgym" if "popgym" in argv else "delayed-cue"]
+    assert (
+        f"Segment length M: steps per segment, TD horizon, update period, TBPTT span. (default: {chosen.unroll_length})"
+        in text
+    )

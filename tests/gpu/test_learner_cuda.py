@@ -1,0 +1,65 @@
+"""The R2AC learner's gradient on CUDA equals the CPU's for elstm-rtrl: segments collected by
+a CPU actor (resets and time-limit truncations inside them, each starting from a state with
+carried sensitivities), each given to a learner on either device, gradients summed over
+several segments (tests/rl/test_learner_exact.py builds them the same way)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from r2ac.rl.actor import Actor
+from r2ac.rl.build import agent_for_env, make_env
+from r2ac.rl.learner import Learner
+from r2ac.rtrl import gpu_carry
+
+from ..rl.rl_helpers import tiny
+from .common import F32, F64, TOLERANCE, needs_cuda, rel_error, to_device
+
+pytestmark = needs_cuda
+
+M, B, K = 4, 3, 5
+ENVS = {
+    "terminations": ("builtin/delayed-cue", ("delay=3",)),
+    "truncations": ("builtin/watermaze", ("size=3", "episode_steps=6")),
+}
+
+
+def _segments(cfg, dtype):
+    torch.manual_seed(0)
+    env = make_env(cfg, B, seed=7)
+    agent = agent_for_env(cfg, env, dtype=dtype)
+    actor = Actor(agent, env, seed=7, unroll_length=M)
+    return agent, [actor.collect()[0] for _ in range(K)]
+
+
+def _summed_gradients(agent, cfg, segments, device):
+    learner = Learner(agent, cfg)
+    agent.zero_grad(set_to_none=True)
+    for seg in segments:
+        learner.backward(to_device(seg, device))  # gradients accumulate
+    return {name: p.grad for name, p in agent.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["float32", "float64"])
+@pytest.mark.parametrize("case", sorted(ENVS))
+def test_the_rtrl_learner_gradient_on_cuda_equals_the_cpu(case, dtype):
+    env, options = ENVS[case]
+    cfg = tiny(
+        env=env, env_options=options, core="elstm-rtrl", learning_rate=0.0, grad_clip=1e12,
+        unroll_length=M, num_envs=B, batch_size=B,
+    )  # fmt: skip
+    agent, segments = _segments(cfg, dtype)
+    assert torch.stack([s.reset[1:M] for s in segments]).any()  # episodes end inside
+    on_gpu = copy.deepcopy(agent).to("cuda")
+    want = _summed_gradients(agent, cfg, segments, "cpu")
+    got = _summed_gradients(on_gpu, cfg, segments, "cuda")
+    assert got.keys() == want.keys() and any(k.startswith("core.") for k in want)
+    errors = {k: rel_error(got[k], want[k]) for k in want}
+    worst = max(errors, key=errors.get)
+    print(f"learner {case} {dtype}: max rel error cuda vs cpu {errors[worst]:.1e} ({worst})")
+    assert errors[worst] < TOLERANCE[dtype], errors
+    assert {s.op for s in gpu_carry.selections()} == {"history"}  # the learner's history term
+    assert not [s.failed for s in gpu_carry.selections() if s.failed]  # no candidate dropped

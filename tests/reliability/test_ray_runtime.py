@@ -1,0 +1,147 @@
+"""`r2ac train --runtime ray` as a user runs it (subprocesses, each starting its own Ray):
+Ctrl-C to the process group and (`-m slow`) SIGTERM finish the update, checkpoint, stop
+every actor and leave no process of the run behind; `--resume` then finishes the run
+(in-process resume: tests/rl/test_ray.py). Every process the run
+started carries a marker in its environment (Ray hands the driver's environment to its
+processes), which is how the tests find leftovers. Bad Ray options are one line, exit 2
+(without Ray installed: tests/rl/test_device.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from r2ac.rl import checkpoint
+from r2ac.rl.run_dir import read_metrics
+
+from .conftest import TIMEOUT_S, r2ac_command, r2ac_inline, subprocess_env, tiny_args
+
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
+UPDATES = 100  # a few ms each: a signal after update 5 lands mid-run
+
+
+def _marked(mark: str) -> list[str]:
+    """Processes whose environment holds R2AC_TEST_MARK=mark: 'pid command'."""
+    found = []
+    needle = f"R2AC_TEST_MARK={mark}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+                found.append(f"{entry.name} {cmd.decode(errors='replace')[:100]}")
+        except OSError:  # gone, or not ours
+            continue
+    return found
+
+
+def _none_left(mark: str, seconds: float = 20.0) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while (left := _marked(mark)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def _start(args: list[str], out: Path, mark: str, past: int) -> subprocess.Popen:
+    """`r2ac ARGS` in a session of its own (as a terminal's foreground job); returns once
+    metrics.csv shows an update after `past`."""
+    proc = subprocess.Popen(
+        r2ac_command(*args),
+        env={**subprocess_env(), "R2AC_TEST_MARK": mark},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        rows = read_metrics(out / "metrics.csv") if (out / "metrics.csv").exists() else []
+        if rows and rows[-1]["update"] > past:
+            return proc
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail(f"the run did not pass update {past} (rc {proc.poll()}): {proc.communicate()[1]}")
+
+
+def _train_args(out: Path) -> list[str]:
+    return [
+        "train",
+        *tiny_args(UPDATES, checkpoint_every=1000),
+        "--runtime",
+        "ray",
+        "--num-actors",
+        "2",
+        "--no-eval-at-end",
+        "--out-dir",
+        str(out),
+    ]
+
+
+def _stopped_cleanly(proc: subprocess.Popen, out: Path, mark: str, name: str) -> int:
+    _, err = proc.communicate(timeout=TIMEOUT_S)
+    assert proc.returncode == 128 + signal.Signals[name], err
+    assert "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"r2ac train: stopped by {name} after update"), err
+    stopped = checkpoint.load(out / "checkpoints" / "latest.pt")["counters"]["update"]
+    assert 5 < stopped < UPDATES
+    assert [int(r["update"]) for r in read_metrics(out / "metrics.csv")] == list(
+        range(1, stopped + 1)
+    )
+    assert _none_left(mark) == []  # Ray's own processes and the actors are gone
+    return stopped
+
+
+@needs_ray
+def test_ray_ctrl_c_checkpoints_and_leaves_no_process(tmp_path):
+    out, mark = tmp_path / "run", uuid.uuid4().hex
+    proc = _start(_train_args(out), out, mark, past=5)
+    assert len(_marked(mark)) >= 4  # the learner, Ray's processes, two actors
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
+    _stopped_cleanly(proc, out, mark, "SIGINT")
+
+
+@needs_ray
+@pytest.mark.slow
+def test_ray_sigterm_checkpoints_leaves_no_process_and_resumes(tmp_path):
+    out, mark = tmp_path / "run", uuid.uuid4().hex
+    proc = _start(_train_args(out), out, mark, past=5)
+    proc.send_signal(signal.SIGTERM)  # `kill PID`: the learner only
+    _stopped_cleanly(proc, out, mark, "SIGTERM")
+    resumed = subprocess.run(
+        r2ac_command("train", "--resume", str(out)),
+        env={**subprocess_env(), "R2AC_TEST_MARK": mark},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    rows = read_metrics(out / "metrics.csv")
+    assert [int(r["update"]) for r in rows] == list(range(1, UPDATES + 1))
+    assert _none_left(mark) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--runtime", "ray", "--ray-address", "ray://head:10001"], "give `auto` or HOST:PORT"),
+        (["--ray-address", "auto"], "--ray-address needs --runtime ray"),
+        pytest.param(
+            ["--runtime", "ray", "--ray-address", "127.0.0.1:1"],
+            "nothing answers there",
+            marks=needs_ray,
+        ),
+    ],
+)
+def test_bad_ray_options_are_one_line(capsys, tmp_path, args, says):
+    code, lines = r2ac_inline(capsys, "train", *args, "--out-dir", str(tmp_path / "run"))
+    assert code == 2 and len(lines) == 1 and says in lines[0], lines

@@ -1,0 +1,264 @@
+"""Ray runtime on one local Ray session (`ray.init(num_cpus=2)`, shared by the module): the
+learner's gradient on ray-collected segments equals the serial one (float64, lr 0), policy
+lag stays bounded, a SIGKILLed actor is restarted and counted, an exception inside an actor
+reaches the learner with its traceback."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from r2ac.rl.actor import Actor  # noqa: E402
+from r2ac.rl.build import actor_seed, agent_for_env, make_env  # noqa: E402
+from r2ac.rl.learner import Learner  # noqa: E402
+from r2ac.rl.run_dir import RunDir, read_metrics  # noqa: E402
+from r2ac.rl.runtime import ActorError  # noqa: E402
+from r2ac.rl.runtime_ray import (  # noqa: E402
+    IN_FLIGHT,
+    RAY_OPTIONS,
+    RayRuntime,
+    keep_sigterm_handler,
+)
+
+from .rl_helpers import tiny  # noqa: E402
+
+K = 2  # actors
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    with keep_sigterm_handler():  # the other tests expect the default SIGTERM handler
+        ray.init(num_cpus=K, **RAY_OPTIONS)
+    yield
+    ray.shutdown()
+
+
+def _cfg(**kw):
+    base = dict(runtime="ray", num_actors=K, env_options=("delay=8",), checkpoint_every=1000)
+    return tiny(**{**base, **kw})
+
+
+def _record(runtime: RayRuntime) -> tuple[list, list]:
+    """Wrap the runtime: which segments (actor, epoch, seq) each update took, and the
+    gradient of each update (before clipping)."""
+    taken, grads = [], []
+    real_gather, real_backward = runtime._gather, runtime.learner.backward
+
+    def gather():
+        got = real_gather()
+        taken.append([(m.actor, m.epoch, m.seq, m.instance) for m in got])
+        return got
+
+    def backward(seg):
+        out = real_backward(seg)
+        grads.append({n: p.grad.clone() for n, p in runtime.agent.named_parameters()})
+        return out
+
+    runtime._gather, runtime.learner.backward = gather, backward
+    return taken, grads
+
+
+def _serial_grads(cfg, weights, wanted: dict[int, int]) -> dict[tuple[int, int], dict]:
+    """Gradient of segment `seq` of actor k, collected in this process as the serial runtime
+    does (same seeds, same weights), for seq = 1 .. wanted[k]."""
+    out = {}
+    for k, n in wanted.items():
+        seed = actor_seed(cfg.seed, k)
+        env = make_env(cfg, cfg.num_envs, seed)
+        agent = agent_for_env(cfg, env, torch.float64)
+        agent.load_state_dict(weights)
+        actor, learner = Actor(agent, env, seed, cfg.unroll_length), Learner(agent, cfg)
+        for seq in range(1, n + 1):
+            seg, _ = actor.collect()
+            agent.zero_grad()
+            learner.backward(seg)
+            out[k, seq] = {name: p.grad.clone() for name, p in agent.named_parameters()}
+    return out
+
+
+def test_gradient_on_ray_segments_equals_serial_float64():
+    """lr 0, two segments an update: each update's gradient is the sum of the serial
+    gradients of the segments it took, to 1e-10 (the RTRL sensitivities of the start states
+    crossed the object store intact)."""
+    updates = 6
+    cfg = _cfg(learning_rate=0.0, batch_size=6, total_frames=6 * 4 * updates, log_every=1000)
+    runtime = RayRuntime(cfg, None, dtype=torch.float64)
+    weights = {k: v.clone() for k, v in runtime.agent.state_dict().items()}
+    taken, grads = _record(runtime)
+    runtime.train()
+    assert len(taken) == len(grads) == updates
+    for k, v in runtime.agent.state_dict().items():
+        assert torch.equal(v, weights[k]), k  # lr 0: the actors acted with these weights
+    wanted = {}
+    for actor, epoch, seq, _ in (s for group in taken for s in group):
+        assert epoch == 0
+        wanted[actor] = max(wanted.get(actor, 0), seq)
+    assert max(wanted.values()) >= 3  # start states with sensitivities carried over segments
+    ref = _serial_grads(cfg, weights, wanted)
+    for group, grad in zip(taken, grads):
+        for name, g in grad.items():
+            expected = sum(ref[a, s][name] for a, _, s, _ in group)
+            assert (g - expected).abs().max() < 1e-10, (group, name)
+    assert any(float(grad["core.F"].abs().max()) > 1e-6 for grad in grads)
+
+
+def test_trains_logs_bounded_lag_and_stops_its_actors(tmp_path):
+    updates = 30
+    cfg = _cfg(total_frames=3 * 4 * updates, learning_rate=1e-3, checkpoint_every=10)
+    run = RunDir.create(tmp_path / "run", cfg)
+    runtime = RayRuntime(cfg, run)
+    before = {k: v.clone() for k, v in runtime.agent.state_dict().items()}
+    actors = list(runtime.actors)
+    tracker = runtime.train()
+    assert tracker.update == updates
+    rows = read_metrics(run.metrics_path)
+    assert [r["update"] for r in rows] == list(range(1, updates + 1))
+    lags = [r["policy_lag"] for r in rows]
+    # actors that never reloaded the weights would lag by the update count: 0, 1, .., 29;
+    # with K * IN_FLIGHT requests in flight and the oldest ready one taken first, the lag
+    # is about that many updates (more while one actor stalls: a loaded machine)
+    assert all(math.isfinite(x) and x >= 0 for x in lags)
+    assert sum(lags) / len(lags) <= K * IN_FLIGHT and max(lags) <= updates / 2, str(lags)
+    assert max(lags) >= 1  # asynchronous: some segments come from older weights
+    assert all(r["actor_restarts"] == 0 for r in rows)
+    after = runtime.agent.state_dict()
+    assert any(not torch.equal(after[k], before[k]) for k in after)
+    assert run.checkpoint_path.is_file()
+    assert runtime.actors == [] and ray.is_initialized()  # the shared session stays
+    for a in actors:  # killed with the run
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(a.where.remote(), timeout=30)
+
+
+def _wait_for_new_process(runtime: RayRuntime, k: int, old_pid: int, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if ray.get(runtime.actors[k].where.remote(), timeout=timeout)[1] != old_pid:
+                return
+        except ray.exceptions.RayActorError:  # still dying or restarting
+            time.sleep(0.1)
+    raise AssertionError(f"actor {k} not restarted in {timeout} s")
+
+
+def test_sigkilled_actor_is_restarted_counted_and_the_run_goes_on(tmp_path):
+    updates = 40
+    cfg = _cfg(total_frames=3 * 4 * updates, max_actor_restarts=2)
+    run = RunDir.create(tmp_path / "run", cfg)
+    runtime = RayRuntime(cfg, run)
+    taken, _ = _record(runtime)
+    (_, victim), *_ = runtime.actor_places()
+    real_next_batch = runtime.next_batch
+
+    def next_batch():
+        if runtime.version == 5:
+            os.kill(victim, signal.SIGKILL)
+        if runtime.version == 6:  # go on once Ray has restarted it (a new process: seconds)
+            _wait_for_new_process(runtime, 0, victim)
+        return real_next_batch()
+
+    runtime.next_batch = next_batch
+    tracker = runtime.train()
+    assert tracker.update == updates
+    rows = read_metrics(run.metrics_path)
+    assert rows[-1]["actor_restarts"] >= 1 and rows[0]["actor_restarts"] == 0
+    victim_segments = [s for group in taken for s in group if s[0] == 0]
+    instances = list(dict.fromkeys(s[3] for s in victim_segments))
+    assert len(instances) >= 2  # a new process ...
+    first_new = next(s for s in victim_segments if s[3] == instances[1])
+    assert first_new[2] == 1  # ... whose streams started over (its segment 1)
+
+
+def test_a_death_past_the_restart_limit_stops_the_run_with_one_line(tmp_path):
+    cfg = _cfg(total_frames=3 * 4 * 400, max_actor_restarts=0)
+    run = RunDir.create(tmp_path / "run", cfg)
+    runtime = RayRuntime(cfg, run)
+    (_, victim), *_ = runtime.actor_places()
+    real_next_batch = runtime.next_batch
+
+    def next_batch():
+        if runtime.version == 3:
+            os.kill(victim, signal.SIGKILL)
+        return real_next_batch()
+
+    runtime.next_batch = next_batch
+    t0 = time.monotonic()
+    with pytest.raises(ActorError) as info:
+        runtime.train()
+    assert time.monotonic() - t0 < 60
+    message = str(info.value)
+    assert message.startswith("actor 0 died") and "--max-actor-restarts 0" in message
+    assert "\n" not in message and run.checkpoint_path.is_file() and runtime.actors == []
+
+
+def test_exception_inside_an_actor_reaches_the_learner_with_its_traceback(tmp_path):
+    cfg = _cfg(total_frames=3 * 4 * 50)
+    run = RunDir.create(tmp_path / "run", cfg)
+    runtime = RayRuntime(cfg, run)
+    real_publish = runtime.publish_weights
+
+    def publish():  # weights the actors' agents cannot load, from version 3 on
+        if runtime.version >= 3:
+            runtime.agent.register_buffer("not_in_the_actor", torch.zeros(1))
+        real_publish()
+
+    runtime.publish_weights = publish
+    with pytest.raises(ActorError) as info:
+        runtime.train()
+    message, trace = str(info.value), info.value.traceback
+    assert message.startswith("actor ") and "\n" not in message  # one line naming it ...
+    assert 'Unexpected key(s) in state_dict: "not_in_the_actor"' in message  # ... and why
+    assert "ray::RayActor.collect()" in trace  # the actor's own traceback
+    assert "in collect\n" in trace and "load_state_dict" in trace
+    assert "\x1b[" not in trace
+    assert runtime.actors == []
+    assert run.checkpoint_path.is_file()  # the last complete update
+
+
+def test_resume_continues_from_the_checkpoint(tmp_path):
+    """A run stopped after 8 updates (its checkpoint), resumed by a new runtime: the rows
+    go on from update 9 to the end, the weights and the restart count come back."""
+    cfg = _cfg(total_frames=3 * 4 * 16, checkpoint_every=8)
+    run = RunDir.create(tmp_path / "run", cfg)
+    first = RayRuntime(cfg, run)
+    first.restarts = 2  # as if two actors had died: the count is part of the checkpoint
+    real_next_batch = first.next_batch
+
+    def next_batch():
+        if first.version == 8:
+            raise ActorError("stop here")  # the base checkpoints update 8 and re-raises
+        return real_next_batch()
+
+    first.next_batch = next_batch
+    with pytest.raises(ActorError):
+        first.train()
+    payload = run.load_checkpoint()
+    assert payload["counters"]["update"] == 8 and payload["runtime"] == "ray"
+    second = RayRuntime(cfg, run)
+    second.restore(payload)
+    assert all(torch.equal(v, payload["agent"][k]) for k, v in second.agent.state_dict().items())
+    tracker = second.train()
+    assert tracker.update == 16
+    rows = read_metrics(run.metrics_path)
+    assert [r["update"] for r in rows] == list(range(1, 17))
+    assert rows[-1]["actor_restarts"] == 2
+
+
+@pytest.mark.gpu
+def test_learner_on_cuda_trains_from_ray_actors(tmp_path):
+    updates = 6
+    cfg = _cfg(device="cuda", total_frames=3 * 4 * updates)
+    runtime = RayRuntime(cfg, RunDir.create(tmp_path / "run", cfg))
+    before = {k: v.detach().cpu().clone() for k, v in runtime.agent.state_dict().items()}
+    assert next(runtime.agent.parameters()).is_cuda
+    tracker = runtime.train()
+    assert tracker.update == updates
+    after = runtime.agent.state_dict()
+    assert any(not torch.equal(after[k].cpu(), before[k]) for k in after)
