@@ -15,12 +15,14 @@ Segment layout (time-major, M steps, B streams; see docs/rl.md):
     state                           the core state of the B streams before obs[0]
 
 Core-state flow: the actor carries every stream's full core state across segments. It acts
-with `core.light_state(start)` (for RTRL cores the state without sensitivities) and, when
-that is lighter than the full state, recomputes the full end state once at the segment end
-with `core.advance_state` from the segment's start state and the recorded core inputs (one
-call of the core over the segment: the segment-wise carry). The sensitivities therefore
-accumulate over the stream's whole history since its last reset, computed with the actor's
-weights. Cores with nothing to drop carry their full state per step.
+with `core.light_state(start)` (for RTRL cores the state without sensitivities) through
+`core.act`, which also returns a trace of each step, and at the segment end brings the full
+state up to date with `core.carry_traces(start, traces)`: the segment-wise carry, computed
+from what the steps already computed (the eLSTM's gates, the RTU's and LRU's input maps and
+previous states) instead of re-running the recurrence. A core without such traces re-runs
+it once over the recorded inputs (`advance_state`); a core with nothing to drop has carried
+its full state while acting. The sensitivities therefore accumulate over the stream's whole
+history since its last reset, computed with the actor's weights.
 """
 
 from __future__ import annotations
@@ -110,8 +112,7 @@ class Actor:
         agent, buf, log = self.agent, self._buffers(), EpisodeLog()
         start = self.state
         state = agent.core.light_state(start)  # `start` itself when there is nothing to drop
-        carried_while_acting = state is start
-        inputs = []
+        traces = []
         for t in range(self.unroll_length):
             self._record_input(buf, t)
             reset = self.reset.unsqueeze(0)  # (1, B)
@@ -121,8 +122,8 @@ class Actor:
                 reset,
                 self.last_action.unsqueeze(0),
             )
-            inputs.append(x)
-            h, state = agent.core(x, state, reset=reset)
+            h, state, trace = agent.core.act(x, state, reset=reset)
+            traces.append(trace)
             logits = agent.heads(h)[0][0]  # (B, A)
             probs = torch.softmax(logits, dim=-1)
             action = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)  # (B,)
@@ -147,11 +148,7 @@ class Actor:
             self.last_action = action.masked_fill(done, 0)
             self.reset = done
         self._record_input(buf, self.unroll_length)
-        if carried_while_acting:
-            self.state = state
-        else:  # the segment-wise carry: one core call from the full start state
-            x_seg, reset_seg = torch.cat(inputs), buf["reset"][:-1]
-            self.state = agent.core.advance_state(x_seg, start, reset=reset_seg)
+        self.state = agent.core.carry_traces(start, traces)  # the segment-wise carry
         return Segment(**buf, state=start), log
 
     def _final_values(

@@ -109,7 +109,7 @@ class Agent(nn.Module):
         """The core's input ``(T, B, D)``: stem features, the clipped and scaled last reward
         and, with prev_action, the previous action's one-hot code (D = F + 1 [+ A]).
 
-        Actors record it to recompute the carried core state of a segment in one call.
+        Actors compute it step by step and pass it to `core.act`.
         """
         if last_reward.dim() != 2 or obs.shape[:2] != last_reward.shape:
             raise ValueError(

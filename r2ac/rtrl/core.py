@@ -6,8 +6,20 @@
 
 A subclass writes `initial_state` and `forward` (and `state_tensors`, to have its state
 checked); the checks of sizes, rules, inputs and states, and the defaults an actor relies on
-(`light_state`, `advance_state`, `skips_carry`), are here. Code above r2ac.rtrl (the agent,
-the actors) calls these methods and never looks inside a state.
+(`light_state`, `act`, `carry_traces`, `advance_state`, `skips_carry`), are here. Code above
+r2ac.rtrl (the agent, the actors) calls these methods and never looks inside a state or a
+trace.
+
+Acting with a light state and carrying the full one once per segment (docs/rules/rtrl.md,
+"The actor's carry"):
+
+    light = core.light_state(start)                       # no sensitivities
+    for each step:  y, light, trace = core.act(x, light, reset=reset)   # no grad
+    end = core.carry_traces(start, [trace, ...])          # full state, as forward would give it
+
+The default trace keeps the inputs and `carry_traces` runs `advance_state` over them (one more
+pass of the recurrence); a core whose steps already compute what its carry reads (the eLSTM,
+RTU, LRU) keeps that in its traces instead and carries without re-running the recurrence.
 
 Convention for cores that carry sensitivities (rules in `SENSITIVITY_RULES`): the state is a
 NamedTuple with a field `sens`, None in a light state (acting under no_grad needs none).
@@ -16,15 +28,24 @@ NamedTuple with a field `sens`, None in a light state (acting under no_grad need
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from r2ac.rtrl.state import check_rule, check_segment, check_state_tensor
+from r2ac.rtrl.state import cat_resets, check_rule, check_segment, check_state_tensor
 
 # (name, tensor, expected shape): one state tensor as `check_state` checks it
 StateTensor = tuple[str, Tensor, tuple[int, ...]]
+
+
+class InputTrace(NamedTuple):
+    """The default trace of `act`: its inputs and the state it returned."""
+
+    x: Tensor  # (T, B, D)
+    reset: Tensor | None  # (T, B) bool
+    state: Any  # the state after these steps
 
 
 class RecurrentCore(nn.Module, metaclass=abc.ABCMeta):
@@ -96,6 +117,24 @@ class RecurrentCore(nn.Module, metaclass=abc.ABCMeta):
         skip computing its outputs here)."""
         with torch.no_grad():
             return self(x, state, reset=reset)[1]
+
+    def act(self, x: Tensor, state: Any, reset: Tensor | None = None) -> tuple[Tensor, Any, Any]:
+        """Acting without gradients from `light_state(start)` (or from what the last `act`
+        returned): y (T, B, N), the state after these steps (light, as the one given) and a
+        trace for `carry_traces`, which reads it with the same parameters."""
+        with torch.no_grad():
+            y, new = self(x, state, reset=reset)
+        return y, new, InputTrace(x, reset, new)
+
+    def carry_traces(self, state: Any, traces: Sequence[Any]) -> Any:
+        """The full state after the steps of `traces` (from `act`, in order, acted from
+        `light_state(state)`), from the full state `state` before them, which is left intact:
+        what `advance_state` over the same inputs returns, to rounding."""
+        if self.light_state(state) is state:  # nothing was dropped: the steps carried it
+            return traces[-1].state
+        xs = [t.x for t in traces]
+        reset = cat_resets([t.reset for t in traces], xs)  # (T, B) or None
+        return self.advance_state(torch.cat(xs), state, reset=reset)
 
     # -- shared checks
 

@@ -17,6 +17,8 @@ gradient, and the rule "bptt" is the same code without that term.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -26,7 +28,7 @@ from r2ac.rtrl import gpu_carry
 from r2ac.rtrl.core import RecurrentCore, StateTensor
 from r2ac.rtrl.deferred import PendingCarry, ReadToken
 from r2ac.rtrl.elstm_math import ELSTMSensitivity, ELSTMState
-from r2ac.rtrl.state import keep_mask
+from r2ac.rtrl.state import cat_resets, keep_mask
 
 # "snap1" is an alias of "rtrl": the recurrent Jacobian d c(t) / d c(t-1) is diagonal, so
 # SnAp-1 drops nothing and is exact RTRL (docs/rules/snap1.md).
@@ -42,6 +44,33 @@ class _History:
         self.sens = sens
         self.pending: PendingCarry | None = None
         self.token: ReadToken | None = None  # the graph's claim on S(t0), until its backward
+
+
+class ELSTMTrace(NamedTuple):
+    """What `ELSTM.act` keeps for `ELSTM.carry_traces`: the inputs and resets, the gates of
+    every step and the cell state after the last step."""
+
+    x: Tensor  # (T, B, D)
+    reset: Tensor | None  # (T, B) bool
+    gates: em.GateTrace  # f, z, cp: (T, B, N) each
+    c: Tensor  # (B, N)
+
+
+def _layer_forward(
+    x: Tensor, params: tuple[Tensor, ...], c0: Tensor, keep: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, em.GateTrace]:
+    """The layer's forward pass: h, c, o (T, B, N) and the gates of every step.
+
+    params: F, Z, O (N, D), b_f, b_z, b_o, w_f, w_z (N,), W_o (N, N); keep (T, B, 1) or None.
+    """
+    F, Z, O, b_f, b_z, b_o, w_f, w_z, W_o = params
+    T, B, _ = x.shape
+    N = F.shape[0]
+    pre = torch.nn.functional.linear(x, torch.cat([F, Z, O]), torch.cat([b_f, b_z, b_o]))
+    c_all, gates = em.recurrence_steps(pre[..., :N], pre[..., N : 2 * N], w_f, w_z, c0, keep)
+    o_pre = torch.addmm(pre[..., 2 * N :].reshape(T * B, N), c_all.view(T * B, N), W_o.t())
+    o = torch.sigmoid_(o_pre).view(T, B, N)
+    return o * c_all, c_all, o, gates
 
 
 class _Segment(torch.autograd.Function):
@@ -61,13 +90,8 @@ class _Segment(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, F, Z, O, b_f, b_z, b_o, w_f, w_z, W_o, c0, keep, history):
-        T, B, _ = x.shape
-        N = F.shape[0]
-        pre = torch.nn.functional.linear(x, torch.cat([F, Z, O]), torch.cat([b_f, b_z, b_o]))
-        c_all, trace = em.recurrence_forward(pre[..., :N], pre[..., N : 2 * N], w_f, w_z, c0, keep)
-        o_pre = torch.addmm(pre[..., 2 * N :].reshape(T * B, N), c_all.view(T * B, N), W_o.t())
-        o = torch.sigmoid_(o_pre).view(T, B, N)
-        h = o * c_all
+        h, c_all, o, gates = _layer_forward(x, (F, Z, O, b_f, b_z, b_o, w_f, w_z, W_o), c0, keep)
+        trace = em.local_derivatives(gates, w_f, w_z, keep)
         carried = tuple(history.sens) if history is not None else ()  # FZ, wb of S(t0)
         ctx.save_for_backward(x, F, Z, O, W_o, c_all, o, *trace, *carried)
         ctx.history = history
@@ -236,10 +260,7 @@ class ELSTM(RecurrentCore):
         sens = state.sens
         history = _History(sens) if self.tracks_history(state) else None
         keep = keep_mask(reset, x.dtype)  # (T, B, 1) or None
-        h, c_all, *trace = _Segment.apply(
-            x, self.F, self.Z, self.O, self.b_f, self.b_z, self.b_o, self.w_f, self.w_z, self.W_o,
-            state.c.detach(), keep, history,
-        )  # fmt: skip
+        h, c_all, *trace = _Segment.apply(x, *self._params(), state.c.detach(), keep, history)
         new_sens = None
         if sens is not None and carry and self.carries_sensitivities:
             trace, x = em.RecurrenceTrace(*trace), x.detach()
@@ -285,3 +306,35 @@ class ELSTM(RecurrentCore):
         if self.carries_sensitivities and state.sens is not None:
             sens = self._carry(state.sens, trace, x)
         return ELSTMState(c_all[-1], sens)
+
+    @torch.no_grad()
+    def act(
+        self, x: Tensor, state: ELSTMState, reset: Tensor | None = None
+    ) -> tuple[Tensor, ELSTMState, ELSTMTrace]:
+        """h (T, B, N) as `forward` gives it, the light state after the steps, and a trace of
+        their gates, from which `carry_traces` carries without re-running the recurrence."""
+        T, B = self.check_input(x, reset)
+        self.check_state(state, B)
+        keep = keep_mask(reset, x.dtype)  # (T, B, 1) or None
+        h, c_all, _, gates = _layer_forward(x, self._params(), state.c, keep)
+        c = c_all[-1]  # (B, N)
+        return h, ELSTMState(c, None), ELSTMTrace(x, reset, gates, c)
+
+    @torch.no_grad()
+    def carry_traces(self, state: ELSTMState, traces: Sequence[ELSTMTrace]) -> ELSTMState:
+        """The state after the acted steps, with the sensitivities carried from `state`'s over
+        the steps' gates (`elstm_math.carry_from_gates`: in float32 on CPU one pass of the
+        native kernel, the local derivatives included; `state` is left intact)."""
+        c = traces[-1].c
+        if not (self.carries_sensitivities and state.sens is not None):
+            return ELSTMState(c, None)
+        xs = [t.x for t in traces]
+        gates = em.GateTrace(*(torch.cat(parts) for parts in zip(*(t.gates for t in traces))))
+        x = torch.cat(xs)  # (T, B, D)
+        keep = keep_mask(cat_resets([t.reset for t in traces], xs), x.dtype)  # (T, B, 1) | None
+        w = (self.w_f, self.w_z)
+        return ELSTMState(c, em.carry_from_gates(state.sens, gates, keep, w, x, self.fused_step))
+
+    def _params(self) -> tuple[Tensor, ...]:
+        """The parameters in `_layer_forward`'s order."""
+        return (self.F, self.Z, self.O, self.b_f, self.b_z, self.b_o, self.w_f, self.w_z, self.W_o)

@@ -79,14 +79,22 @@ class RecurrenceTrace(NamedTuple):
     cp: Tensor
 
 
-def recurrence_forward(
+class GateTrace(NamedTuple):
+    """What the recurrence's steps compute and the carry needs (all (T, B, N)): the gates
+    f(t), z(t) and the reset-masked previous cell state cp(t)."""
+
+    f: Tensor
+    z: Tensor
+    cp: Tensor
+
+
+def recurrence_steps(
     pre_f: Tensor, pre_z: Tensor, w_f: Tensor, w_z: Tensor, c0: Tensor, keep: Tensor | None
-) -> tuple[Tensor, RecurrenceTrace]:
-    """Run the element-wise recurrence over a segment.
+) -> tuple[Tensor, GateTrace]:
+    """Run the element-wise recurrence over a segment: c (T, B, N) and its gates.
 
     pre_f, pre_z: (T, B, N) input pre-activations (bias included); c0: (B, N);
     keep: (T, B, 1) with 0 where a stream restarts before step t, or None.
-    Returns c: (T, B, N) and the local derivatives of every step.
     """
     T = pre_f.shape[0]
     c_all = pre_f.new_empty(pre_f.shape)  # (T, B, N)
@@ -101,13 +109,30 @@ def recurrence_forward(
         c = torch.addcmul(z, f, cp - z, out=c_all[t])  # f * cp + (1 - f) * z
     if cp_all is None:  # no reset: cp(t) is just c(t-1)
         cp_all = torch.cat([c0.unsqueeze(0), c_all[:-1]], 0)
-    one_minus_f = 1.0 - f_all
-    fh = (cp_all - z_all) * f_all * one_minus_f
-    zh = one_minus_f * (1.0 - z_all * z_all)
-    a = f_all + w_f * fh + w_z * zh
+    return c_all, GateTrace(f_all, z_all, cp_all)
+
+
+def local_derivatives(
+    gates: GateTrace, w_f: Tensor, w_z: Tensor, keep: Tensor | None
+) -> RecurrenceTrace:
+    """fh, zh, a (module docstring) of every step from its gates, as one pass over (T, B, N)."""
+    f, z, cp = gates
+    one_minus_f = 1.0 - f
+    fh = (cp - z) * f * one_minus_f
+    zh = one_minus_f * (1.0 - z * z)
+    a = f + w_f * fh + w_z * zh
     if keep is not None:
         a = a * keep
-    return c_all, RecurrenceTrace(fh, zh, a, cp_all)
+    return RecurrenceTrace(fh, zh, a, cp)
+
+
+def recurrence_forward(
+    pre_f: Tensor, pre_z: Tensor, w_f: Tensor, w_z: Tensor, c0: Tensor, keep: Tensor | None
+) -> tuple[Tensor, RecurrenceTrace]:
+    """`recurrence_steps`, then the local derivatives of every step: c (T, B, N) and the
+    trace the backward and the carry read."""
+    c_all, gates = recurrence_steps(pre_f, pre_z, w_f, w_z, c0, keep)
+    return c_all, local_derivatives(gates, w_f, w_z, keep)
 
 
 def recurrence_backward(
@@ -173,8 +198,13 @@ def carry_segment(sens: ELSTMSensitivity, trace: RecurrenceTrace, x: Tensor) -> 
     """Sensitivities at the end of a segment from those at its start, with one batched GEMM.
 
     x: (T, B, D) the segment's inputs. Cost: B*2N*T*D multiply-adds plus one pass over FZ.
-    Writes new tensors; `carry_segment_in_place` is the same carry over the old ones.
+    Writes new tensors; `carry_segment_in_place` is the same carry over the old ones. In
+    float32 on CPU the native kernel (r2ac.rtrl.native) does it in one pass.
     """
+    stored = _stored_blocks(sens.FZ)  # (B, D, 2, N) or None
+    if _native(stored, sens.wb, x):  # one pass: carry inputs, scale and GEMM fused
+        new, wb = native.carry(stored, sens.wb, *trace, x)
+        return ELSTMSensitivity(new.permute(0, 2, 3, 1), wb)
     _, B, N = trace.fh.shape
     D = x.shape[-1]
     u, G = _carry_inputs(trace)
@@ -185,11 +215,42 @@ def carry_segment(sens: ELSTMSensitivity, trace: RecurrenceTrace, x: Tensor) -> 
     return ELSTMSensitivity(new.permute(0, 2, 3, 1), wb)
 
 
+def carry_from_gates(
+    sens: ELSTMSensitivity,
+    gates: GateTrace,
+    keep: Tensor | None,
+    w: tuple[Tensor, Tensor],
+    x: Tensor,
+    fused: bool = False,
+) -> ELSTMSensitivity:
+    """The carry of a segment from its steps' gates (T, B, N), keep (T, B, 1) or None,
+    w = (w_f, w_z) and inputs x (T, B, D): `local_derivatives`, then `carry_segment` (or
+    `carry_step`, `fused` or not, for T = 1); in float32 on CPU both in the native kernel."""
+    stored = _stored_blocks(sens.FZ)  # (B, D, 2, N) or None
+    if _native(stored, sens.wb, x):
+        new, wb = native.carry_from_gates(stored, sens.wb, gates, keep, w, x)
+        return ELSTMSensitivity(new.permute(0, 2, 3, 1), wb)
+    trace = local_derivatives(gates, *w, keep)
+    if x.shape[0] == 1:
+        return carry_step(sens, trace, x, fused=fused)
+    return carry_segment(sens, trace, x)
+
+
 def _stored_blocks(FZ: Tensor) -> Tensor | None:
     """FZ's storage as per-stream (D, 2, N) blocks, (B, D, 2, N), if it has the layer's layout
     (`zero_FZ`); None for any other layout."""
     stored = FZ.permute(0, 3, 1, 2)
     return stored if stored.is_contiguous() else None
+
+
+def _native(stored: Tensor | None, wb: Tensor, x: Tensor | None = None) -> bool:
+    """Whether the native kernel takes these operands (`native.supports`) and is loaded."""
+    return (
+        stored is not None
+        and wb.is_contiguous()
+        and native.supports(stored, x)
+        and native.load() is not None
+    )
 
 
 def in_place_ready(sens: ELSTMSensitivity) -> bool:
@@ -223,7 +284,7 @@ def history_and_carry_in_place(
     Returns the history gradients, as `inject_gradients` does.
     """
     stored = _stored_blocks(sens.FZ)  # (B, D, 2, N)
-    if stored is None or not native.supports(stored, x) or native.load() is None:
+    if not _native(stored, sens.wb, x):
         grads = inject_gradients(d_hat, sens)
         carry_segment_in_place(sens, trace, x)
         return grads
@@ -273,11 +334,14 @@ def inject_gradients(d_hat: Tensor, sens: ELSTMSensitivity) -> tuple[Tensor, Ten
     """The history term of the exact gradient: d_hat(t0) contracted with the carried sensitivities.
 
     d_hat: (B, N) = dL_segment / dc(t0). Returns dL/d[F; Z] (2, N, D) and dL/d(w_f, w_z, b_f, b_z)
-    (4, N). A memory-bound pass over FZ, summed over streams in the layout FZ is stored in.
+    (4, N). A memory-bound pass over FZ, summed over streams in the layout FZ is stored in
+    (in float32 on CPU by the native kernel).
     """
     B, _, N, D = sens.FZ.shape
-    d_wb = torch.einsum("bn,bkn->kn", d_hat, sens.wb)
     stored = _stored_blocks(sens.FZ)  # (B, D, 2, N)
+    if _native(stored, sens.wb):
+        return native.history(stored, sens.wb, d_hat)
+    d_wb = torch.einsum("bn,bkn->kn", d_hat, sens.wb)
     if stored is not None:  # the layer's own layout: one streaming multiply-add per stream
         acc = stored[0] * d_hat[0]
         for b in range(1, B):

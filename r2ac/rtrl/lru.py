@@ -176,18 +176,33 @@ class LRU(PairCore):
                 self.B_re,
                 self.B_im,
             )
-        h_all, hp_all, u = self._recurrence(x, h0, keep)  # (T, B, 2, N)
-        C = torch.cat([self.C_re, -self.C_im], 1)  # (H, 2N): Re(C h) = C_re h_re - C_im h_im
-        y = torch.addmm(x.reshape(T * B, -1) @ self.D.t(), h_all.reshape(T * B, -1), C.t())
-        y = y.view(T, B, self.hidden_size)  # Re(C h) + D x
+        y, h_all, hp_all, _, u = self._outputs(x, h0, keep)
         new_sens = None
         if self.rule == "rtrl" and state.sens is not None and carry:
             with torch.no_grad():
-                params = (self.nu_log.detach(), self.theta_log.detach(), self.gamma_log.detach())
-                new_sens = lru_carry(
-                    state.sens, x.detach(), hp_all.detach(), u.detach(), keep, params
-                )
+                new_sens = self._carry_sensitivities(state.sens, x, hp_all, u, None, keep)
         return y, LRUState(h_all[-1].detach(), new_sens)
+
+    def _outputs(
+        self, x: Tensor, h0: Tensor, keep: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor, None, Tensor]:
+        T, B = x.shape[:2]
+        h_all, hp_all, u = self._recurrence(x, h0, keep)  # (T, B, 2, N)
+        C = torch.cat([self.C_re, -self.C_im], 1)  # (H, 2N): Re(C h) = C_re h_re - C_im h_im
+        y = torch.addmm(x.reshape(T * B, -1) @ self.D.t(), h_all.reshape(T * B, -1), C.t())
+        return y.view(T, B, self.hidden_size), h_all, hp_all, None, u  # y = Re(C h) + D x
+
+    def _carry_sensitivities(
+        self,
+        sens: pm.PairSensitivity,
+        x: Tensor,
+        cp: Tensor,
+        u: Tensor,
+        a: Tensor | None,
+        keep: Tensor | None,
+    ) -> pm.PairSensitivity:
+        params = (self.nu_log.detach(), self.theta_log.detach(), self.gamma_log.detach())
+        return lru_carry(sens, x, cp, u, keep, params)
 
     def _recurrence(
         self, x: Tensor, h: Tensor, keep: Tensor | None

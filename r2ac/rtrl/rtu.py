@@ -216,25 +216,33 @@ class RTU(PairCore):
             c0 = _HistoryGradient.apply(
                 c0, state.sens.W, state.sens.v, self.nu_log, self.theta_log, self.W1, self.W2
             )
-        c_all, cp_all, a_all, u = self._recurrence(x, c0, keep)
-        act = ACTIVATIONS[self.activation]
-        h = c_all if self.nonlinear else act(c_all)
+        h, c_all, cp_all, a_all, u = self._outputs(x, c0, keep)
         new_sens = None
         if self.rule == "rtrl" and state.sens is not None and carry:
             with torch.no_grad():
-                params = (self.nu_log.detach(), self.theta_log.detach())
-                new_sens = rtu_carry(
-                    state.sens,
-                    x.detach(),
-                    cp_all.detach(),
-                    u.detach(),
-                    a_all.detach(),
-                    keep,
-                    params,
-                    self.nonlinear,
-                    self.activation,
-                )
-        return h.reshape(T, B, self.hidden_size), RTUState(c_all[-1].detach(), new_sens)
+                new_sens = self._carry_sensitivities(state.sens, x, cp_all, u, a_all, keep)
+        return h, RTUState(c_all[-1].detach(), new_sens)
+
+    def _outputs(
+        self, x: Tensor, c0: Tensor, keep: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:
+        T, B = x.shape[:2]
+        c_all, cp_all, a_all, u = self._recurrence(x, c0, keep)
+        h = c_all if self.nonlinear else ACTIVATIONS[self.activation](c_all)
+        a_all = a_all if self.nonlinear else None  # a linear recurrence's carry needs no a
+        return h.reshape(T, B, self.hidden_size), c_all, cp_all, a_all, u
+
+    def _carry_sensitivities(
+        self,
+        sens: pm.PairSensitivity,
+        x: Tensor,
+        cp: Tensor,
+        u: Tensor,
+        a: Tensor | None,
+        keep: Tensor | None,
+    ) -> pm.PairSensitivity:
+        params = (self.nu_log.detach(), self.theta_log.detach())
+        return rtu_carry(sens, x, cp, u, a, keep, params, self.nonlinear, self.activation)
 
     def _recurrence(
         self, x: Tensor, c: Tensor, keep: Tensor | None

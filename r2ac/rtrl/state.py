@@ -77,6 +77,19 @@ def keep_mask(reset: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | 
     return (~reset).to(dtype).unsqueeze(-1)
 
 
+def cat_resets(
+    resets: Sequence[torch.Tensor | None], xs: Sequence[torch.Tensor]
+) -> torch.Tensor | None:
+    """Reset masks (T_i, B) bool or None of consecutive calls on inputs xs (T_i, B, D) ->
+    (sum T_i, B), a None part read as "no reset"; None if every part is None."""
+    if all(r is None for r in resets):
+        return None
+    parts = [
+        x.new_zeros(x.shape[:2], dtype=torch.bool) if r is None else r for r, x in zip(resets, xs)
+    ]
+    return torch.cat(parts)
+
+
 def run_in_reset_chunks(
     x: torch.Tensor,
     reset: torch.Tensor | None,

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+from torch.utils import _pytree as pytree
 
 from r2ac.rl.actor import Actor, cat_segments
 from r2ac.rl.build import agent_for_env, make_env
+from r2ac.rtrl import core_names, make_core
 
 from .rl_helpers import tiny
 
 M, B = 7, 4
 
 
-def _actor(cfg, seed=3):
+def _actor(cfg, seed=3, dtype=torch.float64):
     torch.manual_seed(0)
     env = make_env(cfg, B, seed)
-    agent = agent_for_env(cfg, env, dtype=torch.float64)
+    agent = agent_for_env(cfg, env, dtype=dtype)
     return Actor(agent, env, seed, M), agent, env
+
+
+CARRYING = [n for n in core_names() if make_core(n, 2, 2).carries_sensitivities]
 
 
 def test_segment_layout_and_episode_bookkeeping():
@@ -78,3 +84,29 @@ def test_rtrl_actor_carries_sensitivities_and_matches_a_per_step_carry():
     assert torch.allclose(state.sens.wb, seg2.state.sens.wb, atol=1e-12)
     both = cat_segments([seg1, seg2])
     assert both.obs.shape[1] == 2 * B and both.state.c.shape[0] == 2 * B
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("core", CARRYING)
+def test_carry_from_traces_equals_the_segment_recompute(core, dtype, tol):
+    """The actor's carried state (act + carry_traces) against the segment-wise recompute
+    (advance_state from the start state over the recorded core inputs), chained separately
+    over 6 segments with episode ends inside them: equal to `tol` relative (the largest
+    difference over the largest entry, per state tensor)."""
+    cfg = tiny(env="builtin/watermaze", env_options=("size=3", "episode_steps=5"), core=core)
+    actor, agent, _ = _actor(cfg, dtype=dtype)
+    recomputed, resets = actor.state, 0
+    for _ in range(6):
+        seg, _ = actor.collect()
+        resets += int(seg.reset[1:M].sum())
+        inputs = (seg.obs[:M], seg.last_reward[:M], seg.reset[:M], seg.last_action[:M])
+        with torch.no_grad():
+            x = agent.core_input(*inputs)
+        recomputed = agent.core.advance_state(x, recomputed, reset=seg.reset[:M])
+        got, want = pytree.tree_leaves(actor.state), pytree.tree_leaves(recomputed)
+        assert len(got) == len(want) and all(t is not None for t in got)
+        for a, b in zip(got, want):
+            assert a.dtype == dtype
+            err = float((a - b).abs().max() / b.abs().max())
+            assert err < tol, (core, err)
+    assert resets > 0  # episodes ended inside segments

@@ -20,6 +20,8 @@ from r2ac.rtrl.gradcheck import (
 )
 from r2ac.rtrl.state import cat_streams, select_streams
 
+from .common import ACT_CALLS, ACT_RESETS, act_segment, max_rel_error
+
 F32, F64 = torch.float32, torch.float64
 NAMES = core_names()
 D, N = 5, 4
@@ -165,6 +167,35 @@ def test_light_state_advance_state_and_skipping_the_carry(name):
         assert len(leaves(skipped)) < len(leaves(want))
     else:  # carry=False is accepted and changes nothing
         assert all(torch.equal(a, b) for a, b in zip(leaves(skipped), leaves(want)))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_act_and_carry_traces_equal_forward_and_advance_state(name):
+    """The actor's path, over three segments: `act` from the light state (mixed call lengths,
+    resets anywhere) gives forward's outputs, and `carry_traces` from the full start state
+    gives advance_state's state (float64, < 1e-12 relative) and leaves the start intact."""
+    core = make(name)
+    got = want = warm_state(core, 3)
+    reset = torch.zeros(sum(ACT_CALLS), 3, dtype=torch.bool)
+    for t, b in ACT_RESETS:
+        reset[t, b] = True
+    for k in range(3):
+        x = segment(sum(ACT_CALLS), 3, seed=10 + k)
+        before = [t.clone() for t in leaves(got)]
+        y, light, traces = act_segment(core, got, x, reset)
+        with torch.no_grad():
+            y_want, end = core(x, got, reset=reset)
+        torch.testing.assert_close(y, y_want, rtol=1e-13, atol=1e-13)
+        for a, b in zip(leaves(light), leaves(core.light_state(end)), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
+        start, got = got, core.carry_traces(got, traces)
+        assert all(torch.equal(a, b) for a, b in zip(leaves(start), before))  # left intact
+        want = core.advance_state(x, want, reset=reset)
+        assert type(got) is type(want)
+        assert len(leaves(got)) == len(leaves(want))
+        for a, b in zip(leaves(got), leaves(want)):
+            assert max_rel_error(a, b) < 1e-12, (name, k, max_rel_error(a, b))
+    assert all(float(t.abs().sum()) > 0 for t in leaves(got))
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -87,6 +87,62 @@ def test_native_equals_pytorch_path(T, B, N, D, resets, monkeypatch):
             )
 
 
+SHAPES = [
+    (50, 3, 64, 37, ()),
+    (7, 2, 40, 6, ((0, 1), (4, 0))),
+    (1, 1, 8, 1, ()),
+    (13, 4, 24, 12, ((12, 3), (6, 2))),
+]
+
+
+def close_to(got, want, rtol=2e-6):
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=rtol, atol=rtol * b.abs().max().item())
+
+
+@needs_kernel
+@pytest.mark.parametrize("T, B, N, D, resets", SHAPES)
+def test_out_of_place_carry_and_history_equal_pytorch_path(T, B, N, D, resets, monkeypatch):
+    """The kernel's carry into new buffers (carry_segment) and its history alone
+    (inject_gradients): the PyTorch path's numbers, and the start state left intact."""
+    sens, trace, x, d_hat = random_segment(T, B, N, D, resets)
+    before = [t.clone() for t in sens]
+    calls = []
+    for name in ("carry", "history"):
+        kernel = getattr(native, name)
+        monkeypatch.setattr(native, name, lambda *a, _k=kernel: (calls.append(1), _k(*a))[1])
+    got = (*em.carry_segment(sens, trace, x), *em.inject_gradients(d_hat, sens))
+    assert len(calls) == 2 and all(torch.equal(a, b) for a, b in zip(sens, before))
+    monkeypatch.setattr(native, "load", lambda: None)
+    close_to(got, (*em.carry_segment(sens, trace, x), *em.inject_gradients(d_hat, sens)))
+
+
+@needs_kernel
+@pytest.mark.parametrize("T, B, N, D, resets", SHAPES)
+def test_carry_from_gates_equals_local_derivatives_then_carry(T, B, N, D, resets, monkeypatch):
+    """The actor's carry (r2ac_carry_gates: the trace derived from the gates in the kernel)
+    against local_derivatives + carry_segment / carry_step in PyTorch, resets included."""
+    gen = torch.Generator().manual_seed(1)
+    keep = None
+    if resets:
+        keep = torch.ones(T, B, 1)
+        for t, b in resets:
+            keep[t, b] = 0.0
+    w = (0.1 * torch.randn(N, generator=gen), 0.1 * torch.randn(N, generator=gen))
+    pre_f, pre_z, c0 = (
+        torch.randn(*shape, generator=gen) for shape in ((T, B, N),) * 2 + ((B, N),)
+    )
+    _, gates = em.recurrence_steps(pre_f, pre_z, *w, c0, keep)
+    sens, _, x, _ = random_segment(T, B, N, D, seed=2)
+    got = em.carry_from_gates(sens, gates, keep, w, x)
+    assert em._stored_blocks(got.FZ) is not None  # the layer's layout, for the next carry
+    monkeypatch.setattr(native, "load", lambda: None)
+    want = em.carry_from_gates(sens, gates, keep, w, x)
+    close_to(got, want)
+    trace = em.local_derivatives(gates, *w, keep)
+    close_to(want, em.carry_segment(sens, trace, x) if T > 1 else em.carry_step(sens, trace, x))
+
+
 @needs_kernel
 def test_layer_float32_gradients_with_the_kernel_match_float64_full_bptt(monkeypatch):
     """Through the layer (in-place carry, several segments, resets inside them): the float32

@@ -18,7 +18,7 @@ from r2ac.rtrl.gradcheck import (
 from r2ac.rtrl.reference import rtu_reference
 from r2ac.rtrl.rtu import immediate_vector_derivatives, rtu_carry, rtu_coefficients
 
-from .common import F64, PATTERNS
+from .common import ACT_CALLS, ACT_RESETS, F64, PATTERNS, act_segment, max_rel_error
 
 VARIANTS = [(False, "tanh"), (False, "relu"), (True, "tanh"), (True, "relu")]
 
@@ -188,6 +188,25 @@ def test_skip_carry_and_advance_state():
     for a, b in zip(advanced.sens, full.sens):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert not advanced.c.requires_grad
+
+
+@pytest.mark.parametrize("nonlinear, activation", VARIANTS)
+def test_act_and_carry_traces_equal_advance_state(nonlinear, activation):
+    """The actor's path for every RTU variant (the registry holds the linear tanh one only):
+    act call by call with resets, then carry_traces == advance_state over two segments."""
+    layer = make_layer("rtrl", nonlinear, activation)
+    got = want = layer.advance_state(torch.randn(3, 3, 5, dtype=F64), layer.initial_state(3))
+    reset = torch.zeros(sum(ACT_CALLS), 3, dtype=torch.bool)
+    for t, b in ACT_RESETS:
+        reset[t, b] = True
+    for _ in range(2):
+        x = torch.randn(sum(ACT_CALLS), 3, 5, dtype=F64)
+        y, _, traces = act_segment(layer, got, x, reset)
+        with torch.no_grad():
+            torch.testing.assert_close(y, layer(x, got, reset=reset)[0], rtol=1e-13, atol=1e-13)
+        got, want = layer.carry_traces(got, traces), layer.advance_state(x, want, reset=reset)
+        for a, b in zip((got.c, *got.sens), (want.c, *want.sens)):
+            assert max_rel_error(a, b) < 1e-12
 
 
 def test_initial_ring():

@@ -1,8 +1,10 @@
-"""Optional native kernel for the eLSTM's in-place RTRL carry (float32, CPU).
+"""Optional native kernel for the eLSTM's RTRL carry and history term (float32, CPU).
 
 `elstm_carry.c` does, in one pass over the O(B*N*D) sensitivities, what the PyTorch path does
 in several at the end of a segment's backward: the carry inputs (u, G), the history
-contraction, the scale by G and the carry GEMM (docs/rules/rtrl.md, "Native kernel").
+contraction, the scale by G and the carry GEMM (docs/rules/rtrl.md, "Native kernel"); the
+same pass without the history is an actor's carry into new buffers (`carry`), and the history
+alone is a learner's that does not carry (`history`).
 
 It is plain C, built on first use with the system C compiler (`cc -O3 -march=native
 -fopenmp`, about a second) and cached under `~/.cache/r2ac/native` (or `$R2AC_NATIVE_CACHE`),
@@ -174,7 +176,13 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn = lib.r2ac_carry_fused
     fn.restype = ctypes.c_int
-    fn.argtypes = [i64] * 4 + [ptr] * 3 + [i64] * 2 + [ptr] * 7
+    fn.argtypes = [i64] * 4 + [ptr] * 4 + [i64] * 2 + [ptr] * 8
+    fn = lib.r2ac_history
+    fn.restype = ctypes.c_int
+    fn.argtypes = [i64] * 3 + [ptr] * 5
+    fn = lib.r2ac_carry_gates
+    fn.restype = ctypes.c_int
+    fn.argtypes = [i64] * 4 + [ptr] * 3 + [i64] * 2 + [ptr] * 8
     return lib
 
 
@@ -210,17 +218,39 @@ def load() -> ctypes.CDLL | None:
     return _lib
 
 
-def supports(stored: Tensor, x: Tensor) -> bool:
+def supports(stored: Tensor, x: Tensor | None = None) -> bool:
     """Whether the kernel takes these operands: float32 CPU, FZ blocks (B, D, 2, N) contiguous
-    with N a multiple of 8, x with unit stride over its features."""
+    with N a multiple of 8, and x (if given) float32 with unit stride over its features."""
     return (
         stored.dtype == torch.float32
         and stored.device.type == "cpu"
-        and x.dtype == torch.float32
         and stored.is_contiguous()
         and stored.shape[-1] % 8 == 0
-        and x.stride(-1) == 1
+        and (x is None or (x.dtype == torch.float32 and x.stride(-1) == 1))
     )
+
+
+def _checked(stored: Tensor, wb: Tensor, x: Tensor | None = None) -> None:
+    if _lib is None:
+        raise NativeKernelError("native kernel not loaded (call load() first)")
+    if not (supports(stored, x) and wb.is_contiguous() and wb.dtype == stored.dtype):
+        raise NativeKernelError("operands not in the kernel's layout (see supports)")
+
+
+def _run_carry(stored, out, wb, wb_out, trace, x, history):
+    """r2ac_carry_fused over `trace` (fh, zh, a, cp) and x; history = (hist, d_hat, d_wb) or None."""
+    B, D, _, N = stored.shape
+    fh, zh, a, cp = (v.contiguous() for v in trace)
+    hist, d_hat, d_wb = history if history is not None else (None, None, None)
+    rc = _lib.r2ac_carry_fused(
+        B, D, N, x.shape[0], stored.data_ptr(), out.data_ptr(),
+        None if hist is None else hist.data_ptr(), x.data_ptr(), x.stride(0), x.stride(1),
+        *(v.data_ptr() for v in (fh, zh, a, cp)),
+        None if d_hat is None else d_hat.data_ptr(), wb.data_ptr(), wb_out.data_ptr(),
+        None if d_wb is None else d_wb.data_ptr(),
+    )  # fmt: skip
+    if rc != 0:
+        raise NativeKernelError(f"r2ac_carry_fused returned {rc}")
 
 
 def carry_in_place(
@@ -240,18 +270,62 @@ def carry_in_place(
     d_hat: (B, N) = dL/dc(t0). Returns the history gradients dL/d[F; Z] as (2, N, D) and
     dL/d(w_f, w_z, b_f, b_z) as (4, N), both from the sensitivities at the segment's start.
     """
-    if _lib is None:
-        raise NativeKernelError("native kernel not loaded (call load() first)")
-    if not (supports(stored, x) and wb.is_contiguous()):
-        raise NativeKernelError("operands not in the kernel's layout (see supports)")
+    _checked(stored, wb, x)
     B, D, _, N = stored.shape
-    fh, zh, a, cp, d_hat = (v.contiguous() for v in (fh, zh, a, cp, d_hat))
     hist, d_wb = stored.new_empty(2, N, D), stored.new_zeros(4, N)  # the kernel writes all of hist
-    rc = _lib.r2ac_carry_fused(
-        B, D, N, x.shape[0],
-        stored.data_ptr(), hist.data_ptr(), x.data_ptr(), x.stride(0), x.stride(1),
-        *(v.data_ptr() for v in (fh, zh, a, cp, d_hat, wb, d_wb)),
+    _run_carry(stored, stored, wb, wb, (fh, zh, a, cp), x, (hist, d_hat.contiguous(), d_wb))
+    return hist, d_wb
+
+
+def carry(
+    stored: Tensor, wb: Tensor, fh: Tensor, zh: Tensor, a: Tensor, cp: Tensor, x: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The carry of one segment into new buffers, `stored` and `wb` left intact (as in
+    `carry_in_place`, without the history). Returns the blocks (B, D, 2, N) and wb (B, 4, N)
+    at the segment's end."""
+    _checked(stored, wb, x)
+    out, wb_out = torch.empty_like(stored), torch.empty_like(wb)
+    _run_carry(stored, out, wb, wb_out, (fh, zh, a, cp), x, None)
+    return out, wb_out
+
+
+def carry_from_gates(
+    stored: Tensor,
+    wb: Tensor,
+    gates: tuple[Tensor, Tensor, Tensor],
+    keep: Tensor | None,
+    w: tuple[Tensor, Tensor],
+    x: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """`carry` with the trace derived in the kernel from the steps' gates: f, z, cp (T, B, N),
+    keep (T, B, 1) or None, w = (w_f, w_z) (N,) (elstm_math.local_derivatives)."""
+    _checked(stored, wb, x)
+    B, D, _, N = stored.shape
+    out, wb_out = torch.empty_like(stored), torch.empty_like(wb)
+    f, z, cp, w_f, w_z = (v.detach().contiguous() for v in (*gates, *w))
+    keep = None if keep is None else keep.contiguous()
+    rc = _lib.r2ac_carry_gates(
+        B, D, N, x.shape[0], stored.data_ptr(), out.data_ptr(), x.data_ptr(), x.stride(0),
+        x.stride(1), *(v.data_ptr() for v in (f, z, cp)),
+        None if keep is None else keep.data_ptr(), w_f.data_ptr(), w_z.data_ptr(),
+        wb.data_ptr(), wb_out.data_ptr(),
     )  # fmt: skip
     if rc != 0:
-        raise NativeKernelError(f"r2ac_carry_fused returned {rc}")
+        raise NativeKernelError(f"r2ac_carry_gates returned {rc}")
+    return out, wb_out
+
+
+def history(stored: Tensor, wb: Tensor, d_hat: Tensor) -> tuple[Tensor, Tensor]:
+    """The history gradients of `carry_in_place` alone: dL/d[F; Z] (2, N, D) and
+    dL/d(w_f, w_z, b_f, b_z) (4, N) from the blocks (B, D, 2, N), wb (B, 4, N) and d_hat (B, N)."""
+    _checked(stored, wb)
+    B, D, _, N = stored.shape
+    hist, d_wb = stored.new_empty(2, N, D), stored.new_zeros(4, N)
+    d_hat = d_hat.contiguous()
+    rc = _lib.r2ac_history(
+        B, D, N, stored.data_ptr(), hist.data_ptr(), d_hat.data_ptr(), wb.data_ptr(),
+        d_wb.data_ptr(),
+    )  # fmt: skip
+    if rc != 0:
+        raise NativeKernelError(f"r2ac_history returned {rc}")
     return hist, d_wb
