@@ -184,9 +184,6 @@ class ParallelRuntime(Runtime):
         return {"actor_restarts": float(self.restarts)}
 
     def start(self) -> None:
-        self._start()
-
-    def _start(self) -> None:
         self.publish_weights()
         for k in range(self.cfg.actors):
             self._spawn(k, generation=0)

@@ -22,13 +22,13 @@ def test_parallel_runtime_trains_logs_lag_and_shuts_down(tmp_path, core):
     runtime = ParallelRuntime(cfg, run)
     before = {k: v.clone() for k, v in runtime.agent.state_dict().items()}
     processes = []
-    real_start = runtime._start
+    real_start = runtime.start
 
     def start():
         real_start()
         processes.extend(runtime.processes)
 
-    runtime._start = start
+    runtime.start = start
     tracker = runtime.train()
     assert tracker.update == 8 and tracker.frames == 96
     assert len(processes) == 2 and not any(p.is_alive() for p in processes)
