@@ -15,7 +15,6 @@ For the config the options give (default: `r2ac train`'s), one thread each:
 
 from __future__ import annotations
 
-import logging
 import statistics
 import sys
 import time
@@ -68,9 +67,10 @@ def ray_costs(packed, segments_per_batch: int) -> dict[str, float]:
 
     from r2ac.rl import wire
     from r2ac.rl.actor import cat_segments
+    from r2ac.rl.runtime_ray import init_local_ray
 
     t0 = time.perf_counter()
-    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level=logging.WARNING)
+    init_local_ray(1)  # the runtime's way: workers at this process's niceness
     start = time.perf_counter() - t0
 
     @ray.remote(num_cpus=1)

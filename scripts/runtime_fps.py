@@ -8,6 +8,12 @@ steady frames/s (metrics.csv, from the row at 20 % of the updates to the last: s
 excluded), the wall time of the whole command (start-up included) and, for ray, the start-up
 lines it logs (local Ray, actors, bytes a segment). The machine's load average is printed
 before and after each run.
+
+It also reports the CPU time the whole process tree (learner, actors, and for ray its
+raylet, GCS and workers) spends per frame in the same steady window: sampled from /proc
+twice a second together with metrics.csv's frame count. Frames/s depend on what else the
+machine runs; CPU time per frame much less so, which makes this the figure to compare on a
+shared box (a runtime whose processes wait costs no CPU, so it shows cost, not idleness).
 """
 
 from __future__ import annotations
@@ -37,20 +43,84 @@ def load() -> float:
     return os.getloadavg()[0]
 
 
+def _cpu_ticks() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, user + system clock ticks) of every process in /proc."""
+    table = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (name) "
+        table[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    return table
+
+
+def tree_cpu_s(root: int, seen: dict[int, int]) -> float:
+    """CPU seconds of `root` and its descendants so far; `seen` keeps each process's last
+    reading, so that processes which exited still count (up to their last sample)."""
+    table = _cpu_ticks()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    stack = [root]
+    while stack:
+        pid = stack.pop()
+        if pid in table:
+            seen[pid] = table[pid][1]
+        stack.extend(children.get(pid, []))
+    return sum(seen.values()) / os.sysconf("SC_CLK_TCK")
+
+
+def last_frames(metrics: Path) -> float | None:
+    try:
+        lines = metrics.read_text().splitlines()
+    except OSError:
+        return None
+    if len(lines) < 2:
+        return None
+    header, last = lines[0].split(","), lines[-1].split(",")
+    try:
+        return float(last[header.index("frames")])
+    except (ValueError, IndexError):
+        return None
+
+
+def steady_cpu_us_per_frame(samples: list[tuple[float, float]]) -> float:
+    """CPU microseconds a frame between the sample at 20 % of the frames and the last."""
+    final = samples[-1][0]
+    window = [s for s in samples if s[0] >= 0.2 * final]
+    (f0, c0), (f1, c1) = window[0], window[-1]
+    return float("nan") if f1 <= f0 else 1e6 * (c1 - c0) / (f1 - f0)
+
+
 def run_one(runtime: str, options: list[str], out: Path) -> dict:
     cmd = [sys.executable, "-m", "r2ac.cli", "train", "--runtime", runtime, "--num-threads", "1"]
     cmd += ["--no-eval-at-end", "--no-progress", "--log-every", "5", "--out-dir", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     before, t0 = load(), time.perf_counter()
-    proc = subprocess.run(cmd + options, env=env, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - t0
+    with tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen(cmd + options, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        samples: list[tuple[float, float]] = []  # (frames, tree CPU seconds)
+        seen: dict[int, int] = {}
+        while proc.poll() is None:
+            cpu, frames = tree_cpu_s(proc.pid, seen), last_frames(out / "metrics.csv")
+            if frames is not None and (not samples or frames > samples[-1][0]):
+                samples.append((frames, cpu))
+            time.sleep(0.5)
+        wall = time.perf_counter() - t0
+        stderr.seek(0)
+        err = stderr.read()
     if proc.returncode != 0:
-        raise SystemExit(f"{runtime} failed:\n{proc.stderr}")
-    ray_lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("ray: ")]
+        raise SystemExit(f"{runtime} failed:\n{err}")
+    ray_lines = [ln for ln in err.splitlines() if ln.startswith("ray: ")]
     return {
         "runtime": runtime,
         "fps": steady_fps(out / "metrics.csv"),
         "wall_s": wall,
+        "cpu_us": steady_cpu_us_per_frame(samples) if len(samples) > 1 else float("nan"),
         "load": (before, load()),
         "ray": ray_lines,
     }
@@ -77,21 +147,24 @@ def main(argv: list[str]) -> int:
                 row = run_one(runtime, options, Path(tmp) / f"{runtime}-{rep}")
                 results[runtime].append(row)
                 print(
-                    f"rep {rep} {runtime:9s} {row['fps']:8.0f} frames/s  wall {row['wall_s']:5.1f} s"
+                    f"rep {rep} {runtime:9s} {row['fps']:8.0f} frames/s  {row['cpu_us']:5.1f} CPU us/frame"
+                    f"  wall {row['wall_s']:5.1f} s"
                     f"  load {row['load'][0]:.1f} -> {row['load'][1]:.1f}  {' | '.join(row['ray'])}",
                     flush=True,
                 )
-    print("\nmedian steady frames/s (wall s):")
+    print("\nmedian steady frames/s, CPU us a frame (all processes), wall s:")
     medians = {r: statistics.median(x["fps"] for x in rows) for r, rows in results.items()}
+    cpu = {r: statistics.median(x["cpu_us"] for x in rows) for r, rows in results.items()}
     for r, rows in results.items():
         wall = statistics.median(x["wall_s"] for x in rows)
-        print(f"  {r:9s} {medians[r]:8.0f}  ({wall:.1f} s)")
+        print(f"  {r:9s} {medians[r]:8.0f}  {cpu[r]:6.1f} us  ({wall:.1f} s)")
     if "ray" in medians and "parallel" in medians:
         print(f"  ray / parallel = {medians['ray'] / medians['parallel']:.2f}")
         ratios = [
             a["fps"] / b["fps"] for a, b in zip(results["ray"], results["parallel"], strict=True)
         ]
         print(f"  per repeat: {', '.join(f'{x:.2f}' for x in ratios)}")
+        print(f"  CPU a frame, ray / parallel = {cpu['ray'] / cpu['parallel']:.2f}")
     start = [
         float(m.group(1))
         for x in results.get("ray", [])

@@ -22,8 +22,8 @@ from r2ac.rl.run_dir import RunDir, read_metrics  # noqa: E402
 from r2ac.rl.runtime import ActorError  # noqa: E402
 from r2ac.rl.runtime_ray import (  # noqa: E402
     IN_FLIGHT,
-    RAY_OPTIONS,
     RayRuntime,
+    init_local_ray,
     keep_sigterm_handler,
 )
 
@@ -35,7 +35,7 @@ K = 2  # actors
 @pytest.fixture(scope="module", autouse=True)
 def ray_session():
     with keep_sigterm_handler():  # the other tests expect the default SIGTERM handler
-        ray.init(num_cpus=K, **RAY_OPTIONS)
+        init_local_ray(K)
     yield
     ray.shutdown()
 
@@ -116,6 +116,8 @@ def test_trains_logs_bounded_lag_and_stops_its_actors(tmp_path):
     runtime = RayRuntime(cfg, run)
     before = {k: v.clone() for k, v in runtime.agent.state_dict().items()}
     actors = list(runtime.actors)
+    # Ray's default would start them at nice 15: starved by anything else on the machine
+    assert [p.niceness for p in runtime.actor_places()] == [os.nice(0)] * K
     tracker = runtime.train()
     assert tracker.update == updates
     rows = read_metrics(run.metrics_path)
@@ -141,7 +143,7 @@ def _wait_for_new_process(runtime: RayRuntime, k: int, old_pid: int, timeout: fl
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if ray.get(runtime.actors[k].where.remote(), timeout=timeout)[1] != old_pid:
+            if ray.get(runtime.actors[k].where.remote(), timeout=timeout).pid != old_pid:
                 return
         except ray.exceptions.RayActorError:  # still dying or restarting
             time.sleep(0.1)
@@ -154,7 +156,7 @@ def test_sigkilled_actor_is_restarted_counted_and_the_run_goes_on(tmp_path):
     run = RunDir.create(tmp_path / "run", cfg)
     runtime = RayRuntime(cfg, run)
     taken, _ = _record(runtime)
-    (_, victim), *_ = runtime.actor_places()
+    victim = runtime.actor_places()[0].pid
     real_next_batch = runtime.next_batch
 
     def next_batch():
@@ -180,7 +182,7 @@ def test_a_death_past_the_restart_limit_stops_the_run_with_one_line(tmp_path):
     cfg = _cfg(total_frames=3 * 4 * 400, max_actor_restarts=0)
     run = RunDir.create(tmp_path / "run", cfg)
     runtime = RayRuntime(cfg, run)
-    (_, victim), *_ = runtime.actor_places()
+    victim = runtime.actor_places()[0].pid
     real_next_batch = runtime.next_batch
 
     def next_batch():

@@ -44,7 +44,7 @@ def test_run_on_two_nodes_finishes(tmp_path, two_nodes):
     )
     run = RunDir.create(tmp_path / "run", cfg)
     runtime = RayRuntime(cfg, run)
-    nodes = {node for node, _ in runtime.actor_places()}
+    nodes = {p.node for p in runtime.actor_places()}
     assert len(nodes) == 2  # one CPU a node: the two actors cannot share one
     tracker = runtime.train()
     assert tracker.update == updates
