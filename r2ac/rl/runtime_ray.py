@@ -7,10 +7,11 @@ segments arrive through Ray's object store and weights leave by `ray.put`. Proce
 - `num_actors` Ray actors (`num_cpus=1` each), each a `RayActor`: its own env batch, seeded
   from the one seed and its index, a CPU copy of the agent and an `Actor` (the class the
   serial runtime uses).
-- Weights leave the learner once per version: `ray.put` of the state_dict as numpy arrays
-  (`PublishedWeights`). Segments are requested with the newest published version; an actor
-  pulls (`ray.get`, zero-copy on its node) the weights at the start of a segment whose
-  version differs from the one it holds.
+- Weights leave the learner once per version as the state_dict's numpy arrays
+  (`PublishedWeights`): inside the segment requests when small (<= INLINE_WEIGHTS_BYTES,
+  sent with the call), else `ray.put` once and pulled by an actor (`ray.get`, zero-copy on
+  its node) at the start of a segment whose version differs from the one it holds.
+  Segments are requested with the newest published version.
 - Each actor has `IN_FLIGHT` requests queued (one running, one waiting), so it never waits
   for the learner. Its `SegmentReady` (the segment and its start core state with the RTRL
   sensitivities, packed as numpy by r2ac.rl.wire) travels through the object store; the
@@ -64,6 +65,11 @@ log = logging.getLogger(__name__)
 
 RAY_OPTIONS = {"include_dashboard": False, "logging_level": logging.WARNING}
 IN_FLIGHT = 2  # segment requests queued per actor: one being collected, one waiting
+# Weights up to this size travel inside the requests: Ray sends task arguments up to 100 KiB
+# (its max_direct_call_object_size) with the call itself, while a `ray.put` into the
+# object store cost the learner ~19% of its time at 87 kB a version (py-spy, built-in
+# task); larger weights (image stems) are put once a version.
+INLINE_WEIGHTS_BYTES = 90 * 1024
 WAIT_S = 0.2  # a wait for segments wakes up this often (to check actor_timeout_s)
 START_S = 300.0  # actors not all constructed after this long: stop with an error
 
@@ -73,11 +79,17 @@ START_S = 300.0  # actors not all constructed after this long: stop with an erro
 
 @dataclass(frozen=True)
 class PublishedWeights:
-    """A weights version in the object store. The reference sits in a tuple so that Ray does
+    """A weights version: small ones travel inside each request, larger ones sit in the
+    object store (`ray.put` once a version). The reference sits in a tuple so that Ray does
     not fetch it with the request: an actor fetches it only when its version is new."""
 
     version: int
-    refs: tuple[Any, ...]  # (ObjectRef of the state_dict as numpy arrays,)
+    refs: tuple[Any, ...] = ()  # (ObjectRef of the state_dict as numpy arrays,) or ()
+    arrays: dict[str, np.ndarray] | None = None  # the state_dict itself, when small
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        arrays = self.arrays if self.arrays is not None else ray.get(self.refs[0])
+        return state_dict_from_numpy(arrays)
 
 
 @dataclass(frozen=True)
@@ -181,7 +193,7 @@ class RayActor:
             self._restart_streams(request.epoch)
         weights = request.weights
         if weights.version != self.version:
-            self.agent.load_state_dict(state_dict_from_numpy(ray.get(weights.refs[0])))
+            self.agent.load_state_dict(weights.state_dict())
             self.version = weights.version
         seg, episodes = self.actor.collect()
         self.seq += 1
@@ -357,7 +369,12 @@ class RayRuntime(Runtime):
 
     def publish_weights(self) -> None:
         arrays = {k: v.numpy() for k, v in self.agent_state_cpu().items()}
-        self.weights = PublishedWeights(self.version, (ray.put(arrays),))
+        if sum(a.nbytes for a in arrays.values()) <= INLINE_WEIGHTS_BYTES:
+            # a copy: requests are pickled when sent, and the arrays may be the parameters
+            snapshot = {k: a.copy() for k, a in arrays.items()}
+            self.weights = PublishedWeights(self.version, arrays=snapshot)
+        else:
+            self.weights = PublishedWeights(self.version, refs=(ray.put(arrays),))
 
     def start(self) -> None:
         self.publish_weights()

@@ -9,6 +9,7 @@ import os
 import random
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -183,8 +184,13 @@ def test_a_sigkilled_actor_past_its_restarts_stops_the_run_with_one_line(tmp_pat
     assert _all_gone(_children(proc.pid)) == []
 
 
+def _mp_temp_dirs() -> set[str]:
+    """multiprocessing's own temp dirs (`pymp-*` in the temp dir; removed only at a clean exit)."""
+    return {p.name for p in Path(tempfile.gettempdir()).glob("pymp-*")}
+
+
 def test_a_sigkilled_learner_takes_its_actors_and_leaves_nothing_in_dev_shm(tmp_path):
-    before = set(os.listdir(SHM))
+    before, before_tmp = set(os.listdir(SHM)), _mp_temp_dirs()
     out = tmp_path / "run"
     proc = _start(_args(out))
     _wait_for_update(proc, out, 3)
@@ -194,6 +200,7 @@ def test_a_sigkilled_learner_takes_its_actors_and_leaves_nothing_in_dev_shm(tmp_
     proc.communicate(timeout=TIMEOUT_S)
     assert _all_gone(children, seconds=5.0) == []
     assert set(os.listdir(SHM)) - before == set()
+    assert _mp_temp_dirs() - before_tmp == set()
 
 
 def _stop_trial(tmp_path: Path, trial: int, signum: int, times: int = 1) -> None:

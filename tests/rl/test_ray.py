@@ -15,6 +15,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from r2ac.rl import runtime_ray  # noqa: E402
 from r2ac.rl.actor import Actor  # noqa: E402
 from r2ac.rl.build import actor_seed, agent_for_env, make_env  # noqa: E402
 from r2ac.rl.learner import Learner  # noqa: E402
@@ -109,17 +110,29 @@ def test_gradient_on_ray_segments_equals_serial_float64():
     assert any(float(grad["core.F"].abs().max()) > 1e-6 for grad in grads)
 
 
-def test_trains_logs_bounded_lag_and_stops_its_actors(tmp_path):
+@pytest.mark.parametrize("weights_by", ["request", "object_store"])
+def test_trains_logs_bounded_lag_and_stops_its_actors(tmp_path, monkeypatch, weights_by):
+    if weights_by == "object_store":  # as for weights too large to travel with a request
+        monkeypatch.setattr(runtime_ray, "INLINE_WEIGHTS_BYTES", 0)
     updates = 30
     cfg = _cfg(total_frames=3 * 4 * updates, learning_rate=1e-3, checkpoint_every=10)
     run = RunDir.create(tmp_path / "run", cfg)
     runtime = RayRuntime(cfg, run)
+    published, publish = [], runtime.publish_weights
+
+    def publish_and_record():
+        publish()
+        published.append(runtime.weights)
+
+    runtime.publish_weights = publish_and_record
     before = {k: v.clone() for k, v in runtime.agent.state_dict().items()}
     actors = list(runtime.actors)
     # Ray's default would start them at nice 15: starved by anything else on the machine
     assert [p.niceness for p in runtime.actor_places()] == [os.nice(0)] * K
     tracker = runtime.train()
     assert tracker.update == updates
+    assert [w.version for w in published] == list(range(updates + 1))
+    assert all((w.arrays is None) == (weights_by == "object_store") for w in published)
     rows = read_metrics(run.metrics_path)
     assert [r["update"] for r in rows] == list(range(1, updates + 1))
     lags = [r["policy_lag"] for r in rows]
