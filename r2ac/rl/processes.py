@@ -10,8 +10,12 @@ duplex pipe per actor (`multiprocessing.Pipe`: a socket pair, no named semaphore
 
 Weights live in shared memory (`WeightBoard`) and are published without a lock: a sequence
 counter (a seqlock) that the one writer makes odd while it writes and even when done; a
-reader copies and keeps the copy only if the counter was even and unchanged around it. An
-actor that dies mid-read therefore blocks nobody, and the writer never waits.
+reader copies and keeps the copy only if the counter was even and unchanged around it and
+the copy's CRC-32 equals the one the writer stored. An actor that dies mid-read therefore
+blocks nobody, and the writer never waits. The checksum makes the protocol independent of
+the CPU's memory ordering: Python issues no fences, so on a weakly ordered CPU (ARM), or
+with the non-temporal stores memcpy uses for large copies on x86, a reader could see the
+new counter before all of the new weights; a torn copy fails the checksum and is retried.
 
 Actor processes start through multiprocessing's "spawn" (a fresh interpreter), placed by
 `spawn_into_group` in a process group of their own with SIGINT blocked until they ignore it:
@@ -29,7 +33,8 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -78,17 +83,28 @@ class ActorSpec:
     parent_pid: int  # the learner
 
 
+def crc32_of(tensors: Iterable[torch.Tensor]) -> int:
+    """CRC-32 of the tensors' bytes, in order (CPU tensors)."""
+    crc = 0
+    for t in tensors:
+        crc = zlib.crc32(t.detach().contiguous().view(-1).view(torch.uint8).numpy(), crc)
+    return crc
+
+
 @dataclass
 class WeightBoard:
     """A state_dict in shared memory, one writer (the learner), many readers (actors)."""
 
     tensors: dict[str, torch.Tensor]
-    seq: torch.Tensor = field(default_factory=lambda: torch.zeros(2, dtype=torch.int64))
+    # seq (odd while writing), version, CRC-32 of the tensors
+    seq: torch.Tensor = field(default_factory=lambda: torch.zeros(3, dtype=torch.int64))
 
     @classmethod
     def create(cls, state: dict[str, torch.Tensor]) -> WeightBoard:
         tensors = {k: v.detach().cpu().clone().share_memory_() for k, v in state.items()}
-        return cls(tensors, torch.zeros(2, dtype=torch.int64).share_memory_())  # seq, version
+        board = cls(tensors, torch.zeros(3, dtype=torch.int64).share_memory_())
+        board.seq[2] = crc32_of(tensors.values())
+        return board
 
     def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Write `state` (any device) as `version`; readers retry a copy that overlaps."""
@@ -96,6 +112,7 @@ class WeightBoard:
         self.seq[0] = seq + 1  # odd: writing
         for k, v in state.items():
             self.tensors[k].copy_(v)
+        self.seq[2] = crc32_of(self.tensors.values())
         self.seq[1] = version
         self.seq[0] = seq + 2
 
@@ -103,7 +120,7 @@ class WeightBoard:
     def read_into(self, module: torch.nn.Module, seen: int, timeout_s: float = 60.0) -> int:
         """Copy the newest weights into `module` unless their version is `seen`; return the
         version `module` now holds. TimeoutError if no consistent copy within `timeout_s`
-        (a writer that died mid-write)."""
+        (a writer that died mid-write; `module` may then hold a torn copy)."""
         deadline = time.monotonic() + timeout_s
         dst = module.state_dict()
         while True:
@@ -112,9 +129,10 @@ class WeightBoard:
                 version = int(self.seq[1])
                 if version == seen:
                     return seen
+                crc = int(self.seq[2])
                 for k, v in self.tensors.items():
                     dst[k].copy_(v)
-                if int(self.seq[0]) == before:
+                if int(self.seq[0]) == before and crc32_of(dst[k] for k in self.tensors) == crc:
                     return version
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no consistent copy of the weights in {timeout_s:.0f} s")

@@ -48,9 +48,11 @@ class _Recording(ParallelRuntime):
 
 
 def test_policy_lag_stays_bounded_and_a_stale_actor_is_caught():
-    """Two actors with two slots each and one segment per batch: a segment waits for at most
-    the other three, so its lag is at most 2 * 4 + 1 versions. Actor 1 never reloads the
-    weights after its first read: its lag grows with the run."""
+    """Two actors with two slots each and one segment per batch: with actors at the same
+    speed a segment waits for at most the other three, so its lag is at most 2 * 4 + 1
+    versions; on a loaded machine a slowed actor's segment can wait for more of the other
+    actor's (once seen: a flaky failure), so the check allows 2x that. Actor 1 never reloads
+    the weights after its first read: its lag grows with the run, to about 60."""
     cfg = tiny(runtime="parallel", num_actors=2, total_frames=4 * 3 * 60)
     runtime = _Recording(cfg)
     runtime.actor_target = faulty_actors.stale_actor_1
@@ -59,8 +61,8 @@ def test_policy_lag_stays_bounded_and_a_stale_actor_is_caught():
     bound = 2 * runtime.slots_per_actor * cfg.actors // cfg.segments_per_batch + 1
     fresh = [lag for actor, lag in runtime.lags if actor == 0]
     stale = [lag for actor, lag in runtime.lags if actor == 1]
-    assert fresh and max(fresh) <= bound
-    assert stale and max(stale) > bound  # the check above can fail
+    assert fresh and max(fresh) <= 2 * bound, fresh
+    assert stale and max(stale) > 3 * bound, stale  # the check above can fail
     assert runtime.version == 60 and int(runtime.board.seq[1]) == 60
     published = runtime.board.tensors
     assert all(torch.equal(published[k], v) for k, v in runtime.agent.state_dict().items())
@@ -83,3 +85,17 @@ def test_weight_board_publishes_versions_and_refuses_a_torn_copy():
     board.seq[0] += 1  # a writer that died mid-write: no consistent copy, a timeout
     with pytest.raises(TimeoutError):
         board.read_into(reader, seen=0, timeout_s=0.05)
+
+
+def test_weight_board_refuses_weights_seen_before_their_checksum():
+    """What a weakly ordered CPU can show a reader: the counter even and unchanged, but the
+    weights only partly written. The checksum catches it; the counter alone would not."""
+    agent = torch.nn.Linear(3, 2)
+    board = WeightBoard.create(agent.state_dict())
+    board.publish(agent.state_dict(), version=1)
+    board.tensors["weight"][0, 0] += 1.0  # new bytes in, the writer's CRC not yet visible
+    reader = torch.nn.Linear(3, 2)
+    with pytest.raises(TimeoutError):
+        board.read_into(reader, seen=0, timeout_s=0.05)
+    board.tensors["weight"][0, 0] -= 1.0  # the consistent version again
+    assert board.read_into(reader, seen=0) == 1 and torch.equal(reader.weight, agent.weight)
