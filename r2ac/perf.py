@@ -6,6 +6,10 @@ reset through /proc/self/clear_refs). Every benchmark and study measures peaks w
 in a fresh process on CPU (r2ac.bench.probe), since the resident set depends on everything
 the process did before.
 
+`time_alternating(fns, repeats, warmup, device)`: the one timing loop of the benchmarks
+(median ms of each function, the functions called in turn so that a noisy machine's drift
+falls on all of them alike), and `synchronize(device)`, which it calls around each call.
+
 `keep_freed_memory()`: glibc serves allocations above ~32 MB with fresh mmap'd pages and
 returns them on free, so every new sensitivity tensor of the RTRL carry (33 MB at N=512,
 D=257, B=32) pays ~8000 page faults (measured: a 33 MB clone takes ~10 ms instead of ~1 ms).
@@ -17,7 +21,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import statistics
 import sys
+import time
 from collections.abc import Callable
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4
@@ -100,3 +106,26 @@ def peak_memory_mib(run: Callable[[], object], device: str = "cpu") -> float | N
         return max(rss_bytes("VmHWM") - base, 0) / 2**20
     except OSError:
         return None
+
+
+def synchronize(device) -> None:
+    """Wait for the work queued on `device` (CUDA); CPU work is done when a call returns."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def time_alternating(fns: dict, repeats: int, warmup: int, device) -> dict[str, float]:
+    """Median ms per call of each function, calling them in turn in one loop (the first
+    `warmup` rounds not counted)."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for i in range(warmup + repeats):
+        for name, fn in fns.items():
+            synchronize(device)
+            t0 = time.perf_counter()
+            fn()
+            synchronize(device)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return {k: 1e3 * statistics.median(v) for k, v in times.items()}

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from r2ac.perf import time_alternating
 from r2ac.rtrl import ELSTMSensitivity, gpu_carry
 from r2ac.rtrl import elstm_math as em
 
@@ -71,8 +72,6 @@ def carry_row(shape, dtype, device, repeats, warmup, copy_gbs) -> CarryRow:
 
 
 def _median_ms(fn, repeats, warmup, device) -> float:
-    from r2ac.bench.core import time_alternating  # core imports this module
-
     return time_alternating({"fn": fn}, repeats, warmup, device)["fn"]
 
 

@@ -19,9 +19,7 @@ import itertools
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
@@ -31,7 +29,7 @@ import tyro
 from r2ac.bench import bandwidth
 from r2ac.bench.probe import run_fresh
 from r2ac.errors import ConfigError, check_writable
-from r2ac.perf import keep_freed_memory, peak_memory_mib
+from r2ac.perf import keep_freed_memory, peak_memory_mib, time_alternating
 from r2ac.rtrl import ELSTM, ELSTMSensitivity, ELSTMState, gpu_carry, native
 from r2ac.rtrl import elstm_math as em
 from r2ac.rtrl.reference import elstm_reference
@@ -151,25 +149,6 @@ def _naive_fn(layer, x, readout, state):
         x.grad = None
 
     return run
-
-
-def _sync(device):
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def time_alternating(fns: dict, repeats: int, warmup: int, device) -> dict[str, float]:
-    """Median ms per call of each function, calling them in turn in one loop."""
-    times = {k: [] for k in fns}
-    for i in range(warmup + repeats):
-        for name, fn in fns.items():
-            _sync(device)
-            t0 = time.perf_counter()
-            fn()
-            _sync(device)
-            if i >= warmup:
-                times[name].append(time.perf_counter() - t0)
-    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
 
 
 def carry_bandwidth(shape, dtype, device, repeats, warmup) -> dict[str, float]:

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import statistics
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +35,7 @@ import torch
 from torch import Tensor
 
 from r2ac.errors import ConfigError
+from r2ac.perf import time_alternating
 from r2ac.rtrl import elstm_math as em
 from r2ac.rtrl.elstm_math import ELSTMSensitivity, RecurrenceTrace
 
@@ -276,20 +275,7 @@ def _clones(args: Sequence[Tensor]) -> list[Tensor]:
 
 def _median_ms(fn: Callable, args) -> float:
     """Median ms of TRIAL_REPEATS calls after one warm-up (fn may overwrite args: the carry)."""
-    times = []
-    for i in range(TRIAL_REPEATS + 1):
-        _sync(args[0].device)
-        t0 = time.perf_counter()
-        fn(*args)
-        _sync(args[0].device)
-        if i:
-            times.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(times)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    return time_alternating({"fn": lambda: fn(*args)}, TRIAL_REPEATS, 1, args[0].device)["fn"]
 
 
 def _warn_once(name: str, why: str) -> None:
