@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import platform
 import sys
 from collections.abc import Callable, Iterable
@@ -28,6 +27,7 @@ import tyro
 
 from r2ac.bench import bandwidth
 from r2ac.bench.probe import run_fresh
+from r2ac.environ import environ
 from r2ac.errors import ConfigError, check_writable
 from r2ac.perf import keep_freed_memory, peak_memory_mib, time_alternating
 from r2ac.rtrl import ELSTM, ELSTMSensitivity, ELSTMState, gpu_carry, native
@@ -338,15 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    saved_choice = os.environ.get(gpu_carry.ENV)
-    if cfg.gpu_carry:
-        os.environ[gpu_carry.ENV] = cfg.gpu_carry
-    try:
+    # the choice holds for this command only (main also runs inside tests)
+    with environ(**({gpu_carry.ENV: cfg.gpu_carry} if cfg.gpu_carry else {})):
         _run(cfg, shapes)
-    finally:  # the choice holds for this command only (main also runs inside tests)
-        os.environ.pop(gpu_carry.ENV, None)
-        if saved_choice is not None:
-            os.environ[gpu_carry.ENV] = saved_choice
     return 0
 
 
