@@ -1,6 +1,11 @@
 """Frames/s of the runtimes side by side: `r2ac train` runs, alternated, medians of repeats.
 
     python scripts/runtime_fps.py --repeats 3 -- --total-frames 300000
+    python scripts/runtime_fps.py --runtimes parallel ray:actor ray:learner -- ...
+
+A runtime may name its `--sensitivity-carry` after a colon (`ray:actor`: the actors ship
+their sensitivities with every segment; `ray:learner`, ray's default, the learner carries
+them).
 
 Each repeat runs every runtime once (the order rotates between repeats), with the same
 `r2ac train` options (after `--`), `--num-threads 1`, no evaluation. Per run it reports the
@@ -96,8 +101,10 @@ def steady_cpu_us_per_frame(samples: list[tuple[float, float]]) -> float:
     return float("nan") if f1 <= f0 else 1e6 * (c1 - c0) / (f1 - f0)
 
 
-def run_one(runtime: str, options: list[str], out: Path) -> dict:
+def run_one(spec: str, options: list[str], out: Path) -> dict:
+    runtime, _, carry = spec.partition(":")
     cmd = [sys.executable, "-m", "r2ac.cli", "train", "--runtime", runtime, "--num-threads", "1"]
+    cmd += ["--sensitivity-carry", carry] if carry else []
     cmd += ["--no-eval-at-end", "--no-progress", "--log-every", "5", "--out-dir", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     before, t0 = load(), time.perf_counter()
@@ -114,10 +121,10 @@ def run_one(runtime: str, options: list[str], out: Path) -> dict:
         stderr.seek(0)
         err = stderr.read()
     if proc.returncode != 0:
-        raise SystemExit(f"{runtime} failed:\n{err}")
+        raise SystemExit(f"{spec} failed:\n{err}")
     ray_lines = [ln for ln in err.splitlines() if ln.startswith("ray: ")]
     return {
-        "runtime": runtime,
+        "runtime": spec,
         "fps": steady_fps(out / "metrics.csv"),
         "wall_s": wall,
         "cpu_us": steady_cpu_us_per_frame(samples) if len(samples) > 1 else float("nan"),
@@ -147,7 +154,7 @@ def main(argv: list[str]) -> int:
                 row = run_one(runtime, options, Path(tmp) / f"{runtime}-{rep}")
                 results[runtime].append(row)
                 print(
-                    f"rep {rep} {runtime:9s} {row['fps']:8.0f} frames/s  {row['cpu_us']:5.1f} CPU us/frame"
+                    f"rep {rep} {runtime:11s} {row['fps']:8.0f} frames/s  {row['cpu_us']:5.1f} CPU us/frame"
                     f"  wall {row['wall_s']:5.1f} s"
                     f"  load {row['load'][0]:.1f} -> {row['load'][1]:.1f}  {' | '.join(row['ray'])}",
                     flush=True,
@@ -157,17 +164,19 @@ def main(argv: list[str]) -> int:
     cpu = {r: statistics.median(x["cpu_us"] for x in rows) for r, rows in results.items()}
     for r, rows in results.items():
         wall = statistics.median(x["wall_s"] for x in rows)
-        print(f"  {r:9s} {medians[r]:8.0f}  {cpu[r]:6.1f} us  ({wall:.1f} s)")
-    if "ray" in medians and "parallel" in medians:
-        print(f"  ray / parallel = {medians['ray'] / medians['parallel']:.2f}")
+        print(f"  {r:11s} {medians[r]:8.0f}  {cpu[r]:6.1f} us  ({wall:.1f} s)")
+    for ray in (r for r in medians if r.split(":")[0] == "ray" and "parallel" in medians):
+        print(f"  {ray} / parallel = {medians[ray] / medians['parallel']:.2f}")
         ratios = [
-            a["fps"] / b["fps"] for a, b in zip(results["ray"], results["parallel"], strict=True)
+            a["fps"] / b["fps"] for a, b in zip(results[ray], results["parallel"], strict=True)
         ]
-        print(f"  per repeat: {', '.join(f'{x:.2f}' for x in ratios)}")
-        print(f"  CPU a frame, ray / parallel = {cpu['ray'] / cpu['parallel']:.2f}")
+        print(f"    per repeat: {', '.join(f'{x:.2f}' for x in ratios)}")
+        print(f"    CPU a frame, {ray} / parallel = {cpu[ray] / cpu['parallel']:.2f}")
     start = [
         float(m.group(1))
-        for x in results.get("ray", [])
+        for r, rows in results.items()
+        if r.split(":")[0] == "ray"
+        for x in rows
         for ln in x["ray"]
         if (m := re.search(r"started in ([0-9.]+) s", ln))
     ]

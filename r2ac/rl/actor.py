@@ -69,9 +69,20 @@ def cat_segments(segments: list[Segment]) -> Segment:
 
 
 class Actor:
-    """Steps `env` with `agent` and carries each stream's core state across segments."""
+    """Steps `env` with `agent` and carries each stream's core state across segments.
 
-    def __init__(self, agent: Agent, env: BatchedEnv, seed: int, unroll_length: int):
+    `sensitivities=False`: the actor carries the light state only (no RTRL sensitivities),
+    and its segments' start states are light; a learner that carries the sensitivities
+    itself (r2ac/rl/learner_carry.py) completes them."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        env: BatchedEnv,
+        seed: int,
+        unroll_length: int,
+        sensitivities: bool = True,
+    ):
         self.agent, self.env, self.unroll_length = agent, env, unroll_length
         self.dtype = next(agent.parameters()).dtype
         self.generator = torch.Generator().manual_seed(seed)
@@ -80,7 +91,7 @@ class Actor:
         self.last_reward = torch.zeros(B, dtype=self.dtype)  # (B,)
         self.last_action = torch.zeros(B, dtype=torch.int64)  # (B,)
         self.reset = torch.ones(B, dtype=torch.bool)  # (B,)
-        self.state = agent.initial_state(B)
+        self.state = agent.initial_state(B, None if sensitivities else False)
 
     def _buffers(self) -> dict[str, torch.Tensor]:
         M, B, A = self.unroll_length, self.env.num_envs, self.env.num_actions

@@ -73,8 +73,8 @@ class Agent(nn.Module):
         if freeze_stem:
             self.stem.requires_grad_(False)
 
-    def initial_state(self, batch_size: int) -> Any:
-        return self.core.initial_state(batch_size)
+    def initial_state(self, batch_size: int, with_sensitivities: bool | None = None) -> Any:
+        return self.core.initial_state(batch_size, with_sensitivities)
 
     def forward(
         self,

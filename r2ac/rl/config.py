@@ -116,6 +116,12 @@ class TrainConfig:
     """Ray runtime: None starts a local Ray with num_actors CPUs (shut down at the end);
     `auto` joins the cluster this machine belongs to (`ray start`), HOST:PORT the cluster
     whose head listens there."""
+    sensitivity_carry: Literal["auto", "actor", "learner"] = "auto"
+    """Where the RTRL sensitivities are carried from one segment of a stream to the next:
+    `actor` (the reference's way: every segment ships its start state with them), `learner`
+    (parallel, ray: actors act with the light state and ship segments ~25x smaller; the
+    learner carries each stream's sensitivities itself, with its own weights;
+    r2ac/rl/learner_carry.py). auto: learner under the ray runtime, actor otherwise."""
     actor_timeout_s: float = 300.0
     """The learner stops the run (with a checkpoint and a line naming the actors) when no
     segment arrives from any actor for this many seconds (parallel, ray)."""
@@ -479,7 +485,13 @@ _RAY_ADDRESS = re.compile(r"^(auto|[A-Za-z0-9.\-]+:[0-9]{1,5})$")
 
 
 def check_ray_options(cfg: TrainConfig) -> None:
-    """--ray-address only with the ray runtime, and well formed."""
+    """--ray-address only with the ray runtime, --sensitivity-carry learner not with the
+    serial one; the address well formed."""
+    if cfg.sensitivity_carry == "learner" and cfg.runtime == "serial":
+        raise ConfigError(
+            "--sensitivity-carry learner needs --runtime parallel or ray (the serial runtime "
+            "keeps the actors' carry, for its bit-exact resume)"
+        )
     if cfg.ray_address is None:
         return
     if cfg.runtime != "ray":
@@ -489,6 +501,13 @@ def check_ray_options(cfg: TrainConfig) -> None:
             f"--ray-address {cfg.ray_address!r}: give `auto` or HOST:PORT (the head's GCS "
             "address, as `ray start --head` prints it)"
         )
+
+
+def learner_carries(cfg: TrainConfig) -> bool:
+    """Whether the learner carries the sensitivities (`sensitivity_carry`, auto resolved)."""
+    if cfg.sensitivity_carry == "auto":
+        return cfg.runtime == "ray"
+    return cfg.sensitivity_carry == "learner"
 
 
 def to_dict(cfg: TrainConfig) -> dict:

@@ -4,7 +4,7 @@ Messages between the learner and its actor processes are frozen dataclasses sent
 duplex pipe per actor (`multiprocessing.Pipe`: a socket pair, no named semaphore, nothing in
 /dev/shm):
 
-    actor -> learner   SegmentReady(slot, actor, version, returns, lengths)
+    actor -> learner   SegmentReady(slot, actor, version, generation, seq, returns, lengths)
                        ActorFailed(actor, traceback)
     learner -> actor   SlotFree(slot), Stop()
 
@@ -49,6 +49,8 @@ class SegmentReady:
     slot: int
     actor: int
     version: int
+    generation: int = 0  # the actor process's restarts: a new one starts its streams anew
+    seq: int = 0  # segments of this process: 1, 2, ... (the learner carry's order check)
     returns: tuple[float, ...] = ()  # episodes that ended in the segment
     lengths: tuple[int, ...] = ()
 

@@ -9,7 +9,7 @@ thread-pool state is inherited through fork; plumbing in r2ac/rl/processes.py):
   and an `Actor` (the same class as the serial runtime). For each segment it takes one of
   its free slots, copies the newest published weights if their version changed (a seqlock,
   `WeightBoard`), collects M steps, writes them into the slot and sends
-  `SegmentReady(slot, actor, version, returns, lengths)` on its pipe.
+  `SegmentReady(slot, actor, version, generation, seq, returns, lengths)` on its pipe.
 - The learner (this process) waits on every actor's pipe and process sentinel at once, takes
   batch_size / num_envs ready segments, joins them along the batch dim (a copy), sends each
   slot back (`SlotFree`), updates, and publishes the weights as the next version.
@@ -45,7 +45,8 @@ from torch.utils import _pytree as pytree
 
 from r2ac.rl.actor import Actor, EpisodeLog, Segment, cat_segments
 from r2ac.rl.build import actor_seed, agent_for_env, make_env
-from r2ac.rl.config import TrainConfig
+from r2ac.rl.config import TrainConfig, learner_carries
+from r2ac.rl.learner_carry import LearnerCarry
 from r2ac.rl.processes import (
     ActorFailed,
     ActorSpec,
@@ -106,15 +107,23 @@ def _act(spec: ActorSpec, cfg: TrainConfig, conn: Connection, slots, board: Weig
     env = make_env(cfg, cfg.num_envs, seed)
     try:
         agent = agent_for_env(cfg, env, load_stem=False)
-        actor, version = Actor(agent, env, seed, cfg.unroll_length), -1
-        free = list(spec.slots)
+        light = learner_carries(cfg)  # the learner carries the sensitivities
+        actor = Actor(agent, env, seed, cfg.unroll_length, sensitivities=not light)
+        free, version, seq = list(spec.slots), -1, 0
         while _await_slot(conn, free, spec.parent_pid):
             slot = free.pop(0)
             version = board.read_into(agent, version)
             seg, episodes = actor.collect()
             _copy_into(slots[spec.slots.index(slot)], seg)
+            seq += 1
             ready = SegmentReady(
-                slot, spec.index, version, tuple(episodes.returns), tuple(episodes.lengths)
+                slot,
+                spec.index,
+                version,
+                spec.generation,
+                seq,
+                tuple(episodes.returns),
+                tuple(episodes.lengths),
             )
             conn.send(ready)
     finally:
@@ -153,7 +162,8 @@ class ParallelRuntime(Runtime):
         super().__init__(cfg, run)
         env = make_env(cfg, cfg.num_envs, actor_seed(cfg.seed, 0))
         agent = self.set_agent(agent_for_env(cfg, env))
-        example = Actor(agent, env, 0, cfg.unroll_length)
+        light = learner_carries(cfg)
+        example = Actor(agent, env, 0, cfg.unroll_length, sensitivities=not light)
         template = Segment(**example._buffers(), state=example.state)
         env.close()
         self.slots_per_actor = max(2, math.ceil(2 * cfg.segments_per_batch / cfg.actors))
@@ -164,6 +174,7 @@ class ParallelRuntime(Runtime):
             for _ in range(cfg.actors * self.slots_per_actor)
         ]
         self.board = WeightBoard.create(self.agent_state_cpu())
+        self.carry = LearnerCarry(self.agent) if light else None
         self.handles: dict[int, _Handle] = {}
         self.ready: list[SegmentReady] = []
         self.restarts, self.pgid = 0, 0
@@ -222,13 +233,22 @@ class ParallelRuntime(Runtime):
                     f"no segment from any actor in {self.cfg.actor_timeout_s:g} s "
                     f"(actor_timeout_s); actors: {self._describe()}"
                 )
-        items, self.ready = self.ready[:need], self.ready[need:]
+        items = self._take(need)
         segs = [self.slots[m.slot] for m in items]
+        if self.carry is not None:  # in arrival order: each actor's segments come in order
+            segs = [
+                self.carry.complete(m.actor, m.generation, m.seq, s) for m, s in zip(items, segs)
+            ]
         batch = cat_segments(segs) if len(segs) > 1 else _clone(segs[0])
         for m in items:
             self._send(m.actor, SlotFree(m.slot))
         lag = sum(self.version - m.version for m in items) / len(items)
         return Batch(batch, [EpisodeLog(list(m.returns), list(m.lengths)) for m in items], lag)
+
+    def _take(self, need: int) -> list[SegmentReady]:
+        """The `need` oldest ready segments (each actor's in the order it sent them)."""
+        items, self.ready = self.ready[:need], self.ready[need:]
+        return items
 
     def _receive(self, timeout: float) -> bool:
         """Wait up to `timeout` on every pipe and process sentinel; take what arrived and

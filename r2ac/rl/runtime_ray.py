@@ -13,8 +13,11 @@ segments arrive through Ray's object store and weights leave by `ray.put`. Proce
   its node) at the start of a segment whose version differs from the one it holds.
   Segments are requested with the newest published version.
 - Each actor has `IN_FLIGHT` requests queued (one running, one waiting), so it never waits
-  for the learner. Its `SegmentReady` (the segment and its start core state with the RTRL
-  sensitivities, packed as numpy by r2ac.rl.wire) travels through the object store; the
+  for the learner. Its `SegmentReady` (the segment and its start core state, packed as
+  numpy by r2ac.rl.wire) travels through the object store. With `sensitivity_carry`
+  learner (the default here) the start state is light and the learner completes it with
+  the sensitivities it carries for that actor's streams (r2ac/rl/learner_carry.py); with
+  `actor` it holds the actor's RTRL sensitivities (97% of a segment's bytes). The
   learner takes the oldest ready ones, batch_size / num_envs per update, concatenates them
   (the one copy), and requests the next segment from each actor it took one from.
   Policy lag = learner version at the update - version that produced the segment.
@@ -58,7 +61,8 @@ from r2ac.errors import ConfigError
 from r2ac.rl import wire
 from r2ac.rl.actor import Actor, EpisodeLog, cat_segments
 from r2ac.rl.build import actor_seed, agent_for_env, make_env
-from r2ac.rl.config import TrainConfig
+from r2ac.rl.config import TrainConfig, learner_carries
+from r2ac.rl.learner_carry import LearnerCarry
 from r2ac.rl.run_dir import RunDir
 from r2ac.rl.runtime import ActorError, Batch, Runtime
 
@@ -184,7 +188,8 @@ class RayActor:
         self.env = make_env(cfg, cfg.num_envs, seed)
         if self.epoch < 0:
             self.agent = agent_for_env(cfg, self.env, self.dtype, load_stem=False)
-        self.actor = Actor(self.agent, self.env, seed, cfg.unroll_length)
+        light = learner_carries(cfg)  # the learner carries the sensitivities
+        self.actor = Actor(self.agent, self.env, seed, cfg.unroll_length, sensitivities=not light)
         self.epoch, self.seq = epoch, 0
 
     def where(self) -> ActorPlace:
@@ -305,6 +310,7 @@ class RayRuntime(Runtime):
         env = make_env(cfg, cfg.num_envs, actor_seed(cfg.seed, 0))
         self.set_agent(agent_for_env(cfg, env, dtype))
         env.close()
+        self.carry = LearnerCarry(self.agent) if learner_carries(cfg) else None
         self.restarts, self.weights = 0, None
         self.actors: list[Any] = []
         self.pending: dict[Any, _Request] = {}  # ObjectRef -> request, oldest first
@@ -377,6 +383,8 @@ class RayRuntime(Runtime):
         got = self._gather()
         lag = sum(self.version - m.version for m in got) / len(got)
         segs = [wire.unpack(m.segment) for m in got]
+        if self.carry is not None:  # in arrival order: each actor's segments come in order
+            segs = [self.carry.complete(m.actor, m.epoch, m.seq, s) for m, s in zip(got, segs)]
         if len(segs) > 1:
             segment = cat_segments(segs)  # the learner's own, writable copy
         elif self.device.type == "cpu":  # the object store's arrays are read-only, and the

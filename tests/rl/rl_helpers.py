@@ -31,3 +31,27 @@ TINY = TrainConfig(
 
 def tiny(**kw) -> TrainConfig:
     return dataclasses.replace(TINY, **kw)
+
+
+def serial_grads(cfg: TrainConfig, weights: dict, wanted: dict[int, int], dtype) -> dict:
+    """Gradient of segment `seq` of actor k, collected in this process as the serial runtime
+    does (same seeds, same weights), for seq = 1 .. wanted[k]: {(k, seq): {name: grad}}."""
+
+    from r2ac.rl.actor import Actor
+    from r2ac.rl.build import actor_seed, agent_for_env, make_env
+    from r2ac.rl.learner import Learner
+
+    out = {}
+    for k, n in wanted.items():
+        seed = actor_seed(cfg.seed, k)
+        env = make_env(cfg, cfg.num_envs, seed)
+        agent = agent_for_env(cfg, env, dtype)
+        agent.load_state_dict(weights)
+        actor, learner = Actor(agent, env, seed, cfg.unroll_length), Learner(agent, cfg)
+        for seq in range(1, n + 1):
+            seg, _ = actor.collect()
+            agent.zero_grad()
+            learner.backward(seg)
+            out[k, seq] = {name: p.grad.clone() for name, p in agent.named_parameters()}
+        env.close()
+    return out

@@ -16,9 +16,6 @@ import torch
 ray = pytest.importorskip("ray")
 
 from r2ac.rl import runtime_ray  # noqa: E402
-from r2ac.rl.actor import Actor  # noqa: E402
-from r2ac.rl.build import actor_seed, agent_for_env, make_env  # noqa: E402
-from r2ac.rl.learner import Learner  # noqa: E402
 from r2ac.rl.run_dir import RunDir, read_metrics  # noqa: E402
 from r2ac.rl.runtime import ActorError  # noqa: E402
 from r2ac.rl.runtime_ray import (  # noqa: E402
@@ -28,7 +25,7 @@ from r2ac.rl.runtime_ray import (  # noqa: E402
     keep_sigterm_handler,
 )
 
-from .rl_helpers import tiny  # noqa: E402
+from .rl_helpers import serial_grads, tiny  # noqa: E402
 
 K = 2  # actors
 
@@ -66,30 +63,19 @@ def _record(runtime: RayRuntime) -> tuple[list, list]:
     return taken, grads
 
 
-def _serial_grads(cfg, weights, wanted: dict[int, int]) -> dict[tuple[int, int], dict]:
-    """Gradient of segment `seq` of actor k, collected in this process as the serial runtime
-    does (same seeds, same weights), for seq = 1 .. wanted[k]."""
-    out = {}
-    for k, n in wanted.items():
-        seed = actor_seed(cfg.seed, k)
-        env = make_env(cfg, cfg.num_envs, seed)
-        agent = agent_for_env(cfg, env, torch.float64)
-        agent.load_state_dict(weights)
-        actor, learner = Actor(agent, env, seed, cfg.unroll_length), Learner(agent, cfg)
-        for seq in range(1, n + 1):
-            seg, _ = actor.collect()
-            agent.zero_grad()
-            learner.backward(seg)
-            out[k, seq] = {name: p.grad.clone() for name, p in agent.named_parameters()}
-    return out
-
-
-def test_gradient_on_ray_segments_equals_serial_float64():
+@pytest.mark.parametrize("carry", ["actor", "learner"])
+def test_gradient_on_ray_segments_equals_serial_float64(carry):
     """lr 0, two segments an update: each update's gradient is the sum of the serial
     gradients of the segments it took, to 1e-10 (the RTRL sensitivities of the start states
-    crossed the object store intact)."""
+    crossed the object store intact, or the learner carried them itself)."""
     updates = 6
-    cfg = _cfg(learning_rate=0.0, batch_size=6, total_frames=6 * 4 * updates, log_every=1000)
+    cfg = _cfg(
+        learning_rate=0.0,
+        batch_size=6,
+        total_frames=6 * 4 * updates,
+        log_every=1000,
+        sensitivity_carry=carry,
+    )
     runtime = RayRuntime(cfg, None, dtype=torch.float64)
     weights = {k: v.clone() for k, v in runtime.agent.state_dict().items()}
     taken, grads = _record(runtime)
@@ -102,7 +88,7 @@ def test_gradient_on_ray_segments_equals_serial_float64():
         assert epoch == 0
         wanted[actor] = max(wanted.get(actor, 0), seq)
     assert max(wanted.values()) >= 3  # start states with sensitivities carried over segments
-    ref = _serial_grads(cfg, weights, wanted)
+    ref = serial_grads(cfg, weights, wanted, torch.float64)
     for group, grad in zip(taken, grads):
         for name, g in grad.items():
             expected = sum(ref[a, s][name] for a, _, s, _ in group)
