@@ -5,7 +5,7 @@
 
 A runtime may name its `--sensitivity-carry` after a colon (`ray:actor`: the actors ship
 their sensitivities with every segment; `ray:learner`, ray's default, the learner carries
-them).
+them) and its `--core` after an at sign (`parallel@elstm-bptt`, `parallel:learner@elstm-rtrl`).
 
 Each repeat runs every runtime once (the order rotates between repeats), with the same
 `r2ac train` options (after `--`), `--num-threads 1`, no evaluation. Per run it reports the
@@ -101,10 +101,17 @@ def steady_cpu_us_per_frame(samples: list[tuple[float, float]]) -> float:
     return float("nan") if f1 <= f0 else 1e6 * (c1 - c0) / (f1 - f0)
 
 
+def runtime_of(spec: str) -> str:
+    """`ray` of `ray:learner@elstm-rtrl`."""
+    return spec.partition("@")[0].partition(":")[0]
+
+
 def run_one(spec: str, options: list[str], out: Path) -> dict:
-    runtime, _, carry = spec.partition(":")
+    runtime, core = runtime_of(spec), spec.partition("@")[2]
+    carry = spec.partition("@")[0].partition(":")[2]
     cmd = [sys.executable, "-m", "r2ac.cli", "train", "--runtime", runtime, "--num-threads", "1"]
     cmd += ["--sensitivity-carry", carry] if carry else []
+    cmd += ["--core", core] if core else []
     cmd += ["--no-eval-at-end", "--no-progress", "--log-every", "5", "--out-dir", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     before, t0 = load(), time.perf_counter()
@@ -165,7 +172,7 @@ def main(argv: list[str]) -> int:
     for r, rows in results.items():
         wall = statistics.median(x["wall_s"] for x in rows)
         print(f"  {r:11s} {medians[r]:8.0f}  {cpu[r]:6.1f} us  ({wall:.1f} s)")
-    for ray in (r for r in medians if r.split(":")[0] == "ray" and "parallel" in medians):
+    for ray in (r for r in medians if runtime_of(r) == "ray" and "parallel" in medians):
         print(f"  {ray} / parallel = {medians[ray] / medians['parallel']:.2f}")
         ratios = [
             a["fps"] / b["fps"] for a, b in zip(results[ray], results["parallel"], strict=True)
@@ -175,7 +182,7 @@ def main(argv: list[str]) -> int:
     start = [
         float(m.group(1))
         for r, rows in results.items()
-        if r.split(":")[0] == "ray"
+        if runtime_of(r) == "ray"
         for x in rows
         for ln in x["ray"]
         if (m := re.search(r"started in ([0-9.]+) s", ln))
