@@ -152,14 +152,18 @@ def _wait_for_file(proc: subprocess.Popen, path: Path) -> None:
         time.sleep(0.005)
 
 
-def test_a_sigkilled_actor_is_restarted_and_counted(tmp_path):
+@pytest.mark.parametrize("carry", ["actor", "learner"])
+def test_a_sigkilled_actor_is_restarted_and_counted(tmp_path, carry):
+    """With the learner's carry too: the restarted actor's streams begin at seq 1, so the
+    learner starts them from zero sensitivities without a gap."""
     out = tmp_path / "run"
-    proc = _start(_args(out, 40))
+    proc = _start(_args(out, 40, "--sensitivity-carry", carry))
     _wait_for_update(proc, out, 3)
     os.kill(_actors(proc.pid)[0], signal.SIGKILL)
     code, err = _finish(proc)
     assert code == 0, err
     assert "killed by SIGKILL); restarting it (1 of 3)" in err and "Traceback" not in err
+    assert "learner carry:" not in err  # no gap warning
     rows = read_metrics(out / "metrics.csv")
     assert [int(r["update"]) for r in rows] == list(range(1, 41))
     assert rows[-1]["actor_restarts"] >= 1 and rows[0]["actor_restarts"] == 0

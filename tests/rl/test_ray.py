@@ -175,6 +175,7 @@ def test_sigkilled_actor_is_restarted_counted_and_the_run_goes_on(tmp_path):
     assert len(instances) >= 2  # a new process ...
     first_new = next(s for s in victim_segments if s[3] == instances[1])
     assert first_new[2] == 1  # ... whose streams started over (its segment 1)
+    assert runtime.carry is not None and runtime.carry.gaps == 0  # the learner's carry (auto)
 
 
 def test_a_death_past_the_restart_limit_stops_the_run_with_one_line(tmp_path):
