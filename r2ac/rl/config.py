@@ -447,6 +447,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     check_runtime_available(cfg.runtime)
     check_device(cfg.device)
     check_ray_options(cfg)
+    check_sensitivity_carry(cfg)
     cfg.env_kwargs()
     return cfg
 
@@ -484,14 +485,17 @@ def check_device(device: str) -> None:
 _RAY_ADDRESS = re.compile(r"^(auto|[A-Za-z0-9.\-]+:[0-9]{1,5})$")
 
 
-def check_ray_options(cfg: TrainConfig) -> None:
-    """--ray-address only with the ray runtime, --sensitivity-carry learner not with the
-    serial one; the address well formed."""
+def check_sensitivity_carry(cfg: TrainConfig) -> None:
+    """--sensitivity-carry learner not with the serial runtime."""
     if cfg.sensitivity_carry == "learner" and cfg.runtime == "serial":
         raise ConfigError(
             "--sensitivity-carry learner needs --runtime parallel or ray (the serial runtime "
             "keeps the actors' carry, for its bit-exact resume)"
         )
+
+
+def check_ray_options(cfg: TrainConfig) -> None:
+    """--ray-address only with the ray runtime, and well formed."""
     if cfg.ray_address is None:
         return
     if cfg.runtime != "ray":

@@ -42,12 +42,12 @@ log = logging.getLogger(__name__)
 
 
 class LearnerCarry:
-    """Per actor: the sequence number of the last segment taken and its streams' full core
-    state after it (computed here)."""
+    """Per actor: the (epoch, seq) of the last segment taken and its streams' sensitivities
+    after it (computed here)."""
 
     def __init__(self, agent: Agent):
         self.agent = agent
-        self.carried: dict[int, tuple[tuple[int, int], Any]] = {}  # actor -> ((epoch, seq), state)
+        self.carried: dict[int, tuple[tuple[int, int], Any]] = {}  # actor -> ((epoch, seq), sens)
         self.gaps = 0  # segments whose predecessor never arrived
 
     @property
@@ -62,15 +62,24 @@ class LearnerCarry:
         segment's end for the actor's next one."""
         if not self.active:
             return seg
-        core = self.agent.core
         seg = segment_to(seg, next(self.agent.parameters()).device)
-        light, B = seg.state, seg.actions.shape[1]
+        sens = self._start_sensitivities(actor, epoch, seq, seg.actions.shape[1])
+        start = seg.state._replace(sens=sens)  # the actor's cell state, our sensitivities
+        M = seg.actions.shape[0]
+        x = self.agent.core_input(
+            seg.obs[:M], seg.last_reward[:M], seg.reset[:M], seg.last_action[:M]
+        )  # (M, B, D)
+        end = self.agent.core.advance_state(x, start, reset=seg.reset[:M])
+        self.carried[actor] = ((epoch, seq), end.sens)
+        return seg._replace(state=start)
+
+    def _start_sensitivities(self, actor: int, epoch: int, seq: int, batch_size: int) -> Any:
+        """The actor's carried sensitivities if this segment follows the last one taken from
+        it; zero ones for the first segment of its streams, and after a gap (with a warning)."""
         previous = self.carried.get(actor)
-        if seq == 1:
-            sens_from = None
-        elif previous is not None and previous[0] == (epoch, seq - 1):
-            sens_from = previous[1]
-        else:
+        if seq > 1 and previous is not None and previous[0] == (epoch, seq - 1):
+            return previous[1]
+        if seq > 1:
             self.gaps += 1
             log.warning(
                 "learner carry: actor %d's segment %d arrived after %s; its streams restart "
@@ -79,14 +88,4 @@ class LearnerCarry:
                 seq,
                 f"segment {previous[0][1]}" if previous else "none",
             )
-            sens_from = None
-        if sens_from is None:
-            sens_from = self.agent.initial_state(B, True)  # zero, on the agent's device
-        start = light._replace(sens=sens_from.sens)  # the actor's cell state, our sensitivities
-        M = seg.actions.shape[0]
-        x = self.agent.core_input(
-            seg.obs[:M], seg.last_reward[:M], seg.reset[:M], seg.last_action[:M]
-        )  # (M, B, D)
-        end = core.advance_state(x, start, reset=seg.reset[:M])
-        self.carried[actor] = ((epoch, seq), end)
-        return seg._replace(state=start)
+        return self.agent.initial_state(batch_size, True).sens  # zero, on the agent's device

@@ -55,3 +55,27 @@ def serial_grads(cfg: TrainConfig, weights: dict, wanted: dict[int, int], dtype)
             out[k, seq] = {name: p.grad.clone() for name, p in agent.named_parameters()}
         env.close()
     return out
+
+
+def record_gradients(runtime) -> list[dict]:
+    """Wrap `runtime.learner.backward`: the list it returns gets each update's gradient
+    (before clipping), by parameter name."""
+    grads, real_backward = [], runtime.learner.backward
+
+    def backward(seg):
+        out = real_backward(seg)
+        grads.append({n: p.grad.clone() for n, p in runtime.agent.named_parameters()})
+        return out
+
+    runtime.learner.backward = backward
+    return grads
+
+
+def segments_wanted(taken: list[list[tuple]]) -> dict[int, int]:
+    """From each update's (actor, epoch or generation, seq, ...) tuples: the highest seq
+    taken from each actor (all must be of its first epoch)."""
+    wanted: dict[int, int] = {}
+    for actor, epoch, seq, *_ in (s for group in taken for s in group):
+        assert epoch == 0
+        wanted[actor] = max(wanted.get(actor, 0), seq)
+    return wanted

@@ -13,7 +13,7 @@ import torch
 
 from r2ac.rl.runtime_parallel import ParallelRuntime
 
-from .rl_helpers import serial_grads, tiny
+from .rl_helpers import record_gradients, segments_wanted, serial_grads, tiny
 
 
 @pytest.mark.parametrize("carry", ["actor", "learner"])
@@ -32,26 +32,18 @@ def test_gradient_on_parallel_segments_equals_serial(carry):
     )
     runtime = ParallelRuntime(cfg)
     weights = {k: v.clone() for k, v in runtime.agent.state_dict().items()}
-    taken, grads = [], []
-    real_take, real_backward = runtime._take, runtime.learner.backward
+    taken, real_take = [], runtime._take
 
     def take(need):
         items = real_take(need)
         taken.append([(m.actor, m.generation, m.seq) for m in items])
         return items
 
-    def backward(seg):
-        out = real_backward(seg)
-        grads.append({n: p.grad.clone() for n, p in runtime.agent.named_parameters()})
-        return out
-
-    runtime._take, runtime.learner.backward = take, backward
+    runtime._take = take
+    grads = record_gradients(runtime)
     runtime.train()
     assert len(taken) == len(grads) == updates
-    wanted: dict[int, int] = {}
-    for actor, generation, seq in (s for group in taken for s in group):
-        assert generation == 0
-        wanted[actor] = max(wanted.get(actor, 0), seq)
+    wanted = segments_wanted(taken)
     assert max(wanted.values()) >= 3  # start states with sensitivities carried over segments
     ref = serial_grads(cfg, weights, wanted, torch.float32)
     worst = 0.0

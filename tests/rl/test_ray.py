@@ -25,7 +25,7 @@ from r2ac.rl.runtime_ray import (  # noqa: E402
     keep_sigterm_handler,
 )
 
-from .rl_helpers import serial_grads, tiny  # noqa: E402
+from .rl_helpers import record_gradients, segments_wanted, serial_grads, tiny  # noqa: E402
 
 K = 2  # actors
 
@@ -46,21 +46,15 @@ def _cfg(**kw):
 def _record(runtime: RayRuntime) -> tuple[list, list]:
     """Wrap the runtime: which segments (actor, epoch, seq) each update took, and the
     gradient of each update (before clipping)."""
-    taken, grads = [], []
-    real_gather, real_backward = runtime._gather, runtime.learner.backward
+    taken, real_gather = [], runtime._gather
 
     def gather():
         got = real_gather()
         taken.append([(m.actor, m.epoch, m.seq, m.instance) for m in got])
         return got
 
-    def backward(seg):
-        out = real_backward(seg)
-        grads.append({n: p.grad.clone() for n, p in runtime.agent.named_parameters()})
-        return out
-
-    runtime._gather, runtime.learner.backward = gather, backward
-    return taken, grads
+    runtime._gather = gather
+    return taken, record_gradients(runtime)
 
 
 @pytest.mark.parametrize("carry", ["actor", "learner"])
@@ -83,10 +77,7 @@ def test_gradient_on_ray_segments_equals_serial_float64(carry):
     assert len(taken) == len(grads) == updates
     for k, v in runtime.agent.state_dict().items():
         assert torch.equal(v, weights[k]), k  # lr 0: the actors acted with these weights
-    wanted = {}
-    for actor, epoch, seq, _ in (s for group in taken for s in group):
-        assert epoch == 0
-        wanted[actor] = max(wanted.get(actor, 0), seq)
+    wanted = segments_wanted(taken)
     assert max(wanted.values()) >= 3  # start states with sensitivities carried over segments
     ref = serial_grads(cfg, weights, wanted, torch.float64)
     for group, grad in zip(taken, grads):
