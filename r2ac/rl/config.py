@@ -91,6 +91,11 @@ class TrainConfig:
     popart_advantages: bool = True
     """With popart: divide the policy-gradient advantages by sigma too (PopArt's form);
     --no-popart-advantages normalises only the value loss (the critic)."""
+    popart_sigma_floor: float = 0.0
+    """With popart and popart_advantages: divide the advantages by max(sigma, this) (the
+    critic still by sigma). 0: by sigma, PopArt's form. A floor stops the policy gradient
+    from growing as 1/sigma when an accurate critic sees a small spread of returns
+    (docs/rl.md, "Diagnosing a run")."""
     advantage_norm: bool = False
     """Standardise the policy-gradient advantages over each batch (mean 0, std 1), PPO-style:
     the policy's step no longer depends on the reward scale."""
@@ -382,6 +387,7 @@ def _out_of_range(cfg: TrainConfig) -> list[str]:
             "grad_clip",
             "forget_bias",
             "popart_beta",
+            "popart_sigma_floor",
             "progress_every_s",
             "actor_timeout_s",
         )
@@ -400,6 +406,7 @@ def _out_of_range(cfg: TrainConfig) -> list[str]:
         ("entropy_cost", cfg.entropy_cost >= 0, ">= 0"),
         ("seed", 0 <= cfg.seed < 2**63, ">= 0"),
         ("popart_beta", 0 < cfg.popart_beta <= 1, "in (0, 1]"),
+        ("popart_sigma_floor", cfg.popart_sigma_floor >= 0, ">= 0"),
         ("progress_every_s", cfg.progress_every_s > 0, "> 0"),
         ("actor_timeout_s", cfg.actor_timeout_s > 0, "> 0"),
     )
@@ -438,6 +445,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     from r2ac.rl.nets import check_image_stem
 
     check_image_stem(cfg.image_stem)
+    if cfg.popart_sigma_floor and not (cfg.popart and cfg.popart_advantages):
+        raise ConfigError(
+            "--popart-sigma-floor floors the sigma that divides the advantages: it needs "
+            "--popart with --popart-advantages"
+        )
     if cfg.batch_size % cfg.num_envs:
         raise ConfigError(
             f"batch_size ({cfg.batch_size}) must be a multiple of num_envs ({cfg.num_envs})"

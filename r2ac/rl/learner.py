@@ -63,6 +63,7 @@ def segment_losses(
     returns: VTraceReturns | None = None,
     advantage_norm: bool = False,
     scale_advantages: bool = True,
+    sigma_floor: float = 0.0,
 ) -> dict[str, torch.Tensor]:
     """IMPALA losses of a segment from the agent's outputs on its M+1 steps.
 
@@ -70,7 +71,8 @@ def segment_losses(
     (PopArt's sigma) divides the value errors and the policy-gradient advantages, so that
     the losses are those of normalised returns; 1 gives IMPALA's losses unchanged;
     `scale_advantages=False` divides only the value errors (a normalised critic, the actor
-    on the rewards' own scale). With
+    on the rewards' own scale); `sigma_floor` > 0 divides the advantages by
+    max(value_scale, sigma_floor) instead. With
     `advantage_norm` the advantages are standardised over the batch instead (PPO's
     convention, which POPGym's baselines use): the policy gradient is then independent of
     the reward scale, whatever the spread of the returns.
@@ -78,7 +80,10 @@ def segment_losses(
     M = seg.actions.shape[0]
     if returns is None:
         returns = segment_returns(logits, values, seg, discount, reward_scale)
-    advantages = returns.pg_advantages / (value_scale if scale_advantages else 1.0)  # (M, B)
+    advantage_scale = value_scale if scale_advantages else 1.0
+    if sigma_floor:
+        advantage_scale = torch.as_tensor(advantage_scale).clamp(min=sigma_floor)
+    advantages = returns.pg_advantages / advantage_scale  # (M, B)
     if advantage_norm:
         advantages = standardise(returns.pg_advantages)
     return compute_loss(
@@ -145,6 +150,7 @@ class Learner:
             returns=returns,
             advantage_norm=cfg.advantage_norm,
             scale_advantages=cfg.popart_advantages,
+            sigma_floor=cfg.popart_sigma_floor,
         )
         losses["loss"].backward()
         self._targets = returns.vs

@@ -150,3 +150,38 @@ def test_critic_only_normalisation_keeps_the_actor_on_the_reward_scale():
     torch.testing.assert_close(
         critic["baseline_loss"], plain["baseline_loss"] / s**2, rtol=1e-12, atol=0
     )
+
+
+def test_sigma_floor_bounds_the_advantage_scale_only():
+    """--popart-sigma-floor: advantages / max(sigma, floor), the critic still / sigma; a
+    floor below sigma changes nothing; without PopArt's advantages it is refused."""
+    cfg = tiny(learning_rate=0.0, prev_action=True)
+    env = make_env(cfg, cfg.num_envs, seed=4)
+    torch.manual_seed(0)
+    agent = agent_for_env(cfg, env, dtype=torch.float64)
+    seg, _ = Actor(agent, env, seed=4, unroll_length=cfg.unroll_length).collect()
+    with torch.no_grad():
+        logits, values, _ = agent(
+            seg.obs, seg.last_reward, seg.reset, seg.state, last_action=seg.last_action
+        )
+    args, sigma = (cfg.discount, cfg.baseline_cost, cfg.entropy_cost), torch.tensor(2.0)
+    plain = segment_losses(logits, values, seg, *args, value_scale=sigma)
+    floored = segment_losses(logits, values, seg, *args, value_scale=sigma, sigma_floor=8.0)
+    below = segment_losses(logits, values, seg, *args, value_scale=sigma, sigma_floor=1.5)
+    assert plain["pg_loss"].abs() > 1e-3
+    torch.testing.assert_close(floored["pg_loss"], plain["pg_loss"] / 4.0, rtol=1e-12, atol=0)
+    assert floored["baseline_loss"] == plain["baseline_loss"]
+    assert floored["entropy_loss"] == plain["entropy_loss"]
+    for key in ("pg_loss", "baseline_loss", "entropy_loss"):
+        assert below[key] == plain[key]
+    from r2ac.rl.config import validate
+
+    validate(tiny(popart=True, popart_sigma_floor=10.0))
+    for bad in (
+        tiny(popart_sigma_floor=10.0),
+        tiny(popart=True, popart_advantages=False, popart_sigma_floor=10.0),
+    ):
+        with pytest.raises(ConfigError, match="popart-sigma-floor"):
+            validate(bad)
+    with pytest.raises(ConfigError, match="popart_sigma_floor"):
+        validate(tiny(popart=True, popart_sigma_floor=-1.0))
