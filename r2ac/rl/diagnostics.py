@@ -69,8 +69,8 @@ def gradient_split(learner: Learner, seg: Segment) -> dict[str, dict[str, torch.
 
     Returns ``{term: {group: tensor([full, in_segment, history])}}`` for every loss term of
     `LOSS_TERMS` and ``"all"``, every parameter group of `parameter_groups` and ``"total"``;
-    ``history = full - in_segment`` as vectors, then normed. Leaves the agent's ``.grad``
-    set to the full gradient's last term; the weights are not changed.
+    ``history = full - in_segment`` as vectors, then normed. Overwrites the agent's
+    ``.grad``; the weights are not changed.
     """
     agent, cfg = learner.agent, learner.cfg
     costs = {

@@ -22,6 +22,20 @@ def _agent(prev_action=True, reward_scale=1.0):
     return Agent(stem, core, ACTIONS, prev_action=prev_action, reward_scale=reward_scale)
 
 
+def _float64_segment(seed: int):
+    """A tiny float64 agent's first segment and its outputs on it (no gradients)."""
+    cfg = tiny(learning_rate=0.0, prev_action=True)
+    env = make_env(cfg, cfg.num_envs, seed=seed)
+    torch.manual_seed(0)
+    agent = agent_for_env(cfg, env, dtype=torch.float64)
+    seg, _ = Actor(agent, env, seed=seed, unroll_length=cfg.unroll_length).collect()
+    with torch.no_grad():
+        logits, values, _ = agent(
+            seg.obs, seg.last_reward, seg.reset, seg.state, last_action=seg.last_action
+        )
+    return cfg, seg, logits, values
+
+
 def test_previous_action_is_one_hot_and_zero_at_episode_starts():
     agent = _agent()
     g = torch.Generator().manual_seed(0)
@@ -76,15 +90,7 @@ def test_popart_update_preserves_every_output(head_hidden):
 def test_popart_losses_are_invariant_to_the_reward_scale():
     """V-trace is linear in (rewards, values): rewards and values times s with value_scale s
     give exactly the losses of the unscaled problem (what makes tiny rewards train)."""
-    cfg = tiny(learning_rate=0.0, prev_action=True)
-    env = make_env(cfg, cfg.num_envs, seed=3)
-    torch.manual_seed(0)
-    agent = agent_for_env(cfg, env, dtype=torch.float64)
-    seg, _ = Actor(agent, env, seed=3, unroll_length=cfg.unroll_length).collect()
-    with torch.no_grad():
-        logits, values, _ = agent(
-            seg.obs, seg.last_reward, seg.reset, seg.state, last_action=seg.last_action
-        )
+    cfg, seg, logits, values = _float64_segment(seed=3)
     args = (cfg.discount, cfg.baseline_cost, cfg.entropy_cost)
     plain = segment_losses(logits, values, seg, *args)
     s = 0.02
@@ -134,15 +140,7 @@ def test_progress_lines_when_not_on_a_terminal():
 
 
 def test_critic_only_normalisation_keeps_the_actor_on_the_reward_scale():
-    cfg = tiny(learning_rate=0.0, prev_action=True)
-    env = make_env(cfg, cfg.num_envs, seed=4)
-    torch.manual_seed(0)
-    agent = agent_for_env(cfg, env, dtype=torch.float64)
-    seg, _ = Actor(agent, env, seed=4, unroll_length=cfg.unroll_length).collect()
-    with torch.no_grad():
-        logits, values, _ = agent(
-            seg.obs, seg.last_reward, seg.reset, seg.state, last_action=seg.last_action
-        )
+    cfg, seg, logits, values = _float64_segment(seed=4)
     args, s = (cfg.discount, cfg.baseline_cost, cfg.entropy_cost), 7.0
     plain = segment_losses(logits, values, seg, *args)
     critic = segment_losses(logits, values, seg, *args, value_scale=s, scale_advantages=False)
@@ -155,15 +153,7 @@ def test_critic_only_normalisation_keeps_the_actor_on_the_reward_scale():
 def test_sigma_floor_bounds_the_advantage_scale_only():
     """--popart-sigma-floor: advantages / max(sigma, floor), the critic still / sigma; a
     floor below sigma changes nothing; without PopArt's advantages it is refused."""
-    cfg = tiny(learning_rate=0.0, prev_action=True)
-    env = make_env(cfg, cfg.num_envs, seed=4)
-    torch.manual_seed(0)
-    agent = agent_for_env(cfg, env, dtype=torch.float64)
-    seg, _ = Actor(agent, env, seed=4, unroll_length=cfg.unroll_length).collect()
-    with torch.no_grad():
-        logits, values, _ = agent(
-            seg.obs, seg.last_reward, seg.reset, seg.state, last_action=seg.last_action
-        )
+    cfg, seg, logits, values = _float64_segment(seed=4)
     args, sigma = (cfg.discount, cfg.baseline_cost, cfg.entropy_cost), torch.tensor(2.0)
     plain = segment_losses(logits, values, seg, *args, value_scale=sigma)
     floored = segment_losses(logits, values, seg, *args, value_scale=sigma, sigma_floor=8.0)
