@@ -25,7 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "experiment": (
         "r2ac.experiments.cli",
-        "run a named grid (memory-m | ablation | reactive) or the cost study",
+        "run a named grid (memory-m | ablation | reactive | popgym) or the cost study",
     ),
 }
 
