@@ -11,13 +11,12 @@ F frames (0: raw rows). Columns are those of a run's metrics.csv (docs/rl.md, "L
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from r2ac.rl.run_dir import read_metrics
+from r2ac.experiments.report import curve_of
 
 
 def trailing_mean(frames: np.ndarray, values: np.ndarray, window: float) -> np.ndarray:
@@ -35,18 +34,13 @@ def run_columns(run_dir: Path, metrics: list[str]) -> dict[str, tuple[np.ndarray
     path = run_dir / "metrics.csv"
     if not path.exists():
         raise ValueError(f"{path} does not exist (not a run directory?)")
-    rows = read_metrics(path)
-    columns = {}
+    with path.open() as f:
+        header = f.readline().strip().split(",")
     for name in metrics:
-        if rows and name not in rows[0]:
-            known = ", ".join(rows[0])
-            raise ValueError(f"{path} has no column {name!r}; it has {known}")
-        kept = [r for r in rows if math.isfinite(r[name])]
-        columns[name] = (
-            np.array([r["frames"] for r in kept], dtype=np.float64),
-            np.array([r[name] for r in kept], dtype=np.float64),
-        )
-    return columns
+        if name not in header:
+            raise ValueError(f"{path} has no column {name!r}; it has {', '.join(header)}")
+    empty = (np.zeros(0), np.zeros(0))
+    return {name: curve_of(run_dir, name) or empty for name in metrics}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -93,17 +93,18 @@ def markdown_table(
     return "\n".join(lines + ([""] + task_notes if task_notes else []))
 
 
-def curve_of(run_dir: Path) -> tuple[np.ndarray, np.ndarray] | None:
-    """(frames, training return) of a run, rows without a return (no episode yet) dropped."""
+def curve_of(run_dir: Path, column: str = "return_mean") -> tuple[np.ndarray, np.ndarray] | None:
+    """(frames, column) of a run's metrics.csv, rows where the column is empty (the training
+    return before the first episode ends) dropped; None without such rows."""
     path = run_dir / "metrics.csv"
     if not path.exists():
         return None
-    rows = [r for r in read_metrics(path) if not math.isnan(r.get("return_mean", math.nan))]
+    rows = [r for r in read_metrics(path) if not math.isnan(r.get(column, math.nan))]
     if not rows:
         return None
     return (
         np.array([r["frames"] for r in rows], dtype=np.float64),
-        np.array([r["return_mean"] for r in rows], dtype=np.float64),
+        np.array([r[column] for r in rows], dtype=np.float64),
     )
 
 
