@@ -1,0 +1,21 @@
+"""`r2ac bench <what>`: dispatch to the benchmark modules (imported lazily)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHES = {
+    "core": ("r2ac.bench.core", "eLSTM bptt vs rtrl: time, memory, carry bandwidth"),
+    "cores": ("r2ac.bench.cores", "every core and rule: time and memory per step against N"),
+    "envs": ("r2ac.bench.envs", "environment steps/s per family and batch size"),
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in BENCHES:
+        lines = [f"  {k:<8} {h}" for k, (_, h) in BENCHES.items()]
+        print("usage: r2ac bench <what> [options]\n\n" + "\n".join(lines), file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    module = importlib.import_module(BENCHES[argv[0]][0])
+    return int(module.main(argv[1:]) or 0)

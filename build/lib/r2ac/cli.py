@@ -1,0 +1,54 @@
+"""The `r2ac` command.
+
+Each subcommand lives in its own module and is imported only when it is used, so that
+`r2ac envs` does not pay for torch.compile or matplotlib, and a missing optional package
+only breaks the subcommand that needs it. A subcommand module exposes `main(argv) -> int`;
+most of them build their CLI from a typed dataclass config with tyro.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (module, one-line help). Nested commands ("bench core") use "bench" and let the
+# module dispatch on its own first argument.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("r2ac.demo", "gradient check and one benchmark row of the eLSTM layer"),
+    "bench": ("r2ac.bench.cli", "speed and memory benchmarks (bench core | cores | envs)"),
+    "envs": ("r2ac.envs.cli", "list env families and whether they run on this machine"),
+    "train": ("r2ac.rl.train_cli", "train R2AC (--preset NAME, --resume RUN_DIR; --help)"),
+    "eval": ("r2ac.rl.evaluate", "evaluate a run: K sets of E episodes -> RUN_DIR/eval.json"),
+    "copy": (
+        "r2ac.tasks.copy_cli",
+        "the copy task: train an eLSTM by RTRL or BPTT, score every bit",
+    ),
+    "experiment": (
+        "r2ac.experiments.cli",
+        "run a named grid (memory-m | ablation | reactive | popgym) or the cost study",
+    ),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: r2ac <command> [options]", "", "commands:"]
+    lines += [f"  {name:<12} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines += ["", "`r2ac <command> --help` describes the options of a command."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"r2ac: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

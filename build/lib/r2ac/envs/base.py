@@ -1,0 +1,205 @@
+"""The batched environment protocol every backend implements.
+
+A `BatchedEnv` runs `num_envs` independent streams in lock-step. Actions are discrete
+(one int per stream); continuous action spaces are not supported yet.
+
+Auto-reset (same-step, as in IMPALA/torchbeast). `step(actions)` returns, per stream,
+
+    reward[b], terminated[b], truncated[b]  of the transition just taken with actions[b];
+    obs[b]  the next observation, or, when that transition ended the episode
+            (terminated[b] or truncated[b]), already the FIRST observation of the next
+            episode.
+
+So every action a learner sends is executed, and the observation following a `done` is the
+start of a fresh episode (the recurrent state should be reset before consuming it). Backends
+that reset one step late (envpool, which would drop the next action) hide it by resetting
+the finished streams at once. `terminated` means the task ended (no bootstrap);
+`truncated` means a time limit cut it (bootstrap from `info["final_obs"]` if wanted).
+
+`info` always holds, as arrays over the batch:
+    "episode_return"  float64 (B,)  return of the episode that just ended, NaN elsewhere;
+    "episode_length"  int64   (B,)  its length in steps, 0 elsewhere;
+    "final_obs"       like obs      the last observation of the ended episode in the rows of
+                                    finished streams; equal to obs in the other rows (it is
+                                    `obs` itself when no stream finished).
+
+Rewards are raw (the learner clips). Observations are numpy arrays: images uint8 (C, H, W),
+vectors float32 (D,).
+
+Seeding: one integer seed drives all streams; per-stream seeds come from
+`numpy.random.SeedSequence(seed).spawn(num_envs)` (see `stream_seeds`).
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from r2ac.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """Shape and dtype of one stream's observation (the batch adds a leading axis)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def is_image(self) -> bool:
+        return len(self.shape) == 3 and np.dtype(self.dtype) == np.uint8
+
+
+class StepResult(NamedTuple):
+    """What `BatchedEnv.step` returns; every array has the batch axis first."""
+
+    obs: np.ndarray  # (B, *obs_shape)
+    reward: np.ndarray  # (B,) float32, raw
+    terminated: np.ndarray  # (B,) bool
+    truncated: np.ndarray  # (B,) bool
+    info: dict[str, np.ndarray]
+
+
+class BatchedEnv(abc.ABC):
+    """A batch of `num_envs` environment streams with same-step auto-reset."""
+
+    num_envs: int
+    observation_spec: ArraySpec
+    num_actions: int
+
+    @abc.abstractmethod
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        """Start a new episode in every stream; returns obs (B, *obs_shape).
+
+        With a seed, every stream is re-seeded from it (as `make(..., seed)` does);
+        without, the streams continue their own random sequences.
+        """
+
+    @abc.abstractmethod
+    def step(self, actions: np.ndarray) -> StepResult:
+        """Apply actions (B,) int; see the module docstring for the reset semantics."""
+
+    def get_state(self) -> dict[str, Any]:
+        """A picklable snapshot from which `set_state` resumes bit-exactly."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot snapshot its simulator state; "
+            "resume it with a fresh reset instead"
+        )
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore a snapshot taken by `get_state`."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot restore a simulator state; "
+            "resume it with a fresh reset instead"
+        )
+
+    def close(self) -> None:  # noqa: B027  (optional hook, most backends hold nothing)
+        """Release simulator resources (no-op by default)."""
+
+    def _check_actions(self, actions: np.ndarray) -> np.ndarray:
+        actions = np.asarray(actions)
+        if actions.shape != (self.num_envs,):
+            raise ValueError(f"actions must have shape ({self.num_envs},), got {actions.shape}")
+        if actions.size and (actions.min() < 0 or actions.max() >= self.num_actions):
+            raise ValueError(f"actions must lie in [0, {self.num_actions}), got {actions}")
+        return actions.astype(np.int64, copy=False)
+
+
+def stream_seeds(seed: int, num_envs: int) -> np.ndarray:
+    """Independent per-stream seeds (num_envs,) uint32 derived from one seed."""
+    children = np.random.SeedSequence(seed).spawn(num_envs)
+    return np.array([child.generate_state(1)[0] for child in children], dtype=np.uint32)
+
+
+class EpisodeStats:
+    """Running return and length per stream; fills the episode_* info arrays."""
+
+    def __init__(self, num_envs: int):
+        self.returns = np.zeros(num_envs, dtype=np.float64)  # (B,)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)  # (B,)
+
+    def reset(self) -> None:
+        self.returns[:] = 0.0
+        self.lengths[:] = 0
+
+    def update(self, reward: np.ndarray, done: np.ndarray) -> dict[str, np.ndarray]:
+        """Add one step; returns episode_return/episode_length for the streams that ended."""
+        self.returns += reward
+        self.lengths += 1
+        episode_return = np.where(done, self.returns, np.nan)
+        episode_length = np.where(done, self.lengths, 0)
+        self.returns[done] = 0.0
+        self.lengths[done] = 0
+        return {"episode_return": episode_return, "episode_length": episode_length}
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        return {"returns": self.returns.copy(), "lengths": self.lengths.copy()}
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        self.returns[:] = state["returns"]
+        self.lengths[:] = state["lengths"]
+
+
+def merge_final_obs(final_obs: np.ndarray, reset_obs: np.ndarray, done: np.ndarray):
+    """Returns (obs, final_obs): obs with reset rows put in place of the finished ones.
+
+    final_obs: (B, ...) the observations the backend returned for the transition;
+    reset_obs: (num_done, ...) first observations of the new episodes, in stream order.
+    """
+    if not done.any():
+        return final_obs, final_obs
+    obs = final_obs.copy()
+    obs[done] = reset_obs
+    return obs, final_obs
+
+
+def check_options(factory, name: str, options: dict[str, Any], fixed: int = 3) -> None:
+    """ConfigError unless every option is a keyword parameter of factory (after the first
+    `fixed` positional ones); a factory with **kwargs validates its own options."""
+    bad = [
+        f"{k}={v!r}" for k, v in options.items() if isinstance(v, float) and not math.isfinite(v)
+    ]
+    if bad:
+        raise ConfigError(f"env options must be finite: {', '.join(bad)}")
+    parameters = list(inspect.signature(factory).parameters.values())
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return
+    known = sorted(p.name for p in parameters[fixed:])
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown options {unknown} for {name}; known: {known}")
+    by_name = {p.name: p for p in parameters}
+    bad = [
+        f"{k}={v!r} (expected {kind})"
+        for k, v in options.items()
+        if (kind := _option_type(by_name[k])) and not _fits(v, kind)
+    ]
+    if bad:
+        raise ConfigError(f"env options of the wrong type for {name}: {', '.join(bad)}")
+
+
+_OPTION_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+def _option_type(parameter: inspect.Parameter) -> str | None:
+    """The type an option must have: its default's (int, float, str, bool), else its
+    annotation's when that is one of these; None (unchecked) otherwise."""
+    default = parameter.default
+    if type(default) in _OPTION_TYPES.values():
+        return type(default).__name__
+    annotation = parameter.annotation
+    name = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return name if name in _OPTION_TYPES else None
+
+
+def _fits(value: Any, kind: str) -> bool:
+    if kind == "float":  # an int is a float too; bools are not numbers here
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, _OPTION_TYPES[kind])

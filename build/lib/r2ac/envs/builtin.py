@@ -1,0 +1,276 @@
+"""Built-in memory tasks: batched, pure numpy, bit-deterministic, no extra dependencies.
+
+`DelayedCue` (`builtin/delayed-cue`): a cue is shown at the first step only, then `delay`
+blank steps, then a choice step that is rewarded +1 if right and -1 if wrong. Variant
+"cue" (T-maze): the choice must name the cue. Variant "nonmatch" (select-non-matching
+object): a sample object is shown first; at the choice two objects appear, the sample and
+a new one, in random slots, and the agent must pick the slot of the new one. Memory span
+(cue to choice) = delay + 1 steps.
+
+`Watermaze` (`builtin/watermaze`): a size x size arena with a hidden goal cell. Entering it
+gives reward 1 and teleports the agent to a random other cell; the episode lasts
+`episode_steps` steps. After the first find, a policy that remembers the goal walks back
+in ~ the Manhattan distance; one that cannot must search again. The span from a find to
+its use is up to `episode_steps` steps.
+
+Scores of random / best memoryless / optimal scripted policies are in docs/envs.md and are
+asserted by tests/envs/test_builtin_scores.py; the policies are in `r2ac.envs.scripted`.
+
+Randomness is counter-based: every draw is a hash of (stream seed, episode index, step,
+purpose), so a stream's trajectory depends only on its own seed and actions (not on the
+batch size), and the whole state is a few integer arrays (`get_state`/`set_state`).
+Both tasks end episodes at a fixed length that is part of the task: the delayed-cue choice
+is a termination; the watermaze horizon is a time limit and reported as truncation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from r2ac.envs.base import (
+    ArraySpec,
+    BatchedEnv,
+    EpisodeStats,
+    StepResult,
+    check_options,
+    stream_seeds,
+)
+from r2ac.errors import ConfigError
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """The splitmix64 finaliser: a bijective, well-mixing hash of uint64 arrays."""
+    x = (x ^ (x >> np.uint64(30))) * _MIX1
+    x = (x ^ (x >> np.uint64(27))) * _MIX2
+    return x ^ (x >> np.uint64(31))
+
+
+def hashed_ints(seeds, episodes, steps, purpose: int, high) -> np.ndarray:
+    """Integers uniform in [0, high) (B,), one per stream, from (seed, episode, step, purpose).
+
+    seeds, episodes, steps: (B,) integer arrays; high: int or (B,) array of positive ints.
+    """
+    key = _mix64(seeds.astype(np.uint64) + episodes.astype(np.uint64) * _GOLDEN)
+    purpose_key = np.uint64((purpose * int(_MIX2)) % 2**64)
+    key = _mix64(key + steps.astype(np.uint64) * _MIX1 + purpose_key)
+    return (key % np.asarray(high, dtype=np.uint64)).astype(np.int64)
+
+
+class _CounterRNGEnv(BatchedEnv):
+    """Shared bookkeeping: per-stream seeds, episode and step counters, episode stats."""
+
+    def __init__(self, num_envs: int, seed: int):
+        if num_envs < 1:
+            raise ConfigError(f"num_envs must be >= 1, got {num_envs}")
+        self.num_envs = num_envs
+        self.stats = EpisodeStats(num_envs)
+        self._seed_streams(seed)
+
+    def _seed_streams(self, seed: int) -> None:
+        self.seeds = stream_seeds(seed, self.num_envs).astype(np.uint64)  # (B,)
+        self.episode = np.zeros(self.num_envs, dtype=np.int64)  # (B,) episodes begun - 1
+        self.t = np.zeros(self.num_envs, dtype=np.int64)  # (B,) steps into the episode
+
+    def _draw(self, purpose: int, high, rows=slice(None)) -> np.ndarray:
+        return hashed_ints(self.seeds[rows], self.episode[rows], self.t[rows], purpose, high)
+
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        if seed is not None:
+            self._seed_streams(seed)
+        else:
+            self.episode += 1
+        self.t[:] = 0
+        self.stats.reset()
+        self._begin_episodes(np.ones(self.num_envs, dtype=bool))
+        return self._observe()
+
+    def get_state(self) -> dict[str, Any]:
+        names = ("seeds", "episode", "t", *self._task_arrays)
+        state = {name: getattr(self, name).copy() for name in names}
+        state["stats"] = self.stats.get_state()
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        for name in ("seeds", "episode", "t", *self._task_arrays):
+            getattr(self, name)[:] = state[name]
+        self.stats.set_state(state["stats"])
+
+    def _finish_step(self, reward, terminated, truncated) -> StepResult:
+        """Account the step, start new episodes where one ended, observe."""
+        done = terminated | truncated
+        info = self.stats.update(reward, done)
+        final_obs = self._observe() if done.any() else None
+        self.episode[done] += 1
+        self.t[done] = 0
+        self._begin_episodes(done)
+        obs = self._observe()
+        info["final_obs"] = obs if final_obs is None else np.where(done[:, None], final_obs, obs)
+        return StepResult(obs, reward.astype(np.float32), terminated, truncated, info)
+
+
+class DelayedCue(_CounterRNGEnv):
+    """Delayed cue / select-non-matching-object; obs (2K+3,) float32, see module docstring.
+
+    Observation layout: [slot a one-hot (K) | slot b one-hot (K) | phase (cue, delay, choice)].
+    Episode: t = 0 cue, t = 1..delay blank, t = delay+1 choice (the action there is judged).
+    Actions: variant "cue": K (name the cue); variant "nonmatch": 2 (slot a or slot b).
+    Actions before the choice are no-ops.
+    """
+
+    _task_arrays = ("cue", "other", "novel_slot")
+
+    def __init__(
+        self, num_envs: int, seed: int = 0, delay: int = 64, num_cues: int = 2, variant: str = "cue"
+    ):
+        if delay < 0:
+            raise ConfigError(f"delay must be >= 0, got {delay}")
+        if variant not in ("cue", "nonmatch"):
+            raise ConfigError(f"variant must be 'cue' or 'nonmatch', got {variant!r}")
+        if num_cues < 2:
+            raise ConfigError(f"num_cues must be >= 2, got {num_cues}")
+        self.delay, self.num_cues, self.variant = delay, num_cues, variant
+        self.num_actions = num_cues if variant == "cue" else 2
+        self.observation_spec = ArraySpec((2 * num_cues + 3,), np.dtype(np.float32))
+        self.cue = np.zeros(num_envs, dtype=np.int64)  # (B,) cue / sample object
+        self.other = np.zeros(num_envs, dtype=np.int64)  # (B,) novel object (nonmatch)
+        self.novel_slot = np.zeros(num_envs, dtype=np.int64)  # (B,) 0 = slot a, 1 = slot b
+        super().__init__(num_envs, seed)
+
+    @property
+    def episode_steps(self) -> int:
+        return self.delay + 2
+
+    def correct_action(self) -> np.ndarray:
+        """The action that would be rewarded at the choice step (B,)."""
+        return self.cue if self.variant == "cue" else self.novel_slot
+
+    def _begin_episodes(self, rows: np.ndarray) -> None:
+        k = self.num_cues
+        self.cue[rows] = self._draw(1, k, rows)
+        offset = self._draw(2, k - 1, rows) + 1  # other != cue
+        self.other[rows] = (self.cue[rows] + offset) % k
+        self.novel_slot[rows] = self._draw(3, 2, rows)
+
+    def _observe(self) -> np.ndarray:
+        k, b = self.num_cues, np.arange(self.num_envs)
+        obs = np.zeros((self.num_envs, 2 * k + 3), dtype=np.float32)  # (B, 2K+3)
+        at_cue, at_choice = self.t == 0, self.t == self.delay + 1
+        obs[b[at_cue], self.cue[at_cue]] = 1.0
+        if self.variant == "nonmatch":
+            rows = b[at_choice]
+            novel = self.novel_slot[rows]
+            obs[rows, novel * k + self.other[rows]] = 1.0
+            obs[rows, (1 - novel) * k + self.cue[rows]] = 1.0
+        phase = np.where(at_cue, 0, np.where(at_choice, 2, 1))
+        obs[b, 2 * k + phase] = 1.0
+        return obs
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        actions = self._check_actions(actions)
+        terminated = self.t == self.delay + 1  # (B,) the choice was just made
+        right = actions == self.correct_action()
+        reward = np.where(terminated, np.where(right, 1.0, -1.0), 0.0)
+        self.t += 1
+        truncated = np.zeros(self.num_envs, dtype=bool)
+        return self._finish_step(reward, terminated, truncated)
+
+
+# Watermaze moves: 0 up, 1 down, 2 left, 3 right, as (row, col) steps.
+MOVES = np.array([[-1, 0], [1, 0], [0, -1], [0, 1]], dtype=np.int64)
+
+
+class Watermaze(_CounterRNGEnv):
+    """Hidden-goal navigation; obs (2*size+1,) float32 = [row one-hot | col one-hot | last reward].
+
+    Cells are numbered row * size + col. Moves off the arena leave the agent in place.
+    With `last_action=True` the obs ends with a one-hot of the action just taken (4 more
+    entries, all 0 on an episode's first step): after a find the agent is teleported, and the
+    goal is where its last move led, which it cannot tell from the obs alone.
+    """
+
+    _task_arrays = ("pos", "goal", "last_reward")
+    num_actions = 4
+
+    def __init__(
+        self,
+        num_envs: int,
+        seed: int = 0,
+        size: int = 8,
+        episode_steps: int = 200,
+        last_action: bool = False,
+    ):
+        if size < 2:
+            raise ConfigError(f"size must be >= 2, got {size}")
+        if episode_steps < 1:
+            raise ConfigError(f"episode_steps must be >= 1, got {episode_steps}")
+        if not isinstance(last_action, bool):
+            raise ConfigError(f"last_action must be true or false, got {last_action!r}")
+        self.size, self.episode_steps, self.show_last_action = size, episode_steps, last_action
+        width = 2 * size + 1 + (self.num_actions if last_action else 0)
+        self.observation_spec = ArraySpec((width,), np.dtype(np.float32))
+        self.pos = np.zeros(num_envs, dtype=np.int64)  # (B,) agent cell
+        self.goal = np.zeros(num_envs, dtype=np.int64)  # (B,) goal cell
+        self.last_reward = np.zeros(num_envs, dtype=np.float32)  # (B,)
+        # (B,) -1: none yet. Not part of the saved env state: every step sets it before observing.
+        self.last_action = np.full(num_envs, -1, dtype=np.int64)
+        super().__init__(num_envs, seed)
+
+    @property
+    def num_cells(self) -> int:
+        return self.size * self.size
+
+    def _random_cell_except(self, purpose: int, avoid: np.ndarray, rows) -> np.ndarray:
+        """Uniform cell != avoid (n,) for the selected streams."""
+        draw = self._draw(purpose, self.num_cells - 1, rows)
+        return draw + (draw >= avoid)
+
+    def _begin_episodes(self, rows: np.ndarray) -> None:
+        self.goal[rows] = self._draw(1, self.num_cells, rows)
+        self.pos[rows] = self._random_cell_except(2, self.goal[rows], rows)
+        self.last_reward[rows] = 0.0
+        self.last_action[rows] = -1
+
+    def _observe(self) -> np.ndarray:
+        s, b = self.size, np.arange(self.num_envs)
+        obs = np.zeros((self.num_envs, *self.observation_spec.shape), dtype=np.float32)
+        obs[b, self.pos // s] = 1.0
+        obs[b, s + self.pos % s] = 1.0
+        obs[:, 2 * s] = self.last_reward
+        if self.show_last_action:
+            acted = self.last_action >= 0
+            obs[b[acted], 2 * s + 1 + self.last_action[acted]] = 1.0
+        return obs
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        actions = self._check_actions(actions)
+        s = self.size
+        row = np.clip(self.pos // s + MOVES[actions, 0], 0, s - 1)
+        col = np.clip(self.pos % s + MOVES[actions, 1], 0, s - 1)
+        self.pos = row * s + col
+        self.last_action = actions.astype(np.int64)
+        found = self.pos == self.goal  # (B,)
+        self.t += 1
+        if found.any():
+            self.pos[found] = self._random_cell_except(3, self.goal[found], found)
+        reward = found.astype(np.float64)
+        self.last_reward = found.astype(np.float32)
+        terminated = np.zeros(self.num_envs, dtype=bool)
+        truncated = self.t == self.episode_steps
+        return self._finish_step(reward, terminated, truncated)
+
+
+BUILTIN_TASKS = {"delayed-cue": DelayedCue, "watermaze": Watermaze}
+
+
+def make_builtin(task: str, num_envs: int, seed: int = 0, **options: Any) -> BatchedEnv:
+    """`builtin/delayed-cue` or `builtin/watermaze`; options are the constructor's keywords."""
+    if task not in BUILTIN_TASKS:
+        raise ConfigError(f"unknown built-in task {task!r}; known: {sorted(BUILTIN_TASKS)}")
+    check_options(BUILTIN_TASKS[task], f"builtin/{task}", options, fixed=2)
+    return BUILTIN_TASKS[task](num_envs, seed, **options)

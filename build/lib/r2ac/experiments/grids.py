@@ -1,0 +1,394 @@
+"""Named experiment grids: which training runs make up a table of the paper, at laptop scale.
+
+A grid is a list of tasks (table columns) and variants (table rows, a core/rule and a segment
+length M); every (task, variant, seed) is one `r2ac train` run. Tasks and variants are plain
+TrainConfig overrides, so a grid says exactly what differs between its runs and nothing
+else: everything not named comes from the task's preset.
+
+The spans are scaled to what two CPU cores can train in minutes: the long-span built-in
+task is the delayed cue with a 33-step memory (cue at t = 0, choice at t = 33, 34-step
+episodes), so M = 5 and 10 are far shorter than the span, while a 50-step segment holds a
+whole episode about a third of the time and a 100-step one about two thirds (M = 5, 10, 50
+are the issue's values; 100 was added when TBPTT at 50 learned in only one seed of three).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from r2ac.errors import ConfigError
+
+# A variant's segment length that means "the task's longest episode": full BPTT for a
+# truncated-BPTT core on tasks whose episodes all have that length and start together.
+FULL_EPISODE = 0
+
+
+@dataclass(frozen=True)
+class Task:
+    """A table column: an env and how long to train on it."""
+
+    name: str
+    preset: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+    """Reference scores (random / memoryless / scripted), printed under the table."""
+    episode_steps: int | None = None
+    """Longest episode (steps): the M of FULL_EPISODE variants."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A table row: a core (with its gradient rule) and a segment length M."""
+
+    core: str
+    unroll_length: int
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        m = "episode" if self.unroll_length == FULL_EPISODE else self.unroll_length
+        return f"{self.core} M={m}"
+
+
+@dataclass(frozen=True)
+class Grid:
+    name: str
+    description: str
+    tasks: tuple[Task, ...]
+    variants: tuple[Variant, ...]
+    default_seeds: int = 3
+    suite_score: Callable[[float], float] | None = None
+    """Maps a task's score onto a common scale; set, the tables get a "suite" column: the
+    mean over tasks of the mapped per-task means (a row with a task missing shows "-")."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of a grid."""
+
+    task: Task
+    variant: Variant
+    seed: int
+
+    @property
+    def run_id(self) -> str:
+        """Directory name: readable and unique within the grid."""
+        m = "ep" if self.variant.unroll_length == FULL_EPISODE else self.variant.unroll_length
+        return _slug(f"{self.task.name}__{self.variant.core}__M{m}__s{self.seed}")
+
+    @property
+    def unroll_length(self) -> int:
+        """The variant's M, or the task's longest episode for FULL_EPISODE variants."""
+        if self.variant.unroll_length != FULL_EPISODE:
+            return self.variant.unroll_length
+        if not self.task.episode_steps:
+            raise ConfigError(f"task {self.task.name!r} has no episode_steps for M=episode")
+        return self.task.episode_steps
+
+    def overrides(self, total_frames: int | None = None) -> dict[str, Any]:
+        """The TrainConfig fields this run sets on top of the task's preset."""
+        out = dict(self.task.overrides)
+        out.update(core=self.variant.core, unroll_length=self.unroll_length, seed=self.seed)
+        out.update(self.variant.overrides)
+        if total_frames is not None:
+            out["total_frames"] = total_frames
+        return out
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "-", text)
+
+
+# Tasks. Reference scores are those of `r2ac bench envs` (docs/results.md, "Environments").
+DELAYED_CUE = Task(
+    "delayed-cue",
+    "delayed-cue",
+    {"env_options": ("delay=32",), "total_frames": 5_000_000},
+    note="delayed-cue (33-step memory): memoryless bound 0 (exact), scripted 1.00",
+)
+WATERMAZE = Task(
+    "watermaze",
+    "watermaze",
+    {
+        "env_options": ("size=4", "episode_steps=50"),
+        "entropy_cost": 0.003,
+        "total_frames": 5_000_000,
+    },
+    note="watermaze 4x4 (50 steps): random 1.70, memoryless 5.94 (cycle; bound ~2H/N = 6.25), "
+    "scripted 16.90, oracle 18.97",
+)
+MINIGRID_MEMORY = Task(
+    "minigrid-memory",
+    "delayed-cue",
+    {
+        "env": "minigrid/MemoryS11",
+        "env_options": ("max_episode_steps=100",),
+        "hidden_size": 128,
+        "stem_features": 64,
+        "total_frames": 5_000_000,
+        "entropy_cost": 0.001,
+        "learning_rate": 4e-3,
+        "forget_bias": 3.0,
+        "freeze_stem": False,
+    },
+    note="MiniGrid MemoryS11, 100 steps, one-hot observations (envpool; needs the envpool extra): "
+    "random 0.075; memoryless 0.46-0.48 (go to the split, pick one side; measured), optimal "
+    "~0.91 estimated; S7 and S9 show the cue from the split, so they need no memory",
+)
+CARTPOLE = Task(
+    "cartpole",
+    "delayed-cue",
+    {
+        "env": "envpool/CartPole-v1",
+        "env_options": (),
+        "freeze_stem": False,
+        "total_frames": 1_000_000,
+        "learning_rate": 2e-3,
+        "entropy_cost": 0.01,
+        "forget_bias": None,
+        "reward_scale": 0.01,
+    },
+    note="CartPole-v1 (envpool; fully observed, so memory cannot help): max return 500; rewards "
+    "scaled by 0.01 so that values (up to 100 unscaled) fit a linear head on the core's bounded h",
+)
+MINATAR_BREAKOUT = Task(
+    "minatar-breakout",
+    "delayed-cue",
+    {
+        "env": "gym/MinAtar/Breakout-v1",
+        "env_options": (),
+        "freeze_stem": False,
+        "hidden_size": 128,
+        "mlp_hidden": (256,),
+        "stem_features": 128,
+        "total_frames": 3_000_000,
+        "learning_rate": 2e-3,
+        "entropy_cost": 0.01,
+        "forget_bias": None,
+    },
+    note="MinAtar Breakout (10x10 Atari Breakout, sticky actions 0.1; needs the minatar extra), "
+    "reactive: the ball's trail channel makes it Markov; random 0.4",
+)
+BREAKOUT = Task(
+    "breakout",
+    "atari",
+    {
+        "runtime": "serial",
+        "num_envs": 16,
+        "batch_size": 32,
+        "total_frames": 2_000_000,
+        "hidden_size": 256,
+        "num_threads": 1,
+        "checkpoint_every": 200,
+        "log_every": 10,
+    },
+    note="Atari Breakout (envpool; needs the envpool extra), reactive: memory should not matter",
+)
+# Atari on a CPU: IMPALA's shallow stem (~1 k frames/s per core), one serial job per core.
+_ATARI_CPU = {
+    "image_stem": "shallow",
+    "runtime": "serial",
+    "num_envs": 16,
+    "batch_size": 16,
+    "learning_rate": 2e-3,
+    "hidden_size": 256,
+    "num_threads": 1,
+    "checkpoint_every": 200,
+    "log_every": 10,
+    "eval_greedy": False,
+}
+BREAKOUT_CPU = Task(
+    "breakout-cpu",
+    "atari",
+    {**_ATARI_CPU, "total_frames": 1_000_000, "eval_sets": 3, "eval_episodes": 16},
+    note="Atari Breakout (envpool) with IMPALA's shallow two-conv stem instead of the ResNet, so "
+    "that it trains on a CPU (~1 k frames/s per core); reactive; sampled evaluation, because a "
+    "greedy policy that never presses FIRE stalls an episode until the step limit; random 1.4",
+)
+SEAQUEST_CPU = Task(
+    "seaquest-cpu",
+    "atari",
+    {**_ATARI_CPU, "env": "atari/Seaquest", "total_frames": 500_000},
+    note="Atari Seaquest (envpool; the paper's preprocessing) with the shallow stem; reactive (the "
+    "oxygen gauge is on screen); learns from the first 100 k frames on a CPU, unlike Breakout; "
+    "sampled evaluation 5 x 30 episodes, because at this budget the policies are near uniform "
+    "and their argmax is not the policy that was trained; random 76.3",
+)
+
+_MEMORY_M = (5, 10, 50, 100)
+
+
+def _popgym(name: str, env_id: str, episode_steps: int, note: str) -> Task:
+    """A POPGym Easy env on the popgym preset. Every POPGym return lies in [-1, 1] with the
+    optimum at +1 (Morad et al. 2023); random scores: `python scripts/popgym_scores.py`."""
+    return Task(
+        name, "popgym", {"env": f"gym/popgym-{env_id}-v0"}, note=note, episode_steps=episode_steps
+    )
+
+
+POPGYM_TASKS = (
+    _popgym(
+        "repeat-first",
+        "RepeatFirstEasy",
+        51,
+        "RepeatFirst (say the first card's suit at every step; span 51): random -0.50, oracle 1.00",
+    ),
+    _popgym(
+        "repeat-previous",
+        "RepeatPreviousEasy",
+        51,
+        "RepeatPrevious (say the suit of the 4th card back, the current one counted; span 4): "
+        "random -0.50, oracle 1.00",
+    ),
+    _popgym(
+        "count-recall",
+        "CountRecallEasy",
+        51,
+        "CountRecall (how often was this card's value seen; span 51): random -0.93",
+    ),
+    _popgym(
+        "autoencode",
+        "AutoencodeEasy",
+        103,
+        "Autoencode (watch 52 suits, then say them back; span 103): random -0.52",
+    ),
+    _popgym(
+        "higher-lower",
+        "HigherLowerEasy",
+        51,
+        "HigherLower (will the next card be higher; card counting helps; span 51): random 0.01",
+    ),
+    _popgym(
+        "concentration",
+        "ConcentrationEasy",
+        104,
+        "Concentration (flip matching pairs; span 104): random -0.21",
+    ),
+    _popgym(
+        "position-cartpole",
+        "PositionOnlyCartPoleEasy",
+        200,
+        "CartPole seeing positions only (velocities must be inferred; span 2+): random 0.11",
+    ),
+    _popgym(
+        "velocity-cartpole",
+        "VelocityOnlyCartpoleEasy",
+        200,
+        "CartPole seeing velocities only (positions must be integrated; span up to 200): "
+        "random 0.11",
+    ),
+)
+
+GRIDS: dict[str, Grid] = {
+    "memory-m": Grid(
+        "memory-m",
+        "Table 1 / Fig. 1 shape: exact RTRL vs truncated BPTT across segment lengths M on memory "
+        "tasks, plus a feedforward (memoryless) agent.",
+        (DELAYED_CUE, WATERMAZE, MINIGRID_MEMORY),
+        tuple(Variant(core, m) for m in _MEMORY_M for core in ("elstm-rtrl", "elstm-bptt"))
+        + (Variant("feedforward", 10),),
+    ),
+    "ablation": Grid(
+        "ablation",
+        "Table 2 shape: architectures with TBPTT, SnAp-1 on the feLSTM, and exact RTRL on the "
+        "eLSTM, at one short M.",
+        (DELAYED_CUE,),
+        tuple(
+            Variant(core, 10)
+            for core in ("lstm-bptt", "felstm-bptt", "elstm-bptt", "felstm-snap1", "elstm-rtrl")
+        ),
+    ),
+    "reactive": Grid(
+        "reactive",
+        "Reactive tasks, where memory should not matter: RTRL should do no harm against TBPTT "
+        "and feedforward. CartPole, MinAtar Breakout, and Atari Seaquest and Breakout with a shallow "
+        "stem run on a CPU; Atari Breakout with the paper's ResNet stem needs a GPU.",
+        (CARTPOLE, MINATAR_BREAKOUT, SEAQUEST_CPU, BREAKOUT_CPU, BREAKOUT),
+        (Variant("feedforward", 20), Variant("elstm-bptt", 20), Variant("elstm-rtrl", 20)),
+    ),
+}
+
+
+def popgym_normalised(score: float) -> float:
+    """POPGym's normalisation (Morad et al. 2023, the authors' plotting code): every return lies
+    in [-1, 1] with the optimum at +1, mapped onto [0, 1]."""
+    return 0.5 * score + 0.5
+
+
+GRIDS["popgym"] = Grid(
+    "popgym",
+    "POPGym (Morad et al. 2023), someone else's memory benchmark: exact RTRL at a short M "
+    "against truncated BPTT at the same M and against full BPTT (LSTM and GRU with M as long as "
+    "the episode), plus a memoryless agent; the same frame budget on every env.",
+    POPGYM_TASKS,
+    (
+        Variant("elstm-rtrl", 4),
+        Variant("elstm-bptt", 4),
+        Variant("lstm-bptt", 4),
+        Variant("gru-bptt", 4),
+        Variant("lstm-bptt", FULL_EPISODE),
+        Variant("gru-bptt", FULL_EPISODE),
+        Variant("feedforward", 4),
+        # the RTU (exact RTRL on a complex diagonal recurrence) solved RepeatPrevious where
+        # the eLSTM and the GRU did not (docs/results.md, "POPGym")
+        Variant("rtu-rtrl", 4),
+        Variant("rtu-bptt", 4),
+    ),
+    suite_score=popgym_normalised,
+)
+
+# Studies that are measurements, not grids of training runs (r2ac.experiments.cli dispatches).
+STUDIES = {"cost": "r2ac.experiments.cost"}
+
+
+def grid(name: str) -> Grid:
+    if name not in GRIDS:
+        known = ", ".join([*GRIDS, *STUDIES])
+        raise ConfigError(f"unknown experiment {name!r}; choose one of {known}")
+    return GRIDS[name]
+
+
+def select_tasks(g: Grid, names: tuple[str, ...] | None) -> tuple[Task, ...]:
+    """The grid's tasks, or the named subset (an unknown name is a ConfigError)."""
+    if not names:
+        return g.tasks
+    known = {t.name: t for t in g.tasks}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"grid {g.name!r} has no task {unknown}; its tasks: {', '.join(known)}")
+    return tuple(known[n] for n in names)
+
+
+def select_unroll_lengths(g: Grid, lengths: tuple[int, ...] | None) -> Grid:
+    """The grid with only the rows (variants) of these segment lengths M (all if none given)."""
+    if not lengths:
+        return g
+    known = sorted({v.unroll_length for v in g.variants})
+    unknown = sorted(set(lengths) - set(known))
+    if unknown:
+        raise ConfigError(f"grid {g.name!r} has no rows with M in {unknown}; its M: {known}")
+    return dataclasses.replace(
+        g, variants=tuple(v for v in g.variants if v.unroll_length in lengths)
+    )
+
+
+def select_cores(g: Grid, cores: tuple[str, ...] | None) -> Grid:
+    """The grid with only the rows (variants) of these cores (all if none given)."""
+    if not cores:
+        return g
+    known = sorted({v.core for v in g.variants})
+    unknown = sorted(set(cores) - set(known))
+    if unknown:
+        raise ConfigError(f"grid {g.name!r} has no rows with core in {unknown}; its cores: {known}")
+    return dataclasses.replace(g, variants=tuple(v for v in g.variants if v.core in cores))
+
+
+def runs_of(g: Grid, seeds: int, tasks: tuple[Task, ...] | None = None) -> list[RunSpec]:
+    """Every run of the grid, seeds innermost so that partial grids fill whole rows first."""
+    if seeds < 1:
+        raise ConfigError(f"seeds must be >= 1, got {seeds}")
+    return [RunSpec(t, v, s) for t in (tasks or g.tasks) for v in g.variants for s in range(seeds)]

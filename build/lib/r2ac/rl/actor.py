@@ -1,0 +1,209 @@
+"""The actor: steps a batched env with the agent (no grad) and emits segments of M steps.
+
+Segment layout (time-major, M steps, B streams; see docs/rl.md):
+
+    obs              (M+1, B, ...)  obs[t] is what action t was taken on; obs[M] bootstraps
+    last_reward      (M+1, B)       raw reward received before obs[t]; 0 where reset[t]
+    last_action      (M+1, B) int64 action taken before obs[t]; 0 where reset[t]
+    reset            (M+1, B) bool  obs[t] is the first observation of an episode
+    actions          (M, B) int64
+    rewards          (M, B)         raw (the learner clips)
+    terminated       (M, B) bool
+    truncated        (M, B) bool    time-limit ends (bootstrapped, not terminal)
+    behaviour_logits (M, B, A)
+    final_values     (M, B)         V(final_obs) at truncation steps, 0 elsewhere
+    state                           the core state of the B streams before obs[0]
+
+Core-state flow: the actor carries every stream's full core state across segments. It acts
+with `core.light_state(start)` (for RTRL cores the state without sensitivities) through
+`core.act`, which also returns a trace of each step, and at the segment end brings the full
+state up to date with `core.carry_traces(start, traces)`: the segment-wise carry, computed
+from what the steps already computed (the eLSTM's gates, the RTU's and LRU's input maps and
+previous states) instead of re-running the recurrence. A core without such traces re-runs
+it once over the recorded inputs (`advance_state`); a core with nothing to drop has carried
+its full state while acting. The sensitivities therefore accumulate over the stream's whole
+history since its last reset, computed with the actor's weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from r2ac.envs.base import BatchedEnv
+from r2ac.rl.agent import Agent
+from r2ac.rtrl.state import cat_streams
+
+
+class Segment(NamedTuple):
+    obs: torch.Tensor
+    last_reward: torch.Tensor
+    last_action: torch.Tensor
+    reset: torch.Tensor
+    actions: torch.Tensor
+    rewards: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    behaviour_logits: torch.Tensor
+    final_values: torch.Tensor
+    state: Any
+
+
+@dataclass
+class EpisodeLog:
+    """Episodes that ended during a segment (for logging only)."""
+
+    returns: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+
+
+def cat_segments(segments: list[Segment]) -> Segment:
+    """Join segments of different streams along the batch dim (dim 1; the state's dim 0)."""
+    if len(segments) == 1:
+        return segments[0]
+    tensors = [torch.cat(parts, dim=1) for parts in zip(*[s[:-1] for s in segments])]
+    return Segment(*tensors, cat_streams([s.state for s in segments]))
+
+
+class Actor:
+    """Steps `env` with `agent` and carries each stream's core state across segments.
+
+    `sensitivities=False`: the actor carries the light state only (no RTRL sensitivities),
+    and its segments' start states are light; a learner that carries the sensitivities
+    itself (r2ac/rl/learner_carry.py) completes them."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        env: BatchedEnv,
+        seed: int,
+        unroll_length: int,
+        sensitivities: bool = True,
+    ):
+        self.agent, self.env, self.unroll_length = agent, env, unroll_length
+        self.dtype = next(agent.parameters()).dtype
+        self.generator = torch.Generator().manual_seed(seed)
+        B = env.num_envs
+        self.obs = torch.from_numpy(env.reset(seed=seed))  # (B, ...)
+        self.last_reward = torch.zeros(B, dtype=self.dtype)  # (B,)
+        self.last_action = torch.zeros(B, dtype=torch.int64)  # (B,)
+        self.reset = torch.ones(B, dtype=torch.bool)  # (B,)
+        self.state = agent.initial_state(B, None if sensitivities else False)
+
+    def _buffers(self) -> dict[str, torch.Tensor]:
+        M, B, A = self.unroll_length, self.env.num_envs, self.env.num_actions
+        f = {"dtype": self.dtype}
+        return {
+            "obs": torch.empty((M + 1, *self.obs.shape), dtype=self.obs.dtype),
+            "last_reward": torch.empty(M + 1, B, **f),
+            "last_action": torch.empty(M + 1, B, dtype=torch.int64),
+            "reset": torch.empty(M + 1, B, dtype=torch.bool),
+            "actions": torch.empty(M, B, dtype=torch.int64),
+            "rewards": torch.empty(M, B, **f),
+            "terminated": torch.empty(M, B, dtype=torch.bool),
+            "truncated": torch.empty(M, B, dtype=torch.bool),
+            "behaviour_logits": torch.empty(M, B, A, **f),
+            "final_values": torch.zeros(M, B, **f),
+        }
+
+    def _record_input(self, buf: dict, t: int) -> None:
+        buf["obs"][t], buf["last_reward"][t], buf["reset"][t] = (
+            self.obs,
+            self.last_reward,
+            self.reset,
+        )
+        buf["last_action"][t] = self.last_action
+
+    @torch.no_grad()
+    def collect(self) -> tuple[Segment, EpisodeLog]:
+        """Act M steps in every stream; return the segment and the episodes that ended."""
+        agent, buf, log = self.agent, self._buffers(), EpisodeLog()
+        start = self.state
+        state = agent.core.light_state(start)  # `start` itself when there is nothing to drop
+        traces = []
+        for t in range(self.unroll_length):
+            self._record_input(buf, t)
+            reset = self.reset.unsqueeze(0)  # (1, B)
+            x = agent.core_input(
+                self.obs.unsqueeze(0),
+                self.last_reward.unsqueeze(0),
+                reset,
+                self.last_action.unsqueeze(0),
+            )
+            h, state, trace = agent.core.act(x, state, reset=reset)
+            traces.append(trace)
+            logits = agent.heads(h)[0][0]  # (B, A)
+            probs = torch.softmax(logits, dim=-1)
+            action = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)  # (B,)
+            result = self.env.step(action.numpy())
+            reward = torch.from_numpy(np.asarray(result.reward)).to(self.dtype)
+            terminated = torch.from_numpy(np.asarray(result.terminated, dtype=bool))
+            truncated = torch.from_numpy(np.asarray(result.truncated, dtype=bool))
+            buf["actions"][t], buf["behaviour_logits"][t] = action, logits
+            buf["rewards"][t], buf["terminated"][t], buf["truncated"][t] = (
+                reward,
+                terminated,
+                truncated,
+            )
+            if bool(truncated.any()):
+                buf["final_values"][t] = self._final_values(
+                    result.info["final_obs"], reward, action, state
+                )
+            self._log_episodes(result.info, log)
+            done = terminated | truncated
+            self.obs = torch.from_numpy(np.asarray(result.obs))
+            self.last_reward = reward.masked_fill(done, 0.0)
+            self.last_action = action.masked_fill(done, 0)
+            self.reset = done
+        self._record_input(buf, self.unroll_length)
+        self.state = agent.core.carry_traces(start, traces)  # the segment-wise carry
+        return Segment(**buf, state=start), log
+
+    def _final_values(
+        self, final_obs, reward: torch.Tensor, action: torch.Tensor, state: Any
+    ) -> torch.Tensor:
+        """V(final_obs) from the state after the step (the state of the ended episode)."""
+        obs = torch.from_numpy(np.asarray(final_obs)).unsqueeze(0)
+        x = self.agent.core_input(obs, reward.unsqueeze(0), None, action.unsqueeze(0))
+        h, _ = self.agent.core(x, state, reset=None)
+        return self.agent.heads(h)[1][0]  # (B,)
+
+    @staticmethod
+    def _log_episodes(info: dict, log: EpisodeLog) -> None:
+        returns = np.asarray(info["episode_return"])
+        ended = ~np.isnan(returns)
+        if ended.any():
+            log.returns += returns[ended].tolist()
+            log.lengths += np.asarray(info["episode_length"])[ended].tolist()
+
+    def get_state(self) -> dict[str, Any]:
+        """Everything needed to continue bit-identically (env state if the env supports it)."""
+        try:
+            env_state = self.env.get_state()
+        except (NotImplementedError, AttributeError):
+            env_state = None
+        return {
+            "obs": self.obs.clone(),
+            "last_reward": self.last_reward.clone(),
+            "last_action": self.last_action.clone(),
+            "reset": self.reset.clone(),
+            "state": self.state,
+            "generator": self.generator.get_state(),
+            "env": env_state,
+        }
+
+    def set_state(self, saved: dict[str, Any]) -> bool:
+        """Restore get_state(); returns False (episodes restart) if the env state is missing."""
+        self.generator.set_state(saved["generator"])
+        if saved["env"] is None:
+            return False
+        self.env.set_state(saved["env"])
+        self.obs, self.last_reward = saved["obs"], saved["last_reward"]
+        # checkpoints written before the previous action was tracked: an agent without
+        # prev_action ignores it, so zeros continue such a run exactly
+        self.last_action = saved.get("last_action", torch.zeros_like(self.last_action))
+        self.reset, self.state = saved["reset"], saved["state"]
+        return True

@@ -1,0 +1,177 @@
+"""The R2AC agent: stem -> core([features, last reward, previous action]) -> policy and value heads.
+
+The core input per step is the stem's features, the clipped last reward (times the reward
+scale) and, with ``prev_action``, a one-hot code of the previous action (zeros at an
+episode start), as POPGym's baselines feed it. With ``value_norm`` the value head is
+PopArt-normalised (``r2ac.rl.nets.PolicyValueHeads``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from r2ac.errors import ConfigError
+from r2ac.rl import checkpoint
+from r2ac.rl.nets import PolicyValueHeads
+from r2ac.rtrl import RecurrentCore
+
+STEM_PREFIX = "stem."
+
+
+def core_input_size(stem_features: int, num_actions: int, prev_action: bool) -> int:
+    """Width of the core input: features, the last reward, the previous action's code."""
+    return stem_features + 1 + (num_actions if prev_action else 0)
+
+
+class Agent(nn.Module):
+    """Actor-critic network around any `r2ac.rtrl.RecurrentCore`.
+
+    ``stem`` maps ``(N, *obs_shape)`` to ``(N, stem.out_features)``; ``core`` maps
+    ``(T, B, core_input_size(...))`` to ``(T, B, core.hidden_size)``. With ``freeze_stem``
+    the stem gets no gradients (its parameters are frozen and it runs under ``no_grad``).
+    ``reward_scale`` multiplies the clipped last reward of the input (the losses see the
+    same scale). ``head_hidden`` > 0 puts a shared ReLU layer between core and heads.
+    """
+
+    def __init__(
+        self,
+        stem: nn.Module,
+        core: RecurrentCore,
+        num_actions: int,
+        freeze_stem: bool = False,
+        prev_action: bool = False,
+        value_norm: bool = False,
+        reward_scale: float = 1.0,
+        head_hidden: int = 0,
+    ):
+        super().__init__()
+        if not isinstance(core, RecurrentCore):
+            raise ConfigError(f"core {type(core).__name__} is not an r2ac.rtrl.RecurrentCore")
+        hidden_size, input_size = core.hidden_size, core.input_size
+        expected = core_input_size(stem.out_features, num_actions, prev_action)
+        if input_size != expected:
+            raise ConfigError(
+                f"core input_size {input_size} != {expected} (stem features "
+                f"{stem.out_features} + 1 last reward"
+                + (f" + {num_actions} previous-action codes)" if prev_action else ")")
+            )
+        self.stem = stem
+        self.core = core
+        self.heads = PolicyValueHeads(
+            hidden_size, num_actions, value_norm=value_norm, hidden=head_hidden
+        )
+        self.num_actions = num_actions
+        self.prev_action = prev_action
+        self.reward_scale = reward_scale
+        self.freeze_stem = freeze_stem
+        if freeze_stem:
+            self.stem.requires_grad_(False)
+
+    def initial_state(self, batch_size: int, with_sensitivities: bool | None = None) -> Any:
+        return self.core.initial_state(batch_size, with_sensitivities)
+
+    def forward(
+        self,
+        obs: torch.Tensor,
+        last_reward: torch.Tensor,
+        reset: torch.Tensor | None,
+        state: Any,
+        carry: bool = True,
+        last_action: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """obs ``(T, B, *obs_shape)``, last_reward ``(T, B)``, reset ``(T, B)`` bool or None,
+        last_action ``(T, B)`` int64 (the action taken before obs[t]; needed with prev_action).
+
+        Returns logits ``(T, B, A)``, values ``(T, B)`` and the core's new state. The last
+        reward and action are zeroed where ``reset`` is set (a new episode has neither), so a
+        reset stream sees exactly what a fresh stream sees.
+        `carry=False` tells the core the returned state will not be used (cores that can,
+        `core.skips_carry`, skip their sensitivity carry; the returned state is then incomplete).
+        """
+        x = self.core_input(obs, last_reward, reset, last_action)  # (T, B, D)
+        h, state = self.core(x, state, reset=reset, carry=carry)  # (T, B, N)
+        logits, values = self.heads(h)  # (T, B, A), (T, B)
+        return logits, values, state
+
+    def core_input(
+        self,
+        obs: torch.Tensor,
+        last_reward: torch.Tensor,
+        reset: torch.Tensor | None,
+        last_action: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The core's input ``(T, B, D)``: stem features, the clipped and scaled last reward
+        and, with prev_action, the previous action's one-hot code (D = F + 1 [+ A]).
+
+        Actors compute it step by step and pass it to `core.act`.
+        """
+        if last_reward.dim() != 2 or obs.shape[:2] != last_reward.shape:
+            raise ValueError(
+                f"obs must be (T, B, ...) and last_reward (T, B); got {tuple(obs.shape)} "
+                f"and {tuple(last_reward.shape)}"
+            )
+        if reset is not None and reset.shape != last_reward.shape:
+            raise ValueError(f"reset must be (T, B); got {tuple(reset.shape)}")
+        if last_action is not None and last_action.shape != last_reward.shape:
+            raise ValueError(f"last_action must be (T, B); got {tuple(last_action.shape)}")
+        n_steps, batch_size = last_reward.shape
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze_stem):
+            features = self.stem(obs.flatten(0, 1))  # (T * B, F)
+        features = features.reshape(n_steps, batch_size, -1)  # (T, B, F)
+        r_tm1 = last_reward.to(features.dtype).clamp(-1.0, 1.0) * self.reward_scale  # (T, B)
+        if reset is not None:
+            r_tm1 = r_tm1.masked_fill(reset.bool(), 0.0)
+        parts = [features, r_tm1.unsqueeze(-1)]
+        if self.prev_action:
+            parts.append(self._action_code(last_action, reset, features.dtype))
+        return torch.cat(parts, dim=-1)  # (T, B, D)
+
+    def _action_code(
+        self, last_action: torch.Tensor | None, reset: torch.Tensor | None, dtype
+    ) -> torch.Tensor:
+        """One-hot ``(T, B, A)`` of the previous action, zeros where an episode starts."""
+        if last_action is None:
+            raise ValueError("this agent feeds the previous action: pass last_action (T, B)")
+        code = F.one_hot(last_action.long().clamp(0, self.num_actions - 1), self.num_actions)
+        code = code.to(dtype)  # (T, B, A)
+        if reset is not None:
+            code = code.masked_fill(reset.bool().unsqueeze(-1), 0.0)
+        return code
+
+    def load_stem(self, path: str | os.PathLike) -> None:
+        """Load the stem's weights from a checkpoint of an agent (e.g. a pre-trained one).
+
+        The file holds an agent ``state_dict`` or a mapping with it under ``"agent"``; only
+        the ``stem.*`` entries are used. Missing, unexpected or mis-shaped keys raise
+        ConfigError, as do a missing file and one that is not a weights-only checkpoint.
+        A frozen stem stays frozen.
+        """
+        try:
+            obj = checkpoint.load(path)
+        except (FileNotFoundError, checkpoint.CheckpointError) as exc:
+            raise ConfigError(f"cannot load stem weights from {path}: {exc}") from exc
+        if isinstance(obj, Mapping) and isinstance(obj.get("agent"), Mapping):
+            obj = obj["agent"]
+        if not isinstance(obj, Mapping):
+            raise ConfigError(f"{path}: expected an agent state_dict, got {type(obj).__name__}")
+        loaded = {k[len(STEM_PREFIX) :]: v for k, v in obj.items() if k.startswith(STEM_PREFIX)}
+        expected = self.stem.state_dict()
+        problems = [f"missing {k}" for k in expected if k not in loaded]
+        problems += [f"unexpected {k}" for k in loaded if k not in expected]
+        problems += [
+            f"{k}: checkpoint {tuple(v.shape)} != model {tuple(expected[k].shape)}"
+            for k, v in loaded.items()
+            if k in expected and v.shape != expected[k].shape
+        ]
+        if problems:
+            shown = "; ".join(problems[:8]) + (
+                f"; ... ({len(problems)} in all)" if len(problems) > 8 else ""
+            )
+            raise ConfigError(f"{path}: stem weights do not fit: {shown}")
+        self.stem.load_state_dict(loaded)

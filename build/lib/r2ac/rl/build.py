@@ -1,0 +1,92 @@
+"""Build envs, agents and seeds from a TrainConfig (the only place that reads configs for them)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+from r2ac import envs
+from r2ac.envs.base import BatchedEnv
+from r2ac.rl.agent import Agent, core_input_size
+from r2ac.rl.config import FEEDFORWARD, TrainConfig
+from r2ac.rl.nets import Feedforward, make_stem
+
+# Offsets that keep the seed streams of actors, evaluation and the agent init apart.
+_EVAL_SEED_OFFSET = 1_000_003
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch, numpy and python random (envs and samplers have their own seeds)."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)  # noqa: NPY002 - the global RNG, for third-party code
+    random.seed(seed)
+
+
+def actor_seed(seed: int, actor_index: int, generation: int = 0) -> int:
+    """Env / sampler seed of actor `actor_index`: independent streams from one seed. A
+    restarted actor process (`generation` k > 0) gets new streams, not its first ones again."""
+    entropy = [seed, actor_index] + ([generation] if generation else [])
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0] % 2**31)
+
+
+def eval_seed(seed: int, set_index: int) -> int:
+    """Seed of evaluation set `set_index`, disjoint from every training actor's seed."""
+    return int(
+        np.random.SeedSequence([seed, _EVAL_SEED_OFFSET, set_index]).generate_state(1)[0] % 2**31
+    )
+
+
+def make_env(cfg: TrainConfig, num_envs: int, seed: int) -> BatchedEnv:
+    return envs.make(cfg.env, num_envs, seed, **cfg.env_kwargs())
+
+
+def make_agent(
+    cfg: TrainConfig,
+    observation_shape,
+    observation_dtype,
+    num_actions: int,
+    dtype: torch.dtype = torch.float32,
+    load_stem: bool = True,
+) -> Agent:
+    """The agent of `cfg`, initialised from torch's global RNG (seed it first)."""
+    stem = make_stem(
+        observation_shape,
+        observation_dtype,
+        out_features=cfg.stem_features,
+        channels=cfg.conv_channels,
+        mlp_hidden=cfg.mlp_hidden,
+        image_stem=cfg.image_stem,
+    )
+    input_size = core_input_size(cfg.stem_features, num_actions, cfg.prev_action)
+    core = make_core(cfg.core, input_size, cfg.hidden_size)
+    if cfg.forget_bias is not None and hasattr(core, "b_f"):
+        with torch.no_grad():
+            core.b_f.fill_(cfg.forget_bias)
+    agent = Agent(
+        stem,
+        core,
+        num_actions,
+        freeze_stem=cfg.freeze_stem,
+        prev_action=cfg.prev_action,
+        value_norm=cfg.popart,
+        head_hidden=cfg.head_hidden,
+        reward_scale=cfg.reward_scale,
+    ).to(dtype)
+    if load_stem and cfg.load_stem:
+        agent.load_stem(cfg.load_stem)
+    return agent
+
+
+def make_core(name: str, input_size: int, hidden_size: int) -> torch.nn.Module:
+    if name == FEEDFORWARD:
+        return Feedforward(input_size, hidden_size)
+    from r2ac.rtrl.registry import make_core as make_rtrl_core
+
+    return make_rtrl_core(name, input_size, hidden_size)
+
+
+def agent_for_env(cfg: TrainConfig, env: BatchedEnv, dtype=torch.float32, load_stem=True) -> Agent:
+    spec = env.observation_spec
+    return make_agent(cfg, spec.shape, spec.dtype, env.num_actions, dtype, load_stem)

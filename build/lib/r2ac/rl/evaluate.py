@@ -1,0 +1,164 @@
+"""Evaluation protocol: K seeded sets of E complete episodes; mean of set means and std.
+
+`r2ac eval RUN_DIR [--sets K] [--episodes E] [--greedy | --sampled] [--seed S]` loads the
+run's config and final weights (checkpoints/agent.pt) and writes RUN_DIR/eval.json. Set k
+uses env seed `eval_seed(seed, k)` (disjoint from the training actors' seeds). Each of the
+min(E, 32) streams plays a fixed quota of consecutive episodes, so short episodes are not
+over-represented.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from r2ac.errors import ConfigError, MissingDependencyError, check_writable
+from r2ac.rl import checkpoint
+from r2ac.rl.agent import Agent
+from r2ac.rl.build import agent_for_env, eval_seed, make_env
+from r2ac.rl.config import TrainConfig, validate
+from r2ac.rl.run_dir import RunDir, write_json
+from r2ac.rl.runtime import load_agent_weights
+
+MAX_STREAMS = 32
+
+
+@torch.no_grad()
+def play_episodes(agent: Agent, env, episodes: int, greedy: bool, seed: int) -> tuple[list, int]:
+    """Returns of exactly `episodes` complete episodes (stream quotas), and the steps taken."""
+    n = env.num_envs
+    quota = np.array([episodes // n + (b < episodes % n) for b in range(n)])
+    returns: list[list[float]] = [[] for _ in range(n)]
+    gen = torch.Generator().manual_seed(seed)
+    obs = torch.from_numpy(env.reset(seed=seed))
+    dtype = next(agent.parameters()).dtype
+    last_reward, reset = torch.zeros(n, dtype=dtype), torch.ones(n, dtype=torch.bool)
+    last_action = torch.zeros(n, dtype=torch.int64)
+    full = agent.initial_state(n)
+    state = agent.core.light_state(full)
+    steps = 0
+    while any(len(r) < q for r, q in zip(returns, quota)):
+        logits, _, state = agent(
+            obs[None], last_reward[None], reset[None], state, last_action=last_action[None]
+        )
+        logits = logits[0]
+        if greedy:
+            action = logits.argmax(-1)
+        else:
+            action = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen).squeeze(1)
+        res = env.step(action.numpy())
+        steps += n
+        done = torch.from_numpy(np.asarray(res.terminated | res.truncated, dtype=bool))
+        for b in np.flatnonzero(~np.isnan(res.info["episode_return"])):
+            if len(returns[b]) < quota[b]:
+                returns[b].append(float(res.info["episode_return"][b]))
+        obs = torch.from_numpy(np.asarray(res.obs))
+        last_reward = torch.from_numpy(np.asarray(res.reward)).to(dtype).masked_fill(done, 0.0)
+        last_action = action.masked_fill(done, 0)
+        reset = done
+    return [x for r in returns for x in r], steps
+
+
+def evaluate(
+    agent: Agent, cfg: TrainConfig, sets: int, episodes: int, greedy: bool, seed: int | None = None
+) -> dict:
+    seed = cfg.seed if seed is None else seed
+    start, set_returns, steps = time.perf_counter(), [], 0
+    was_training = agent.training
+    agent.eval()
+    for k in range(sets):
+        s = eval_seed(seed, k)
+        env = make_env(cfg, min(episodes, MAX_STREAMS), s)
+        returns, n = play_episodes(agent, env, episodes, greedy, s)
+        env.close()
+        set_returns.append(returns)
+        steps += n
+    agent.train(was_training)
+    means = [float(np.mean(r)) for r in set_returns]
+    return {
+        "env": cfg.env,
+        "core": cfg.core,
+        "sets": sets,
+        "episodes_per_set": episodes,
+        "actions": "greedy" if greedy else "sampled",
+        "seed": seed,
+        "mean": float(np.mean(means)),
+        "std": float(np.std(means)),
+        "set_means": means,
+        "returns": set_returns,
+        "frames": steps,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def write_eval(run: RunDir, result: dict, out: str | Path | None = None) -> Path:
+    """Write the result to `out` (default RUN/eval.json, which experiment grids read)."""
+    path = Path(out) if out else run.eval_path
+    # atomic: the experiment runner reads "eval.json exists" as "the run is finished"
+    return write_json(path, result)
+
+
+def evaluate_run(
+    path: str,
+    sets: int | None,
+    episodes: int | None,
+    greedy: bool | None,
+    seed: int | None,
+    out: str | None = None,
+) -> tuple[dict, Path]:
+    run = RunDir.open(path)
+    cfg = validate(run.config())
+    check_writable(out or run.eval_path, "--out", is_file=True)
+    if not run.agent_path.is_file():
+        raise ConfigError(f"{path}: no weights at {run.agent_path}")
+    env = make_env(cfg, 1, 0)
+    agent = agent_for_env(cfg, env, load_stem=False)
+    env.close()
+    load_agent_weights(agent, checkpoint.load(run.agent_path)["agent"], run.agent_path)
+    result = evaluate(
+        agent,
+        cfg,
+        sets or cfg.eval_sets,
+        episodes or cfg.eval_episodes,
+        cfg.eval_greedy if greedy is None else greedy,
+        seed,
+    )
+    return result, write_eval(run, result, out)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="r2ac eval", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir")
+    parser.add_argument("--sets", type=int, help="K (default: the run's eval_sets)")
+    parser.add_argument("--episodes", type=int, help="E (default: the run's eval_episodes)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--greedy", dest="greedy", action="store_true", default=None)
+    mode.add_argument("--sampled", dest="greedy", action="store_false")
+    parser.add_argument("--seed", type=int, help="evaluation seed (default: the run's seed)")
+    parser.add_argument(
+        "--out",
+        help="result file (default RUN_DIR/eval.json; give another to "
+        "keep the run's own evaluation, e.g. a --sampled check of a greedy run)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        for name in ("sets", "episodes"):
+            if getattr(args, name) is not None and getattr(args, name) < 1:
+                raise ConfigError(f"--{name} must be positive, got {getattr(args, name)}")
+        result, path = evaluate_run(
+            args.run_dir, args.sets, args.episodes, args.greedy, args.seed, args.out
+        )
+    except (ConfigError, MissingDependencyError) as exc:
+        print(f"r2ac eval: error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"{result['env']} {result['core']}: {result['mean']:.3f} +- {result['std']:.3f} "
+        f"({result['sets']} x {result['episodes_per_set']} {result['actions']} episodes, "
+        f"{result['seconds']:.1f} s) -> {path}"
+    )
+    return 0

@@ -1,0 +1,342 @@
+"""The run directory: resolved config, git revision, metrics (CSV + TensorBoard), curve, checkpoints.
+
+RUN/.lock                  held (fcntl.flock) by the process training in RUN
+RUN/config.json            the resolved TrainConfig (+ git revision, start time), atomic
+RUN/metrics.csv            one row every log_every updates (COLUMNS), appended
+RUN/tb/                    TensorBoard events (same scalars)
+RUN/curve.png              return vs frames, written at the end
+RUN/checkpoints/latest.pt  full training state (atomic, checksummed, data only): --resume
+RUN/checkpoints/agent.pt   agent state_dict only: eval, --load-stem
+RUN/eval.json              evaluation protocol result
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from r2ac.errors import ConfigError, check_writable
+from r2ac.rl import checkpoint
+from r2ac.rl.config import TrainConfig, from_dict, to_dict
+
+COLUMNS = (
+    "update",
+    "frames",
+    "time_s",
+    "fps",
+    "return_mean",
+    "episode_length_mean",
+    "episodes",
+    "loss",
+    "pg_loss",
+    "baseline_loss",
+    "entropy_loss",
+    "entropy",
+    "grad_norm",
+    "lr",
+    "policy_lag",
+    "value_mean",
+    "value_scale",
+    "actor_restarts",
+)
+
+
+def git_revision() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    """Write `obj` as indented JSON atomically (temp file, fsync, rename): a kill never leaves
+    half a file, and a reader never sees one."""
+    return checkpoint.write_atomic((json.dumps(obj, indent=2) + "\n").encode(), path)
+
+
+def default_out_dir(cfg: TrainConfig, root: str | Path = "runs") -> str:
+    """runs/<time>-<env>-<core>-<pid>[-k]: the pid keeps two processes started in the same
+    second apart, the suffix k one process that starts two runs in the same second."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / f"{stamp}-{cfg.env.replace('/', '-')}-{cfg.core}-{os.getpid()}"
+    path, k = base, 1
+    while path.exists():
+        k += 1
+        path = base.with_name(f"{base.name}-{k}")
+    return str(path)
+
+
+class RunDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    config_path = property(lambda self: self.path / "config.json")
+    metrics_path = property(lambda self: self.path / "metrics.csv")
+    checkpoint_path = property(lambda self: self.path / "checkpoints" / "latest.pt")
+    agent_path = property(lambda self: self.path / "checkpoints" / "agent.pt")
+    eval_path = property(lambda self: self.path / "eval.json")
+    curve_path = property(lambda self: self.path / "curve.png")
+    tb_path = property(lambda self: self.path / "tb")
+
+    @classmethod
+    def check_new(cls, path: str | Path) -> None:
+        """ConfigError unless `path` is absent or an empty, writable directory (nothing is
+        written); the message says how to continue or restart a run found there."""
+        p, run = Path(path), cls(path)
+        check_writable(p, "--out-dir")
+        if not p.exists() or (
+            p.is_dir() and not any(q.name != checkpoint.LOCK_NAME for q in p.iterdir())
+        ):
+            return
+        if run.checkpoint_path.is_file():
+            raise ConfigError(
+                f"run directory {p} holds a run; continue it with `r2ac train "
+                f"--resume {p}` or choose another --out-dir"
+            )
+        if run.config_path.is_file():
+            raise ConfigError(
+                f"run directory {p} holds a run stopped before its first "
+                f"checkpoint; start it again with `r2ac train --restart {p}` or "
+                "choose another --out-dir"
+            )
+        raise ConfigError(f"{p} exists and is not empty; choose another --out-dir")
+
+    lock_fd: int | None = None
+
+    def release(self) -> None:
+        """Give up the lock taken by `acquire` (it also dies with the process)."""
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
+
+    def acquire(self) -> RunDir:
+        """Lock the directory for this process (ConfigError if another holds it) and remove
+        the temp files of writes killed mid-way (safe now: nobody else writes here)."""
+        self.lock_fd = checkpoint.lock_directory(self.path)
+        checkpoint.remove_stale_temps(self.path)
+        checkpoint.remove_stale_temps(self.path / "checkpoints")
+        return self
+
+    @classmethod
+    def create(cls, path: str | Path, cfg: TrainConfig) -> RunDir:
+        cls.check_new(path)
+        run = cls(path)
+        run.path.mkdir(parents=True, exist_ok=True)
+        run.acquire()
+        if run.config_path.exists():  # another process created it since check_new
+            run.release()
+            raise ConfigError(f"run directory {run.path} was just created by another process")
+        meta = {
+            "config": to_dict(cfg),
+            "git_revision": git_revision(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+        write_json(run.config_path, meta)
+        return run
+
+    @classmethod
+    def open(cls, path: str | Path) -> RunDir:
+        run = cls(path)
+        if not run.config_path.is_file():
+            raise ConfigError(f"{path} is not a run directory (no config.json)")
+        return run
+
+    def config(self) -> TrainConfig:
+        try:
+            return from_dict(json.loads(self.config_path.read_text())["config"])
+        except (KeyError, TypeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{self.config_path}: unreadable config ({exc})") from exc
+
+    def save_checkpoint(self, payload: dict[str, Any]) -> None:
+        checkpoint.save_atomic({"agent": payload["agent"]}, self.agent_path)
+        checkpoint.save_atomic(payload, self.checkpoint_path)
+
+    def restart(self) -> None:
+        """Remove what a run stopped before its first checkpoint wrote, but its config."""
+        if self.checkpoint_path.is_file():
+            raise ConfigError(
+                f"{self.path} holds a checkpoint; continue it with `r2ac train "
+                f"--resume {self.path}` (or delete the directory)"
+            )
+        for name in ("metrics.csv", "curve.png", "eval.json"):
+            (self.path / name).unlink(missing_ok=True)
+        for folder in (self.tb_path, self.path / "checkpoints"):
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def load_checkpoint(self) -> dict[str, Any]:
+        if not self.checkpoint_path.is_file():
+            raise ConfigError(
+                f"{self.path} has no checkpoint (it stopped before its first "
+                f"one); start it again with `r2ac train --restart {self.path}`"
+            )
+        # Weights-only and checksummed: a run directory may come from someone else.
+        return checkpoint.load(self.checkpoint_path)
+
+
+# Fields a user may change in config.json between runs of one directory: where it lives and
+# how it is shown and evaluated, not what it trains.
+EDITABLE_FIELDS = frozenset(
+    {"out_dir", "progress", "eval_sets", "eval_episodes", "eval_greedy", "eval_at_end"}
+)
+
+
+def config_differences(saved: dict, current: dict) -> list[str]:
+    """`field: checkpoint X, config.json Y` for each training field that differs."""
+
+    def norm(value):  # tuples and lists alike, as JSON has them
+        return json.loads(json.dumps(value))
+
+    names = sorted((set(saved) | set(current)) - EDITABLE_FIELDS)
+    return [
+        f"{n}: checkpoint {norm(saved.get(n))!r}, config.json {norm(current.get(n))!r}"
+        for n in names
+        if norm(saved.get(n)) != norm(current.get(n))
+    ]
+
+
+def check_same_config(run: RunDir, cfg: TrainConfig, payload: dict[str, Any]) -> None:
+    """ConfigError if config.json no longer describes the run in the checkpoint."""
+    saved = payload.get("config")
+    if not isinstance(saved, dict):
+        return  # a checkpoint from before configs were stored in it: nothing to compare
+    diff = config_differences(saved, to_dict(cfg))
+    if diff:
+        raise ConfigError(
+            f"{run.config_path} differs from the config the checkpoint was trained "
+            f"with ({'; '.join(diff)}); restore it, or start a new run"
+        )
+
+
+class MetricsLog:
+    """CSV rows + TensorBoard scalars, appended. On resume from `resume_update` (at
+    `resume_frames`), rows written after it are dropped: the CSV is rewritten atomically
+    (temp file + rename) only if it holds such rows, and TensorBoard is told to hide the
+    scalars logged after `resume_frames` (its steps are frame counts), keeping all before."""
+
+    def __init__(
+        self, run: RunDir, resume_update: int | None = None, resume_frames: int | None = None
+    ):
+        self.run = run
+        if resume_update is not None:
+            drop_rows_after(run.metrics_path, resume_update)
+        new = not run.metrics_path.is_file() or run.metrics_path.stat().st_size == 0
+        # a run started by an older version keeps its header (its columns, in its order)
+        self.columns = COLUMNS if new else _header(run.metrics_path)
+        self._file = run.metrics_path.open("a", newline="")
+        self._csv = csv.DictWriter(self._file, fieldnames=self.columns, extrasaction="ignore")
+        if new:
+            self._csv.writeheader()
+        self._file.flush()
+        self._tb = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # TensorBoard discards events at steps >= purge_step from the earlier files.
+            purge = None if resume_frames is None else resume_frames + 1
+            self._tb = SummaryWriter(str(run.tb_path), purge_step=purge)
+        except ImportError:  # tensorboard is a dependency, but keep the CSV working without
+            pass
+
+    def flush(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        if self._tb is not None:
+            self._tb.flush()
+
+    def write(self, row: dict[str, float]) -> None:
+        self._csv.writerow({k: row.get(k, "") for k in self.columns})
+        self._file.flush()
+        if self._tb is not None:
+            step = int(row["frames"])
+            for key, value in row.items():
+                if key not in ("update", "frames") and value is not None and math.isfinite(value):
+                    self._tb.add_scalar(key, value, step)
+            self._tb.flush()  # like the CSV row: on disk now, not minutes later
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _header(path: Path) -> tuple[str, ...]:
+    """The column names of an existing metrics CSV (its first line)."""
+    with path.open(newline="") as f:
+        return tuple(next(csv.reader(f), COLUMNS))
+
+
+def _complete_rows(text: str) -> tuple[list[dict[str, str]], tuple[str, ...]]:
+    """Rows of a metrics CSV, without a last line cut short by a kill (no newline, or
+    missing columns), and its header."""
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+    reader = csv.DictReader(io.StringIO(text))
+    columns = tuple(reader.fieldnames or COLUMNS)
+    rows = []
+    for row in reader:
+        if row.get(columns[-1]) is not None and str(row.get("update", "")).isdigit():
+            rows.append(row)
+    return rows, columns
+
+
+def drop_rows_after(path: Path, update: int) -> None:
+    """Remove the rows after `update` (logged after the checkpoint a resume starts from),
+    atomically; the file is left untouched when there are none."""
+    if not path.is_file():
+        return
+    text = path.read_text()
+    rows, columns = _complete_rows(text)
+    kept = [r for r in rows if int(r["update"]) <= update]
+    if len(kept) == len(rows) and text.endswith("\n"):
+        return
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(kept)
+    checkpoint.write_atomic(out.getvalue().encode(), path)
+
+
+def read_metrics(path: str | Path) -> list[dict[str, float]]:
+    with Path(path).open() as f:
+        return [
+            {k: float(v) if v not in ("", None) else math.nan for k, v in r.items()}
+            for r in csv.DictReader(f)
+        ]
+
+
+def plot_curve(run: RunDir, title: str = "", out: Path | None = None) -> Path | None:
+    """Mean episode return vs frames from metrics.csv, as a PNG (None if nothing to plot)."""
+    rows = [r for r in read_metrics(run.metrics_path) if math.isfinite(r["return_mean"])]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([r["frames"] for r in rows], [r["return_mean"] for r in rows])
+    ax.set_xlabel("frames")
+    ax.set_ylabel("mean episode return (last 100)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = out or run.curve_path
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -1,0 +1,76 @@
+"""A clean stop on SIGINT / SIGTERM: finish the update, write a checkpoint, exit non-zero.
+
+`StopRequest` replaces the two handlers while training runs: a signal only records itself,
+and the training loop asks `requested` between updates, so no update is cut in half and the
+checkpoint written then holds everything done so far. A second SIGINT while the first is
+being honoured raises KeyboardInterrupt (Ctrl-C twice: stop now); a repeated SIGTERM only
+repeats the request (`timeout` and service managers may send it to the whole group, so a
+process can receive it twice).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class TrainingInterrupted(Exception):  # noqa: N818  (a stop, not an error)
+    """Training stopped on a signal after `update` updates, with a checkpoint written."""
+
+    def __init__(self, signum: int, update: int, saved: bool):
+        self.signum, self.update, self.saved = signum, update, saved
+        super().__init__(f"{signal.Signals(signum).name} after update {update}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+
+
+class StopRequest:
+    """Context manager: while inside, SIGINT and SIGTERM set `signum` instead of stopping."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+        if signum == signal.SIGINT:  # the next Ctrl-C stops at once; SIGTERM stays handled
+            signal.signal(signum, signal.default_int_handler)
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():  # signals only go there
+            for signum in SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+
+@contextmanager
+def raise_on_signal(update: int) -> Iterator[None]:
+    """While inside, SIGINT / SIGTERM raise TrainingInterrupted at once: for the work after
+    the last checkpoint (the final evaluation), which `--resume` redoes."""
+
+    def handler(signum, frame):
+        raise TrainingInterrupted(signum, update, True)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {signum: signal.signal(signum, handler) for signum in SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)

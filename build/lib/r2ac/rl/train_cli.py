@@ -1,0 +1,205 @@
+"""`r2ac train [--preset NAME] [options]`, `r2ac train --resume RUN_DIR` (from its checkpoint)
+and `r2ac train --restart RUN_DIR` (from its config.json, a run stopped before its first
+checkpoint).
+
+Options are generated from TrainConfig (`r2ac train --help`); a preset supplies the
+defaults, flags override them. Bad input (unknown env, core or rule, sizes < 1, a preset
+needing a missing package, an existing run directory, a checkpoint that does not fit, a
+corrupted or code-carrying checkpoint, a run too large for the memory available, a run
+directory in use by another process) prints one line and exits with code 2 before anything
+is written. SIGINT / SIGTERM stop after the current update with a checkpoint (exit 130 /
+143).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+import signal
+import sys
+
+from r2ac.errors import ConfigError, MissingDependencyError
+from r2ac.perf import keep_freed_memory
+from r2ac.rl.config import PRESETS, RUNTIMES, TrainConfig, preset, preset_help, validate
+from r2ac.rl.resources import check_resources
+from r2ac.rl.run_dir import RunDir, check_same_config, default_out_dir, plot_curve
+from r2ac.rl.runtime import ActorError
+from r2ac.rl.stop import TrainingInterrupted, raise_on_signal
+
+
+def _pop_option(argv: list[str], name: str) -> str | None:
+    """Remove `--name VALUE` or `--name=VALUE` from argv; return VALUE."""
+    for i, arg in enumerate(argv):
+        if arg == name:
+            if i + 1 >= len(argv):
+                raise ConfigError(f"{name} needs a value")
+            value = argv[i + 1]
+            del argv[i : i + 2]
+            return value
+        if arg.startswith(name + "="):
+            del argv[i]
+            return arg.split("=", 1)[1]
+    return None
+
+
+def parse_config(argv: list[str]) -> TrainConfig:
+    argv = list(argv)
+    name = _pop_option(argv, "--preset")
+    default = preset(name) if name else PRESETS["delayed-cue"]
+    import tyro
+
+    description = (
+        f"Train R2AC. --preset {{{','.join(PRESETS)}}} picks the defaults "
+        "(default delayed-cue), and the options below show its values as their defaults; "
+        "--resume RUN_DIR continues a run.\n\n" + preset_help()
+    )
+    cfg = tyro.cli(
+        TrainConfig, default=default, args=argv, prog="r2ac train", description=description
+    )
+    return _own_env_options(cfg, default, argv)
+
+
+def _own_env_options(cfg: TrainConfig, default: TrainConfig, argv: list[str]) -> TrainConfig:
+    """A preset's env options belong to the preset's env: with another `--env` and no
+    `--env-options` the new env gets none (the delayed cue's delay=64 must not reach
+    POPGym)."""
+    given = any(a == "--env-options" or a.startswith("--env-options=") for a in argv)
+    if cfg.env != default.env and not given:
+        return dataclasses.replace(cfg, env_options=())
+    return cfg
+
+
+def make_runtime(cfg: TrainConfig, run: RunDir | None):
+    """The runtime `cfg.runtime` names (config.RUNTIMES), imported when chosen."""
+    import importlib
+
+    module, cls = RUNTIMES[cfg.runtime]
+    return getattr(importlib.import_module(module), cls)(cfg, run)
+
+
+def _prepare(argv: list[str]):
+    """Everything that can fail on bad input, before anything is written."""
+    argv = list(argv)
+    resume, restart = _pop_option(argv, "--resume"), _pop_option(argv, "--restart")
+    if resume is not None or restart is not None:
+        return _prepare_existing(resume, restart, argv)
+    cfg = validate(parse_config(argv))
+    cfg = dataclasses.replace(cfg, out_dir=cfg.out_dir or default_out_dir(cfg))
+    RunDir.check_new(cfg.out_dir)
+    check_resources(cfg)
+    runtime = make_runtime(cfg, None)
+    return cfg, None, runtime, cfg.out_dir
+
+
+def _prepare_existing(resume: str | None, restart: str | None, argv: list[str]):
+    """--resume DIR (from its checkpoint) or --restart DIR (from its config, a run stopped
+    before its first checkpoint); the directory is locked for this process."""
+    if resume is not None and restart is not None:
+        raise ConfigError("give --resume or --restart, not both")
+    flag, path = ("--resume", resume) if resume is not None else ("--restart", restart)
+    if argv:
+        raise ConfigError(f"{flag} takes no other options, got {' '.join(argv)}")
+    run = RunDir.open(path).acquire()
+    try:
+        cfg = validate(run.config())
+        check_resources(cfg)
+        if resume is not None:
+            payload = run.load_checkpoint()
+            check_same_config(run, cfg, payload)
+            runtime = make_runtime(cfg, run)
+            runtime.restore(payload)
+        else:
+            runtime = make_runtime(cfg, run)
+            run.restart()
+    except BaseException:
+        run.release()
+        raise
+    return cfg, run, runtime, None
+
+
+def finish(cfg: TrainConfig, run: RunDir, runtime) -> None:
+    plot_curve(
+        run,
+        title=f"{cfg.env} {' '.join(cfg.env_options)}  {cfg.core}  "
+        f"M={cfg.unroll_length}  N={cfg.hidden_size}",
+    )
+    if cfg.eval_at_end:
+        from r2ac.rl.evaluate import evaluate, write_eval
+
+        result = evaluate(
+            runtime.cpu_agent(), cfg, cfg.eval_sets, cfg.eval_episodes, cfg.eval_greedy
+        )
+        write_eval(run, result)
+        print(
+            f"eval: {result['mean']:.3f} +- {result['std']:.3f} over {cfg.eval_sets} x "
+            f"{cfg.eval_episodes} {result['actions']} episodes ({result['seconds']:.1f} s)"
+        )
+
+
+def main(argv: list[str]) -> int:
+    keep_freed_memory()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        cfg, run, runtime, new_dir = _prepare(argv)
+        if run is None:
+            run = RunDir.create(new_dir, cfg)
+            runtime.run = run
+    except (ConfigError, MissingDependencyError) as exc:
+        print(f"r2ac train: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # e.g. a full or read-only disk found when creating the run
+        print(f"r2ac train: error: cannot write the run directory: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C while imports and envs were still being set up
+        print("r2ac train: interrupted before training started", file=sys.stderr)
+        return 130
+    try:
+        return _train(cfg, run, runtime)
+    finally:
+        run.release()
+
+
+def _train(cfg: TrainConfig, run: RunDir, runtime) -> int:
+    """Train, report, evaluate; a signal stops it cleanly (see r2ac.rl.stop)."""
+    print(f"run directory: {run.path}", file=sys.stderr)
+    try:
+        tracker = runtime.train()
+        with raise_on_signal(tracker.update):  # the checkpoint is complete: stop at once
+            print(tracker.summary())
+            finish(cfg, run, runtime)
+    except TrainingInterrupted as stop:
+        print(
+            f"r2ac train: stopped by {signal.Signals(stop.signum).name} after update "
+            f"{stop.update} of {cfg.updates_total}; checkpoint written; continue with "
+            f"`r2ac train --resume {run.path}`",
+            file=sys.stderr,
+        )
+        return stop.exit_code
+    except OSError as exc:  # a full disk: the atomic writes left the last checkpoint whole
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        print(
+            f"r2ac train: error: cannot write to {run.path}: {exc}; the last checkpoint is "
+            f"intact: free space, then `r2ac train --resume {run.path}`",
+            file=sys.stderr,
+        )
+        return 1
+    except ActorError as exc:  # the learner is whole: its last update is checkpointed
+        if exc.traceback:
+            print(exc.traceback.rstrip(), file=sys.stderr)
+        print(
+            f"r2ac train: error: {exc}; the last checkpoint is in {run.path} "
+            f"(`r2ac train --resume {run.path}` continues from it)",
+            file=sys.stderr,
+        )
+        return 1
+    except KeyboardInterrupt:  # a second Ctrl-C: stopped mid-update
+        if run.checkpoint_path.is_file():
+            where = f"the last checkpoint is in {run.path} (`r2ac train --resume {run.path}`"
+            where += " continues from it)"
+        else:
+            where = f"no checkpoint yet (`r2ac train --restart {run.path}` starts it again)"
+        print(f"r2ac train: interrupted; {where}", file=sys.stderr)
+        return 130
+    return 0

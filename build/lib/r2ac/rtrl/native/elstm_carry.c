@@ -1,0 +1,334 @@
+/* Fused eLSTM RTRL carry (float32, CPU): r2ac/rtrl/native/__init__.py builds and loads it.
+ *
+ * Per stream b the sensitivities FZ are stored as one (D, 2N) row-major block (zero_FZ in
+ * elstm_math.py). At the end of a segment's backward the PyTorch path makes three passes over
+ * that block, after computing the carry inputs u and G from the segment's trace:
+ *
+ *   history:  H[d, c]     += dh[b, c] * FZ[b, d, c]          (dL/d[F;Z] from before the segment)
+ *   scale:    FZ[b, d, c]  = G[b, c]  * FZ[b, d, c]
+ *   GEMM:     FZ[b, d, c] += sum_t x[t, b, d] * u[t, b, c]   (the segment's own contribution)
+ *
+ * with c indexing the 2N columns [f-part | z-part]. `r2ac_carry_fused` does it all in one pass:
+ * per stream, u and G for a thread's columns are computed into its cache (`stream_inputs`), and
+ * each (6 x 64) tile of the block is loaded once, feeds the history sum, is scaled, gets its T
+ * rank-1 updates in registers, and is stored once (`tile`). It also runs without the history
+ * (an actor's carry) and out of place (the carried block written to a second buffer);
+ * `r2ac_carry_gates` first derives the trace from the gates an actor's steps kept, and
+ * `r2ac_history` is the history alone (a learner that does not carry).
+ *
+ * Threads come from OpenMP; the library links the libgomp that PyTorch already loaded, so both
+ * share one thread team. Written with GCC vector extensions: AVX-512 where -march=native has
+ * it (one register per 16 floats), split into narrower registers elsewhere.
+ */
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4))); /* unaligned access */
+
+#define MR 6  /* rows (inputs d) per register tile */
+#define NR 4  /* 16-float column vectors per register tile: 64 columns */
+#define VL 16
+#define PS 8  /* packed slot per (tile, step): MR inputs, padded to 8 floats */
+
+static inline v16 load(const float *p) { return *(const v16u *)p; }
+static inline void store(float *p, v16 v) { *(v16u *)p = v; }
+static inline v16 splat(float s) { return (v16){s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }
+
+/* One tile of R rows x J vectors: out = G*old + A^T U with old read at src (out may be src),
+ * and with H, h += dh*old. R, J and H are constants at every call site, so the loops unroll,
+ * acc stays in registers and the history code is compiled out where H is 0. */
+static inline __attribute__((always_inline)) void tile(
+    int R, int J, int H, int64_t T, const float *src, float *out, int64_t ldfz, float *h,
+    int64_t ldh, const float *g, const float *dh, const float *a_packed, const float *u,
+    int64_t ldu, const float *next)
+{
+    v16 acc[MR][NR], gv[NR], dv[NR];
+    for (int j = 0; j < J; j++) {
+        gv[j] = load(g + j * VL);
+        if (H) dv[j] = load(dh + j * VL);
+    }
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < J; j++) {
+            v16 old = load(src + r * ldfz + j * VL);
+            if (H) store(h + r * ldh + j * VL, load(h + r * ldh + j * VL) + dv[j] * old);
+            acc[r][j] = gv[j] * old;
+        }
+    for (int64_t t = 0; t < T; t++) {
+        /* Fetch the next tile a line per step: in a training loop FZ (tens of MB) comes from
+         * DRAM, and these loads are spread out instead of queued at once. */
+        if (t < MR * J) __builtin_prefetch(next + (t / J) * ldfz + (t % J) * VL, 1, 3);
+        v16 bv[NR];
+        for (int j = 0; j < J; j++) bv[j] = load(u + t * ldu + j * VL);
+        for (int r = 0; r < R; r++) {
+            v16 av = splat(a_packed[t * PS + r]);
+            for (int j = 0; j < J; j++) acc[r][j] += av * bv[j];
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < J; j++) store(out + r * ldfz + j * VL, acc[r][j]);
+}
+
+/* One strip of J vectors (16 J columns) down all D rows, in tiles of MR rows; the strip's
+ * u (T x 16 J floats) stays in L1 from tile to tile. src and out (leading dimension ldfz) are
+ * the strip's old and new block (the same for an in-place carry), h (ldh) its history sum,
+ * summed only with H; g, dh and u start at the strip's first column; `after` is prefetched
+ * during the last tile. */
+static void column_strip(int J, int H, int64_t T, int64_t D, const float *src, float *out,
+                         int64_t ldfz, float *h, int64_t ldh, const float *g, const float *dh,
+                         const float *packed, const float *u, int64_t ldu, const float *after)
+{
+    int64_t n_tiles = (D + MR - 1) / MR;
+    for (int64_t tile_i = 0; tile_i < n_tiles; tile_i++) {
+        int64_t d0 = tile_i * MR;
+        int R = (int)(D - d0 < MR ? D - d0 : MR);
+        const float *sr = src + d0 * ldfz;
+        float *outr = out + d0 * ldfz, *hr = H ? h + d0 * ldh : h;
+        const float *ap = packed + tile_i * T * PS;
+        const float *next = tile_i + 1 < n_tiles ? sr + MR * ldfz : after;
+#define TILE(R_, J_, H_) tile(R_, J_, H_, T, sr, outr, ldfz, hr, ldh, g, dh, ap, u, ldu, next)
+#define TILE_R(J_, H_)                                                                    \
+        switch (R) {                                                                      \
+        case 6: TILE(6, J_, H_); break;                                                   \
+        case 5: TILE(5, J_, H_); break;                                                   \
+        case 4: TILE(4, J_, H_); break;                                                   \
+        case 3: TILE(3, J_, H_); break;                                                   \
+        case 2: TILE(2, J_, H_); break;                                                   \
+        default: TILE(1, J_, H_); break;                                                  \
+        }
+        if (J == NR && H) {
+            TILE_R(NR, 1)
+        } else if (J == NR) {
+            TILE_R(NR, 0)
+        } else if (H) {
+            TILE_R(1, 1)
+        } else {
+            TILE_R(1, 0)
+        }
+#undef TILE_R
+#undef TILE
+    }
+}
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4)));
+#define LD8(p) (*(const v8u *)(p))
+#define ST8(p, v) (*(v8u *)(p) = (v))
+
+/* What the steps of a segment left for its carry, (T, B, N) contiguous each: either the trace
+ * (fh, zh, a; f == NULL) or the gates f, z with keep (T, B) (NULL: no reset) and w_f, w_z (N,),
+ * from which the trace is derived as elstm_math.local_derivatives does; cp in both. */
+struct steps {
+    const float *fh, *zh, *a, *cp, *f, *z, *keep, *w_f, *w_z;
+};
+
+/* Step t's (fh or zh) and a for the 8 units n.. of stream b, half k (0: f, 1: z). */
+static inline void step_derivatives(const struct steps *s, int64_t B, int64_t N, int64_t t,
+                                    int64_t b, int64_t k, int64_t n, v8 *v, v8 *a)
+{
+    int64_t off = (t * B + b) * N + n;
+    if (s->f == NULL) {
+        *v = LD8((k ? s->zh : s->fh) + off);
+        *a = LD8(s->a + off);
+        return;
+    }
+    v8 one = {1, 1, 1, 1, 1, 1, 1, 1};
+    v8 f = LD8(s->f + off), z = LD8(s->z + off), omf = one - f;
+    v8 fh = (LD8(s->cp + off) - z) * f * omf, zh = omf * (one - z * z);
+    float keep = s->keep != NULL ? s->keep[t * B + b] : 1.0f;
+    *v = k ? zh : fh;
+    *a = (f + LD8(s->w_f + n) * fh + LD8(s->w_z + n) * zh) * keep;
+}
+
+/* Carry inputs of one stream b for the columns [c_lo, c_hi) of [f | z] (multiples of 8, so
+ * 8 columns never straddle the halves): u[t][c - c_lo] = g(t) * (fh or zh)[t, b, n] with
+ * g(t) = prod_{s > t} a(s, b, n); G[c - c_lo] = prod_s a(s); d2 = d_hat[b, n].
+ * The owner of column (k, n) also carries wb rows k and k + 2 of unit n: with a history
+ * (d_hat not NULL) d_wb gets d_hat * wb_old, then wb_out = G * wb + sum_t [u*cp, u]. */
+static void stream_inputs(int64_t T, int64_t B, int64_t N, int64_t b, int64_t c_lo, int64_t c_hi,
+                          const struct steps *st, const float *d_hat, const float *wb,
+                          float *wb_out, float *d_wb, float *u, float *G, float *d2)
+{
+    int64_t width = c_hi - c_lo;
+    for (int64_t c = c_lo; c < c_hi; c += 8) {
+        int64_t k = c >= N, n = c - k * N, off0 = b * N + n;
+        v8 zero = {0, 0, 0, 0, 0, 0, 0, 0}, one = {1, 1, 1, 1, 1, 1, 1, 1};
+        v8 g = one, s_cp = zero, s = zero;
+        float *uc = u + (c - c_lo);
+        for (int64_t t = T - 1; t >= 0; t--) {
+            v8 d, a;
+            step_derivatives(st, B, N, t, b, k, n, &d, &a);
+            v8 v = g * d;
+            ST8(uc + t * width, v);
+            s_cp += v * LD8(st->cp + t * B * N + off0);
+            s += v;
+            g *= a;
+        }
+        ST8(G + (c - c_lo), g);
+        int64_t i_cp = (b * 4 + k) * N + n, i = (b * 4 + k + 2) * N + n;
+        v8 old_cp = LD8(wb + i_cp), old = LD8(wb + i);
+        if (d_hat != NULL) {
+            v8 dh = LD8(d_hat + off0);
+            ST8(d2 + (c - c_lo), dh);
+            ST8(d_wb + k * N + n, LD8(d_wb + k * N + n) + dh * old_cp);
+            ST8(d_wb + (k + 2) * N + n, LD8(d_wb + (k + 2) * N + n) + dh * old);
+        }
+        ST8(wb_out + i_cp, g * old_cp + s_cp);
+        ST8(wb_out + i, g * old + s);
+    }
+}
+
+/* This thread's columns [c_lo, c_hi) of 2N = C columns split into 16-float vectors. */
+static void thread_columns(int64_t C, int64_t *c_lo, int64_t *c_hi)
+{
+    int64_t n_threads = omp_get_num_threads(), id = omp_get_thread_num(), n_chunks = C / VL;
+    *c_lo = VL * (n_chunks * id / n_threads);
+    *c_hi = VL * (n_chunks * (id + 1) / n_threads);
+}
+
+/* The private history sum h (D, width) of columns [c_lo, c_hi) -> rows c_lo.. of hist (C, D). */
+static void store_history(int64_t D, int64_t c_lo, int64_t width, const float *h, float *hist)
+{
+    for (int64_t c = 0; c < width; c++)
+        for (int64_t d = 0; d < D; d++) hist[(c_lo + c) * D + d] = h[d * width + c];
+}
+
+/* The whole carry of a segment, with its history gradient, in one pass over FZ:
+ *   fz: (B, D, C) contiguous, C = 2N, N % 8 == 0: per stream the (D, 2N) block of d c / d[F;Z]
+ *       at the segment's start; fz_out (the same or another buffer, same layout) gets
+ *       G * fz + x_b^T u_b.
+ *   hist: (C, D) contiguous, written (no need to zero it): sum_b d_hat[b] * fz_old[b],
+ *       transposed, i.e. dL/d[F; Z] in the parameters' own layout. NULL: no history (d_hat
+ *       and d_wb are not read).
+ *   x[t, b, d] at x + t*sxt + b*sxb + d; fh, zh, a, cp: (T, B, N) contiguous (the trace);
+ *   d_hat: (B, N); wb: (B, 4, N) at the start, wb_out (the same or another buffer) at the end;
+ *   d_wb: (4, N), zeroed by the caller.
+ * Threads split the 2N columns: each computes u, G for its columns of one stream at a time
+ * (in its cache), owns its columns of hist and d_wb, and sweeps its columns of every block
+ * in strips of 64 columns, top to bottom. It sums hist in a private (D, width) buffer, in
+ * the blocks' layout, and transposes it once at the end.
+ * Returns 0, or 1 for arguments it does not take, 2 if a buffer could not be allocated. */
+static int carry(int64_t B, int64_t D, int64_t N, int64_t T, const float *fz, float *fz_out,
+                 float *hist, const float *x, int64_t sxt, int64_t sxb, const struct steps *st,
+                 const float *d_hat, const float *wb, float *wb_out, float *d_wb)
+{
+    int64_t C = 2 * N; /* a multiple of 16: whole vectors */
+    if (N % 8 != 0 || T < 1) return 1;
+    int64_t n_tiles = (D + MR - 1) / MR;
+    int H = hist != NULL, failed = 0;
+#pragma omp parallel
+    {
+        int64_t c_lo, c_hi;
+        thread_columns(C, &c_lo, &c_hi);
+        int64_t width = c_hi - c_lo;
+        size_t n_buf = (size_t)(T * width + 2 * width + n_tiles * T * PS + H * D * width + 16);
+        float *buf = malloc(sizeof(float) * n_buf);
+        if (buf == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp barrier
+        if (!failed && width > 0) {
+            float *u = buf, *G = u + T * width, *d2 = G + width, *packed = d2 + width;
+            float *h = packed + n_tiles * T * PS; /* (D, width): this thread's columns of hist */
+            for (int64_t i = 0; i < H * D * width; i++) h[i] = 0.0f;
+            for (int64_t b = 0; b < B; b++) {
+                stream_inputs(T, B, N, b, c_lo, c_hi, st, H ? d_hat : NULL, wb, wb_out, d_wb,
+                              u, G, d2);
+                for (int64_t t = 0; t < T; t++) { /* x_b packed per row tile as [t][r] */
+                    const float *xr = x + t * sxt + b * sxb;
+                    float *dst = packed + t * PS;
+                    int64_t d0 = 0;
+                    for (; d0 + 8 <= D; d0 += MR, dst += T * PS) ST8(dst, LD8(xr + d0));
+                    for (; d0 < D; d0 += MR, dst += T * PS)
+                        for (int r = 0; r < MR; r++) dst[r] = d0 + r < D ? xr[d0 + r] : 0.0f;
+                }
+                const float *fz_b = fz + b * D * C + c_lo;
+                float *out_b = fz_out + b * D * C + c_lo;
+                for (int64_t c = 0; c < width;) {
+                    int J = c + NR * VL <= width ? NR : 1;
+                    int64_t c_next = c + J * VL;
+                    /* prefetched after this strip: the next strip's top, else the next stream's
+                     * (prefetch only: an address past the end never faults) */
+                    const float *after = c_next < width ? fz_b + c_next : fz_b + D * C;
+                    column_strip(J, H, T, D, fz_b + c, out_b + c, C, h + c, width, G + c, d2 + c,
+                                 packed, u + c, width, after);
+                    c = c_next;
+                }
+            }
+            if (H) store_history(D, c_lo, width, h, hist);
+        }
+        free(buf);
+    }
+    return failed ? 2 : 0;
+}
+
+int r2ac_carry_fused(int64_t B, int64_t D, int64_t N, int64_t T, const float *fz, float *fz_out,
+                     float *hist, const float *x, int64_t sxt, int64_t sxb, const float *fh,
+                     const float *zh, const float *a, const float *cp, const float *d_hat,
+                     const float *wb, float *wb_out, float *d_wb)
+{
+    struct steps st = {fh, zh, a, cp, NULL, NULL, NULL, NULL, NULL};
+    return carry(B, D, N, T, fz, fz_out, hist, x, sxt, sxb, &st, d_hat, wb, wb_out, d_wb);
+}
+
+/* The history gradient alone, for a segment whose carry is not needed:
+ *   hist (C, D) = sum_b d_hat[b] * fz[b] transposed, d_wb (4, N) += sum_b d_hat[b] * wb[b],
+ * with fz, hist, d_hat, wb, d_wb as in r2ac_carry_fused. One streaming pass over FZ, the
+ * columns split between threads as there. Returns 0, 1 or 2 as r2ac_carry_fused. */
+int r2ac_history(int64_t B, int64_t D, int64_t N, const float *fz, float *hist,
+                 const float *d_hat, const float *wb, float *d_wb)
+{
+    int64_t C = 2 * N;
+    if (N % 8 != 0) return 1;
+    int failed = 0;
+#pragma omp parallel
+    {
+        int64_t c_lo, c_hi;
+        thread_columns(C, &c_lo, &c_hi);
+        int64_t width = c_hi - c_lo;
+        float *h = calloc((size_t)(D * width + width + 16), sizeof(float));
+        if (h == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp barrier
+        if (!failed && width > 0) {
+            float *d2 = h + D * width;
+            for (int64_t b = 0; b < B; b++) {
+                for (int64_t c = c_lo; c < c_hi; c += 8) {
+                    int64_t k = c >= N, n = c - k * N;
+                    v8 dh = LD8(d_hat + b * N + n);
+                    ST8(d2 + (c - c_lo), dh);
+                    for (int64_t row = k; row < 4; row += 2) {
+                        float *dw = d_wb + row * N + n;
+                        ST8(dw, LD8(dw) + dh * LD8(wb + (b * 4 + row) * N + n));
+                    }
+                }
+                const float *fz_b = fz + b * D * C + c_lo;
+                for (int64_t d = 0; d < D; d++)
+                    for (int64_t c = 0; c < width; c += VL) {
+                        float *hp = h + d * width + c;
+                        store(hp, load(hp) + load(d2 + c) * load(fz_b + d * C + c));
+                    }
+            }
+            store_history(D, c_lo, width, h, hist);
+        }
+        free(h);
+    }
+    return failed ? 2 : 0;
+}
+
+/* The carry of r2ac_carry_fused without a history, from the gates of the segment's steps
+ * instead of its trace (`struct steps`; the trace is derived where it is read): f, z, cp
+ * (T, B, N) contiguous; keep (T, B) contiguous or NULL; w_f, w_z (N,). Returns 0, 1 or 2 as
+ * r2ac_carry_fused. */
+int r2ac_carry_gates(int64_t B, int64_t D, int64_t N, int64_t T, const float *fz, float *fz_out,
+                     const float *x, int64_t sxt, int64_t sxb, const float *f, const float *z,
+                     const float *cp, const float *keep, const float *w_f, const float *w_z,
+                     const float *wb, float *wb_out)
+{
+    struct steps st = {NULL, NULL, NULL, cp, f, z, keep, w_f, w_z};
+    return carry(B, D, N, T, fz, fz_out, NULL, x, sxt, sxb, &st, NULL, wb, wb_out, NULL);
+}

@@ -1,0 +1,136 @@
+"""Helpers shared by every core: input checks, reset masks, per-stream state indexing.
+
+Every core state is a NamedTuple pytree whose tensor leaves are batch-first ``(B, ...)``
+(leaves may be None). That single rule lets the RL runtime pick, stack and store the state of
+individual env streams without knowing which core it is talking to. A sensitivity buffer with a
+carry still pending (r2ac.rtrl.deferred) runs it when the helpers below flatten it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from r2ac.errors import ConfigError
+
+
+def check_rule(rule: str, allowed: Sequence[str], core: str) -> str:
+    if rule not in allowed:
+        raise ConfigError(f"{core}: unknown rule {rule!r}; choose one of {', '.join(allowed)}")
+    return rule
+
+
+def check_segment(
+    x: torch.Tensor, reset: torch.Tensor | None, input_size: int, ref: torch.Tensor, core: str
+) -> tuple[int, int]:
+    """Validate a segment input ``x: (T, B, D)`` and ``reset: (T, B)``; return (T, B)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 3:
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{core}: x must be a (T, B, D={input_size}) tensor, got shape {got}")
+    T, B, D = x.shape
+    if D != input_size:
+        raise ValueError(
+            f"{core}: x has {D} features in its last dim, the layer expects {input_size}"
+        )
+    if T < 1 or B < 1:
+        raise ValueError(
+            f"{core}: x must have T >= 1 steps and B >= 1 streams, got {tuple(x.shape)}"
+        )
+    if x.dtype != ref.dtype:
+        raise TypeError(f"{core}: x has dtype {x.dtype} but the parameters are {ref.dtype}")
+    if x.device != ref.device:
+        raise ValueError(f"{core}: x is on {x.device} but the parameters are on {ref.device}")
+    if reset is not None:
+        if not isinstance(reset, torch.Tensor) or tuple(reset.shape) != (T, B):
+            got = tuple(reset.shape) if isinstance(reset, torch.Tensor) else type(reset).__name__
+            raise ValueError(f"{core}: reset must be a (T={T}, B={B}) bool tensor, got {got}")
+        if reset.dtype != torch.bool:
+            raise TypeError(f"{core}: reset must have dtype torch.bool, got {reset.dtype}")
+        if reset.device != x.device:
+            raise ValueError(f"{core}: reset is on {reset.device} but x is on {x.device}")
+    return T, B
+
+
+def check_state_tensor(
+    name: str, tensor: torch.Tensor, shape: tuple[int, ...], ref: torch.Tensor, core: str
+) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{core}: state.{name} must be a tensor, got {type(tensor).__name__}")
+    if tuple(tensor.shape) != shape:
+        raise ValueError(f"{core}: state.{name} has shape {tuple(tensor.shape)}, expected {shape}")
+    if tensor.dtype != ref.dtype:
+        raise TypeError(f"{core}: state.{name} has dtype {tensor.dtype}, expected {ref.dtype}")
+    if tensor.device != ref.device:
+        raise ValueError(f"{core}: state.{name} is on {tensor.device}, expected {ref.device}")
+
+
+def keep_mask(reset: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """(T, B) bool reset -> (T, B, 1) float multiplier that zeroes the carried state, or None.
+
+    None means "no reset anywhere in this segment", which lets cores skip the multiply.
+    """
+    if reset is None or not bool(reset.any()):
+        return None
+    return (~reset).to(dtype).unsqueeze(-1)
+
+
+def cat_resets(
+    resets: Sequence[torch.Tensor | None], xs: Sequence[torch.Tensor]
+) -> torch.Tensor | None:
+    """Reset masks (T_i, B) bool or None of consecutive calls on inputs xs (T_i, B, D) ->
+    (sum T_i, B), a None part read as "no reset"; None if every part is None."""
+    if all(r is None for r in resets):
+        return None
+    parts = [
+        x.new_zeros(x.shape[:2], dtype=torch.bool) if r is None else r for r, x in zip(resets, xs)
+    ]
+    return torch.cat(parts)
+
+
+def run_in_reset_chunks(
+    x: torch.Tensor,
+    reset: torch.Tensor | None,
+    carried: tuple[torch.Tensor, ...],
+    run: Callable[..., tuple[torch.Tensor, ...]],
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Run a fused multi-step kernel over x (T, B, D) in chunks split at every step where some
+    stream restarts, zeroing the restarting streams' carried tensors (B, ...) between chunks.
+
+    `run(x_chunk, *carried) -> (y_chunk (t, B, N), *carried)`. Returns y (T, B, N) and the
+    carried tensors after the last step (what the LSTM and GRU do with PyTorch's kernels).
+    """
+    T = x.shape[0]
+    starts = [0] if reset is None else sorted({0, *torch.nonzero(reset.any(1)).flatten().tolist()})
+    ys = []
+    for start, end in zip(starts, starts[1:] + [T], strict=True):
+        if reset is not None:
+            keep = (~reset[start]).to(x.dtype)[:, None]  # (B, 1)
+            carried = tuple(t * keep for t in carried)
+        y, *carried = run(x[start:end], *carried)
+        ys.append(y)
+    return (ys[0] if len(ys) == 1 else torch.cat(ys)), tuple(carried)
+
+
+def select_streams(state: Any, index: torch.Tensor | slice | int) -> Any:
+    """The state of a subset of streams (indexing dim 0 of every leaf)."""
+    return pytree.tree_map(lambda t: None if t is None else t[index], state)
+
+
+def cat_streams(states: Sequence[Any]) -> Any:
+    """Concatenate the states of several batches of streams along the batch dim."""
+    leaves = [pytree.tree_flatten(s) for s in states]
+    spec = leaves[0][1]
+    columns = zip(*[leaf for leaf, _ in leaves])
+    joined = [None if col[0] is None else torch.cat(col, 0) for col in columns]
+    return pytree.tree_unflatten(joined, spec)
+
+
+def detach_state(state: Any) -> Any:
+    return pytree.tree_map(lambda t: None if t is None else t.detach(), state)
+
+
+def state_to(state: Any, device: torch.device | str) -> Any:
+    return pytree.tree_map(lambda t: None if t is None else t.to(device), state)

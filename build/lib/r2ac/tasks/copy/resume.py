@@ -1,0 +1,127 @@
+"""A copy run's checkpoint: what it holds, when it may be continued, how it is saved and read.
+
+The file is written by `r2ac.rl.checkpoint` (atomic, fsynced, checksummed, read back
+weights-only): config, model, optimiser, the training data's generator and the `Progress`
+(curve, counters, and the training statistics since the last evaluation), so that a resumed
+run continues bit-identically, whether it was saved at an evaluation or on Ctrl-C between two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from r2ac.errors import ConfigError
+from r2ac.rl import checkpoint as rl_checkpoint
+from r2ac.tasks.copy.config import CopyConfig
+from r2ac.tasks.copy.schedules import UpdateStats
+
+CHECKPOINT_NAME = "checkpoint.pt"
+
+# Options a resumed run may change: how long and how fast it trains, and where it runs. Every
+# other option defines the model, its gradient, the data stream or the test set, so changing
+# it would splice two different experiments into one curve.
+RESUMABLE_CHANGES = frozenset(
+    {
+        "train_steps",
+        "lr",
+        "lr_final",
+        "clip",
+        "eval_every",
+        "stop_when_solved",
+        "resume",
+        "fused_step",
+        "threads",
+        "device",
+        "out",
+    }
+)
+
+
+@dataclass
+class Progress:
+    """Where a run is: the curve so far, its counters, and the batches since the last
+    evaluation (whose mean the next curve row reports)."""
+
+    curve: list[dict[str, float]] = field(default_factory=list)
+    step: int = 0
+    updates: int = 0
+    seconds: float = 0.0
+    solved: int | None = None
+    window: list[UpdateStats] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "window": [list(s) for s in self.window]}
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> Progress:
+        """The inverse of to_dict; a checkpoint from before `window` was stored has none."""
+        window = [UpdateStats(*s) for s in saved.get("window", [])]
+        return cls(**{**saved, "window": window})
+
+
+def resume_mismatch(saved: dict, cfg: CopyConfig) -> list[str]:
+    """The options of `cfg` that differ from the checkpoint's config `saved` and may not.
+
+    An option missing from `saved` (a checkpoint written before it existed) must be at its
+    default value.
+    """
+    defaults = asdict(CopyConfig())
+    return [
+        f"--{name.replace('_', '-')} {saved.get(name, defaults[name])!r} -> {value!r}"
+        for name, value in asdict(cfg).items()
+        if name not in RESUMABLE_CHANGES and saved.get(name, defaults[name]) != value
+    ]
+
+
+def checkpoint_config(path: str) -> dict | None:
+    """The config dict stored in a copy-task checkpoint (None if it predates storing it)."""
+    try:
+        saved = rl_checkpoint.load(path)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"cannot read checkpoint {path}: {exc}") from exc
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{path}: not a copy-task checkpoint")
+    return saved.get("config")
+
+
+def check_resumable(saved: dict | None, cfg: CopyConfig, path: str) -> None:
+    """Raise ConfigError if a checkpoint (at `path`, with config `saved`) cannot be continued
+    under `cfg`. A checkpoint without a config predates storing it: only loading can tell."""
+    bad = resume_mismatch(saved, cfg) if saved is not None else []
+    if bad:
+        raise ConfigError(
+            f"--resume: {path} was trained with other options ({'; '.join(bad)}); "
+            "use the same options or another --out"
+        )
+
+
+def save(
+    path: str, cfg: CopyConfig, model, optimizer, gen: torch.Generator, progress: Progress
+) -> None:
+    """Write the run's state to `path` (atomic, fsynced, checksummed)."""
+    state = {
+        "config": asdict(cfg),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "generator": gen.get_state(),
+        "progress": progress.to_dict(),
+    }
+    rl_checkpoint.save_atomic(state, path)
+
+
+def load(path: str, cfg: CopyConfig, model, optimizer, gen: torch.Generator, device) -> Progress:
+    """Restore model, optimiser and generator from `path` (checked against `cfg`); the run's
+    Progress. ConfigError for a foreign, damaged or code-carrying file."""
+    ck = rl_checkpoint.load(path, map_location=device)  # weights-only, checksum checked
+    if not isinstance(ck, dict) or not {"model", "optimizer", "generator", "progress"} <= set(ck):
+        raise ConfigError(f"{path}: not a copy-task checkpoint")
+    check_resumable(ck.get("config"), cfg, path)
+    try:
+        model.load_state_dict(ck["model"])
+    except RuntimeError as exc:  # a checkpoint from before the config was stored in it
+        raise ConfigError(f"--resume: {path} holds another model: {exc}") from exc
+    optimizer.load_state_dict(ck["optimizer"])
+    gen.set_state(ck["generator"])
+    return Progress.from_dict(ck["progress"])

@@ -1,0 +1,227 @@
+"""`r2ac copy`: train an eLSTM on the copy task and score every output bit on a held-out set.
+
+Writes DIR/config.json (options, git revision, machine), DIR/checkpoint.pt (at every
+evaluation), DIR/curve.csv (the learning curve, rewritten atomically at every evaluation),
+DIR/curve.png (its plot) and, last, DIR/results.json (final test metrics: bit_accuracy counts
+every output bit, 0s and 1s alike; sequence_accuracy the sequences with every bit right).
+`--train-steps 0` evaluates the untrained model. Bad options: a message and exit code 2,
+nothing written. SIGINT / SIGTERM: the batch finishes, a checkpoint is written, one line,
+exit 130 / 143; the same command with `--resume` continues bit-identically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import signal
+import sys
+import time
+from dataclasses import asdict
+
+import torch
+import tyro
+
+from r2ac.errors import ConfigError, check_writable
+from r2ac.perf import keep_freed_memory
+from r2ac.rl import checkpoint as rl_checkpoint
+from r2ac.rl.run_dir import RunDir, git_revision, write_json
+from r2ac.rl.stop import TrainingInterrupted, raise_on_signal
+from r2ac.tasks.copy import CHECKPOINT_NAME, CopyConfig, curve, metrics, resume, training
+from r2ac.tasks.copy.data import make_test_set
+
+PROG = "r2ac copy"
+
+
+def machine() -> dict[str, str | int]:
+    return {
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count() or 0,
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "load_average": " ".join(f"{v:.2f}" for v in os.getloadavg()),
+    }
+
+
+def write_config(cfg: CopyConfig) -> dict:
+    """DIR/config.json (atomic): options, schedule, git revision, machine; a resumed run keeps
+    the record of the earlier invocations. Returns what was written."""
+    meta = {
+        "config": asdict(cfg),
+        "schedule": cfg.schedule,
+        "git_revision": git_revision(),
+        "machine": machine(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    path = os.path.join(cfg.out, "config.json")
+    if cfg.resume and os.path.exists(path):
+        with open(path) as fh:
+            before = json.load(fh)
+        meta["earlier_invocations"] = [*before.pop("earlier_invocations", []), before]
+    write_json(path, meta)
+    return meta
+
+
+def _progress(cfg: CopyConfig):
+    """A progress bar and the two callbacks of `training.train` that feed it; on_eval also
+    rewrites curve.csv, so that the file follows the checkpoint."""
+    from tqdm import tqdm
+
+    bar = tqdm(
+        total=cfg.train_steps,
+        desc=f"copy l={cfg.length} {cfg.core}-{cfg.rule} {cfg.schedule}",
+        unit="batch",
+        dynamic_ncols=True,
+        mininterval=2.0,
+    )
+    last = {}
+
+    def on_batch(step, stats):
+        bar.update(step - bar.n)  # step counts from the checkpoint when resuming
+        bar.set_postfix(
+            loss=f"{stats.loss:.3f}",
+            train_bits=f"{stats.bit_accuracy:.3f}",
+            test_seq=last.get("seq", "-"),
+            refresh=False,
+        )
+
+    def on_eval(rows):
+        row = rows[-1]
+        curve.write_curve_csv(rows, os.path.join(cfg.out, "curve.csv"))
+        last["seq"] = f"{row['test_sequence_accuracy']:.3f}"
+        bar.write(
+            f"step {int(row['step']):>6}  {row['seconds']:8.1f}s  test bits "
+            f"{row['test_bit_accuracy']:.4f}  sequences {row['test_sequence_accuracy']:.4f}  "
+            f"loss {row['test_loss']:.4f}"
+        )
+
+    return bar, on_batch, on_eval
+
+
+def final_results(cfg: CopyConfig, model, result: training.RunResult) -> dict:
+    """results.json's content: the final test metrics, per-length accuracy, the recipe."""
+    results = dict(result.final)
+    test_set = make_test_set(cfg.length, cfg.test_size, cfg.test_seed)
+    by_length = metrics.sequence_accuracy_by_length(model, test_set, cfg.device)
+    results["longest_all_right"] = metrics.longest_all_right(by_length)
+    results["sequence_accuracy_by_length"] = {str(k): v for k, v in by_length.items()}
+    results.update(
+        length=cfg.length,
+        core=cfg.core,
+        rule=cfg.rule,
+        schedule=cfg.schedule,
+        hidden=cfg.hidden,
+        readout_hidden=cfg.readout_hidden,
+        batch_size=cfg.batch_size,
+        lr=cfg.lr,
+        train_steps=result.steps,
+        updates=result.updates,
+        train_seconds=round(result.train_seconds, 2),
+        solved_at_step=result.solved_at_step,
+    )
+    return results
+
+
+def run(cfg: CopyConfig) -> dict:
+    """Train and evaluate per `cfg`, write the run's files into cfg.out; return the results.
+
+    Raises TrainingInterrupted on SIGINT / SIGTERM, with the checkpoint written.
+    """
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    meta = write_config(cfg)
+    bar, on_batch, on_eval = _progress(cfg)
+    wall0 = time.perf_counter()
+    checkpoint = os.path.join(cfg.out, CHECKPOINT_NAME)
+    try:
+        model, result = training.train(cfg, on_batch, on_eval, checkpoint=checkpoint)
+    finally:
+        bar.close()
+    with raise_on_signal(result.steps):  # the checkpoint is complete: a signal stops at once
+        results = final_results(cfg, model, result)
+        results["wall_seconds"] = round(time.perf_counter() - wall0, 2)
+        results["git_revision"] = meta["git_revision"]
+        curve.write_curve_csv(result.curve, os.path.join(cfg.out, "curve.csv"))
+        curve.plot_curves(
+            [(f"{cfg.core}-{cfg.rule}, {cfg.schedule}", result.curve)],
+            os.path.join(cfg.out, "curve.png"),
+            title=f"copy task, l = {cfg.length}, N = {cfg.hidden}, B = {cfg.batch_size}, "
+            f"lr = {cfg.lr:g}",
+        )
+        write_json(os.path.join(cfg.out, "results.json"), results)  # last: the run is done
+    return results
+
+
+def check_new_out(cfg: CopyConfig) -> None:
+    """ConfigError unless --out can be written and, without --resume, holds nothing: an
+    earlier run's checkpoint and results are never overwritten."""
+    check_writable(cfg.out, "--out")
+    if (
+        not cfg.resume
+        and os.path.isdir(cfg.out)
+        and set(os.listdir(cfg.out)) - {rl_checkpoint.LOCK_NAME}
+    ):
+        raise ConfigError(
+            f"--out {cfg.out} is not empty; add --resume to continue the run there, "
+            "or choose another --out"
+        )
+
+
+def prepare(cfg: CopyConfig) -> RunDir:
+    """Every check on bad input, before anything in cfg.out is written; the locked --out."""
+    cfg.validate()
+    check_new_out(cfg)
+    checkpoint = os.path.join(cfg.out, CHECKPOINT_NAME)
+    if cfg.resume and os.path.exists(checkpoint):
+        resume.check_resumable(resume.checkpoint_config(checkpoint), cfg, checkpoint)
+    os.makedirs(cfg.out, exist_ok=True)
+    return RunDir(cfg.out).acquire()  # a second process on --out: refused
+
+
+def _continue_command(argv: list[str]) -> str:
+    return shlex.join(["r2ac", "copy", *argv, *([] if "--resume" in argv else ["--resume"])])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cfg = tyro.cli(CopyConfig, args=argv, prog=PROG, description=__doc__)
+    try:
+        run_dir = prepare(cfg)
+    except ConfigError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    keep_freed_memory()
+    try:
+        results = run(cfg)
+    except ConfigError as exc:  # e.g. a checkpoint from before configs were stored in it
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    except TrainingInterrupted as stop:
+        saved = "checkpoint written; " if stop.saved else ""
+        print(
+            f"{PROG}: stopped by {signal.Signals(stop.signum).name} after batch {stop.update} "
+            f"of {cfg.train_steps}; {saved}continue with `{_continue_command(argv)}`",
+            file=sys.stderr,
+        )
+        return stop.exit_code
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before training started
+        print(
+            f"{PROG}: interrupted; the last checkpoint (if any) is in {cfg.out}; "
+            f"`{_continue_command(argv)}` continues from it",
+            file=sys.stderr,
+        )
+        return 130
+    finally:
+        run_dir.release()
+    print(
+        f"bit_accuracy {results['bit_accuracy']:.4f}  sequence_accuracy "
+        f"{results['sequence_accuracy']:.4f}  ({results['train_steps']} batches, "
+        f"{results['updates']} updates, {results['train_seconds']:.0f} s training)  -> {cfg.out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
