@@ -2,22 +2,27 @@
 # Issue 25's GPU runs, in steps that each fit the device tool's 10-minute command limit.
 #
 # Here, once, before the GPU session (the GPU machine reaches no package registry, and its
-# image has torch, triton and pytest but not tyro, which `r2ac bench` needs):
-#   bash scripts/gpu_session.sh wheels        # tyro + its pure-Python needs into .whl/
+# image has torch, triton and pytest but not tyro, gymnasium or envpool):
+#   bash scripts/gpu_session.sh wheels        # tyro, gymnasium, envpool (Atari only) into .whl/
 # Then one device run per step, from the repository root, with carry [".whl"]:
 #   bash scripts/gpu_session.sh env           # GPU, driver, torch, triton, copy bandwidth
 #   bash scripts/gpu_session.sh tests         # pytest -m gpu (or: tests PYTEST_ARGS...)
 #   bash scripts/gpu_session.sh bench 512     # bench core --device cuda --grid gpu-512
 #   bash scripts/gpu_session.sh bench 1024
 #   bash scripts/gpu_session.sh bench 2048
-#   bash scripts/gpu_session.sh e2e           # TODO hook: r2ac train --device cuda, rtrl vs bptt
+#   bash scripts/gpu_session.sh e2e           # r2ac train --device cuda: rtrl vs bptt, Atari
 # Each step writes its log and results under $OUT (the device tool's folder; out/gpu here)
 # and stops itself after $STEP_LIMIT seconds (default 570) so that what it wrote comes back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu}
 STEP_LIMIT=${STEP_LIMIT:-570}
-WHEELS=(tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.0)
+WHEELS=(tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.0
+    gymnasium==1.4.0 farama-notifications==0.0.6 dm-env==1.6)
+# compiled, for the GPU machine's Python (3.12; KINDS.md of the device tool)
+GPU_PYTHON=${GPU_PYTHON:-3.12}
+COMPILED_WHEELS=(optree==0.20.0 dm-tree==0.1.9)
+ENVPOOL=(envpool==1.2.5 envpool-assets==0.3.0)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 
@@ -28,13 +33,14 @@ python_bin() {
 }
 PY=$(python_bin)
 
-setup_path() {  # the repo first; the carried wheels, if any, installed beside it
+setup_path() {  # the repo first; the carried wheels and envpool, if any, beside it
     export PYTHONPATH="$PWD"
     if compgen -G ".whl/*.whl" >/dev/null; then
         "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target /tmp/r2ac-site .whl/*.whl
-        export PYTHONPATH="$PWD:/tmp/r2ac-site"
+        export PYTHONPATH="$PYTHONPATH:/tmp/r2ac-site"
     fi
+    if [ -d .whl/site ]; then export PYTHONPATH="$PYTHONPATH:$PWD/.whl/site"; fi
 }
 
 run_logged() {  # run_logged LOG CMD...: output to the console and to $OUT/LOG, time-limited
@@ -79,27 +85,48 @@ step_bench() {
 }
 
 step_e2e() {
-    # TODO(runtime helper, `r2ac train --device cuda`): frames/s of elstm-rtrl against
-    # elstm-bptt at M = 100, side by side, with the paper's DMLab-size agent (ResNet stem,
-    # N = 512) on Atari through envpool (carry its cp312 manylinux wheel in .whl/), and the
-    # learner's peak memory for both. The intended command, once both exist, per core:
-    #   r2ac train --device cuda --env envpool/Pong-v5 --core $core --unroll-length 100 \
-    #       --image-stem resnet --hidden-size 512 --total-frames ... --out-dir $OUT/e2e-$core
-    # then frames/s and the learner's memory from each run's metrics.csv.
+    # `r2ac train --device cuda` end to end, the paper's DMLab-size agent (IMPALA's ResNet
+    # stem, N = 512) at M = 100 on Atari through envpool, parallel runtime (actors on the
+    # CPU cores, the learner on the GPU): elstm-bptt then elstm-rtrl, each stopped after
+    # E2E_SECONDS by SIGINT. scripts/runtime_fps.py reports steady frames/s, the learner's
+    # median ms an update (M x B / that = the frames/s the learner alone could take) and its
+    # CUDA peak memory, and their rtrl / bptt ratios. E2E_DEVICE=cpu E2E_SECONDS=20 checks
+    # the step on a CPU machine.
     setup_path
-    if ! "$PY" -m r2ac.cli train --help 2>/dev/null | grep -q -- "--device"; then
-        echo "[gpu_session] e2e NOT RUN: r2ac train has no --device option yet" | tee "$OUT/e2e.txt"
-        return 3
-    fi
-    echo "[gpu_session] e2e NOT RUN: the frames/s command is still a TODO (see this function)" \
-        | tee "$OUT/e2e.txt"
-    return 3
+    local seconds=${E2E_SECONDS:-220} device=${E2E_DEVICE:-cuda}
+    local env=${E2E_ENV:-envpool/Breakout-v5}
+    run_logged e2e.txt "$PY" scripts/runtime_fps.py \
+        --runtimes parallel@elstm-bptt parallel@elstm-rtrl --repeats 1 \
+        --seconds "$seconds" --json-out "$OUT/e2e.json" -- \
+        --device "$device" --env "$env" --unroll-length 100 --image-stem resnet \
+        --hidden-size 512 --total-frames 1000000000 --checkpoint-every 1000000 ${E2E_EXTRA:-}
 }
 
-step_wheels() {  # here, not on the GPU machine: pure-Python wheels, any platform
-    mkdir -p .whl
+step_wheels() {  # here, not on the GPU machine (which reaches no registry)
+    rm -rf .whl && mkdir -p .whl/site
     "$PY" -m pip download -q --no-deps --only-binary=:all: -d .whl "${WHEELS[@]}"
+    local platform=(--python-version "$GPU_PYTHON" --implementation cp
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+    "$PY" -m pip download -q --no-deps --only-binary=:all: "${platform[@]}" -d .whl \
+        "${COMPILED_WHEELS[@]}"
+    # envpool's wheel (50 MB) and its assets (60 MB) exceed the 64 MiB that travels: keep
+    # its Python files, the Atari extension and the Atari ROMs (which envpool finds in
+    # envpool/atari/roms), and drop every other env's compiled code
+    local tmp
+    tmp=$(mktemp -d)
+    "$PY" -m pip download -q --no-deps --only-binary=:all: "${platform[@]}" -d "$tmp" \
+        "${ENVPOOL[@]}"
+    unzip -q "$tmp"/envpool-*.whl -d .whl/site
+    find .whl/site/envpool -name '*.so' -not -path '*/atari/*' -delete
+    rm -rf .whl/site/envpool/vizdoom/bin
+    echo "import envpool.atari.registration  # noqa: F401  (Atari alone: gpu_session.sh)" \
+        > .whl/site/envpool/entry.py  # it imported every env family's extension
+    unzip -q "$tmp"/envpool_assets-*.whl 'envpool_assets/atari/roms/*' -d "$tmp/assets"
+    mv "$tmp/assets/envpool_assets/atari/roms" .whl/site/envpool/atari/roms
+    rm -rf "$tmp"
     ls -l .whl
+    du -sh .whl
 }
 
 step=${1:-}

@@ -2,6 +2,8 @@
 
     python scripts/runtime_fps.py --repeats 3 -- --total-frames 300000
     python scripts/runtime_fps.py --runtimes parallel ray:actor ray:learner -- ...
+    python scripts/runtime_fps.py --runtimes parallel@elstm-bptt parallel@elstm-rtrl \
+        --repeats 1 --seconds 200 --json-out e2e.json -- --device cuda --env ... # issue 25
 
 A runtime may name its `--sensitivity-carry` after a colon (`ray:actor`: the actors ship
 their sensitivities with every segment; `ray:learner`, ray's default, the learner carries
@@ -19,14 +21,24 @@ raylet, GCS and workers) spends per frame in the same steady window: sampled fro
 twice a second together with metrics.csv's frame count. Frames/s depend on what else the
 machine runs; CPU time per frame much less so, which makes this the figure to compare on a
 shared box (a runtime whose processes wait costs no CPU, so it shows cost, not idleness).
+
+And the learner's own figures from metrics.csv over the same window: the median wall time of
+an update (`learner_ms`; the frames/s the learner alone could take is M x B / learner_ms,
+which says whether a run was bound by its actors or its learner) and, on CUDA, the peak
+memory torch allocated (`learner_cuda_peak_mib`). `--seconds S` stops each run with SIGINT
+after S seconds (a clean stop: the update in flight finishes and metrics.csv is whole), for
+runs whose speed is not known in advance, e.g. on a GPU machine with a time limit.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
+import math
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -37,11 +49,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def steady_fps(metrics: Path) -> float:
+def steady_rows(metrics: Path) -> list[dict[str, str]]:
+    """metrics.csv's rows from the one at 20 % of the updates to the last (start-up out)."""
     rows = list(csv.DictReader(metrics.open()))
-    first, last = rows[len(rows) // 5], rows[-1]
+    return rows[len(rows) // 5 :]
+
+
+def steady_fps(metrics: Path) -> float:
+    rows = steady_rows(metrics)
+    first, last = rows[0], rows[-1]
     frames = float(last["frames"]) - float(first["frames"])
     return frames / (float(last["time_s"]) - float(first["time_s"]))
+
+
+def learner_figures(metrics: Path) -> tuple[float, float]:
+    """(median learner_ms, largest learner_cuda_peak_mib) of the steady rows; nan where
+    metrics.csv has no such value (an older run, or a learner on the CPU)."""
+    rows = steady_rows(metrics)
+
+    def values(column: str) -> list[float]:
+        return [float(r[column]) for r in rows if r.get(column) not in (None, "")]
+
+    ms, peak = values("learner_ms"), values("learner_cuda_peak_mib")
+    return (statistics.median(ms) if ms else math.nan, max(peak) if peak else math.nan)
 
 
 def load() -> float:
@@ -106,20 +136,25 @@ def runtime_of(spec: str) -> str:
     return spec.partition("@")[0].partition(":")[0]
 
 
-def run_one(spec: str, options: list[str], out: Path) -> dict:
+def run_one(spec: str, options: list[str], out: Path, seconds: float | None = None) -> dict:
     runtime, core = runtime_of(spec), spec.partition("@")[2]
     carry = spec.partition("@")[0].partition(":")[2]
     cmd = [sys.executable, "-m", "r2ac.cli", "train", "--runtime", runtime, "--num-threads", "1"]
     cmd += ["--sensitivity-carry", carry] if carry else []
     cmd += ["--core", core] if core else []
     cmd += ["--no-eval-at-end", "--no-progress", "--log-every", "5", "--out-dir", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # the repository first, then whatever the caller's PYTHONPATH holds (carried packages)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     before, t0 = load(), time.perf_counter()
     with tempfile.TemporaryFile("w+") as stderr:
         proc = subprocess.Popen(cmd + options, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
         samples: list[tuple[float, float]] = []  # (frames, tree CPU seconds)
         seen: dict[int, int] = {}
         while proc.poll() is None:
+            if seconds is not None and time.perf_counter() - t0 > seconds:
+                proc.send_signal(signal.SIGINT)  # once: the run stops after this update
+                seconds = None
             cpu, frames = tree_cpu_s(proc.pid, seen), last_frames(out / "metrics.csv")
             if frames is not None and (not samples or frames > samples[-1][0]):
                 samples.append((frames, cpu))
@@ -127,12 +162,15 @@ def run_one(spec: str, options: list[str], out: Path) -> dict:
         wall = time.perf_counter() - t0
         stderr.seek(0)
         err = stderr.read()
-    if proc.returncode != 0:
+    if proc.returncode not in (0, 128 + signal.SIGINT):
         raise SystemExit(f"{spec} failed:\n{err}")
     ray_lines = [ln for ln in err.splitlines() if ln.startswith("ray: ")]
+    learner_ms, cuda_peak_mib = learner_figures(out / "metrics.csv")
     return {
         "runtime": spec,
         "fps": steady_fps(out / "metrics.csv"),
+        "learner_ms": learner_ms,
+        "cuda_peak_mib": cuda_peak_mib,
         "wall_s": wall,
         "cpu_us": steady_cpu_us_per_frame(samples) if len(samples) > 1 else float("nan"),
         "load": (before, load()),
@@ -149,6 +187,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runtimes", nargs="+", default=["serial", "parallel", "ray"])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seconds", type=float, help="stop each run (SIGINT) after this long")
+    parser.add_argument("--json-out", type=Path, help="every run's figures, as JSON")
     args = parser.parse_args(argv)
     results: dict[str, list[dict]] = {r: [] for r in args.runtimes}
     with tempfile.TemporaryDirectory() as tmp:
@@ -158,10 +198,11 @@ def main(argv: list[str]) -> int:
                 + args.runtimes[: rep % len(args.runtimes)]
             )
             for runtime in order:
-                row = run_one(runtime, options, Path(tmp) / f"{runtime}-{rep}")
+                row = run_one(runtime, options, Path(tmp) / f"{runtime}-{rep}", args.seconds)
                 results[runtime].append(row)
                 print(
                     f"rep {rep} {runtime:11s} {row['fps']:8.0f} frames/s  {row['cpu_us']:5.1f} CPU us/frame"
+                    f"  learner {row['learner_ms']:.1f} ms/update, CUDA peak {row['cuda_peak_mib']:.0f} MiB"
                     f"  wall {row['wall_s']:5.1f} s"
                     f"  load {row['load'][0]:.1f} -> {row['load'][1]:.1f}  {' | '.join(row['ray'])}",
                     flush=True,
@@ -169,9 +210,22 @@ def main(argv: list[str]) -> int:
     print("\nmedian steady frames/s, CPU us a frame (all processes), wall s:")
     medians = {r: statistics.median(x["fps"] for x in rows) for r, rows in results.items()}
     cpu = {r: statistics.median(x["cpu_us"] for x in rows) for r, rows in results.items()}
+    learner = {r: statistics.median(x["learner_ms"] for x in rows) for r, rows in results.items()}
     for r, rows in results.items():
         wall = statistics.median(x["wall_s"] for x in rows)
-        print(f"  {r:11s} {medians[r]:8.0f}  {cpu[r]:6.1f} us  ({wall:.1f} s)")
+        peak = max(x["cuda_peak_mib"] for x in rows)
+        print(
+            f"  {r:11s} {medians[r]:8.0f}  {cpu[r]:6.1f} us  ({wall:.1f} s)"
+            f"  learner {learner[r]:.1f} ms/update  CUDA peak {peak:.0f} MiB"
+        )
+    first = args.runtimes[0]
+    for r in args.runtimes[1:]:  # e.g. parallel@elstm-rtrl against parallel@elstm-bptt
+        print(
+            f"  {r} / {first}: frames/s {medians[r] / medians[first]:.2f}, "
+            f"learner updates/s {learner[first] / learner[r]:.2f}"
+        )
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps({"options": options, "runs": results}, indent=1))
     for ray in (r for r in medians if runtime_of(r) == "ray" and "parallel" in medians):
         print(f"  {ray} / parallel = {medians[ray] / medians['parallel']:.2f}")
         ratios = [

@@ -46,6 +46,8 @@ COLUMNS = (
     "value_mean",
     "value_scale",
     "actor_restarts",
+    "learner_ms",  # wall time of the last update (host-to-device copy included)
+    "learner_cuda_peak_mib",  # peak CUDA memory allocated by torch so far; blank on the CPU
 )
 
 

@@ -25,6 +25,7 @@ The loop (`train`)::
         metrics = learner.update(segment_to(batch.segment, device))
         version += 1; publish_weights()
         tracker.record(..., metrics | extra_metrics(), policy_lag=batch.policy_lag)
+                                                      # metrics: losses, learner_ms, CUDA peak
         checkpoint every cfg.checkpoint_every updates, at the end and on a stop request
     close()                                           # always, also on errors and signals
 
@@ -62,6 +63,7 @@ from __future__ import annotations
 
 import copy
 import random
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -257,7 +259,12 @@ class Runtime:
     def _update(self, tracker: Tracker) -> None:
         """One batch, one learner update, the new weights published, one metrics record."""
         batch = self.next_batch()
+        started = time.perf_counter()
         metrics = self.learner.update(segment_to(batch.segment, self.device))
+        # float() of the losses inside update() waits for the device: this is its time too
+        metrics["learner_ms"] = 1e3 * (time.perf_counter() - started)
+        if self.device.type == "cuda":
+            metrics["learner_cuda_peak_mib"] = torch.cuda.max_memory_allocated(self.device) / 2**20
         self.version += 1
         self.publish_weights()
         metrics.update(self.extra_metrics())

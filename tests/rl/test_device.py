@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import math
 
 import pytest
 import torch
@@ -130,3 +131,29 @@ def test_training_on_cuda_updates_and_checkpoints_cpu_tensors(tmp_path, runtime)
     tensors = [t for t in pytree.tree_leaves(saved) if isinstance(t, torch.Tensor)]
     assert tensors and all(t.device.type == "cpu" for t in tensors)
     assert any(not torch.equal(saved["agent"][k], before[k]) for k in before)
+
+
+def _learner_columns(tmp_path, **kw) -> list[dict[str, float]]:
+    from r2ac.rl.run_dir import RunDir, read_metrics
+    from r2ac.rl.train_cli import make_runtime
+
+    cfg = tiny(log_every=1, total_frames=4 * 3 * 6, **kw)
+    run = RunDir.create(tmp_path / "run", cfg)
+    make_runtime(cfg, run).train()
+    return read_metrics(run.metrics_path)
+
+
+def test_metrics_record_the_learner_update_time_and_no_cuda_peak_on_the_cpu(tmp_path):
+    rows = _learner_columns(tmp_path)
+    assert len(rows) == 6
+    assert all(0.0 < r["learner_ms"] < 60_000 for r in rows)
+    assert all(math.isnan(r["learner_cuda_peak_mib"]) for r in rows)  # a blank cell
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_metrics_record_the_learner_cuda_peak_memory(tmp_path):
+    rows = _learner_columns(tmp_path, device="cuda")
+    peaks = [r["learner_cuda_peak_mib"] for r in rows]
+    assert peaks[0] > 0 and peaks == sorted(peaks)  # a running peak never falls
+    assert all(r["learner_ms"] > 0 for r in rows)
