@@ -90,8 +90,8 @@ step_e2e() {
     # CPU cores, the learner on the GPU): elstm-bptt then elstm-rtrl, each stopped after
     # E2E_SECONDS by SIGINT. scripts/runtime_fps.py reports steady frames/s, the learner's
     # median ms an update (M x B / that = the frames/s the learner alone could take) and its
-    # CUDA peak memory, and their rtrl / bptt ratios. E2E_DEVICE=cpu E2E_SECONDS=20 checks
-    # the step on a CPU machine.
+    # CUDA peak memory, and their rtrl / bptt ratios. On a CPU machine, E2E_DEVICE=cpu with
+    # small sizes in E2E_EXTRA (appended: the last value wins) checks the step's plumbing.
     setup_path
     local seconds=${E2E_SECONDS:-220} device=${E2E_DEVICE:-cuda}
     local env=${E2E_ENV:-envpool/Breakout-v5}

@@ -1,8 +1,11 @@
-"""Tiny configs shared by the trainer tests."""
+"""Tiny configs shared by the trainer tests, and the loader of scripts/*.py under test."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+from pathlib import Path
+from types import ModuleType
 
 from r2ac.rl.config import TrainConfig
 
@@ -27,6 +30,17 @@ TINY = TrainConfig(
     eval_episodes=4,
     progress=False,
 )
+
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+def load_script(name: str) -> ModuleType:
+    """scripts/NAME.py as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(f"{name}_script", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def tiny(**kw) -> TrainConfig:

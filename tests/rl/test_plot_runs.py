@@ -2,30 +2,28 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from .rl_helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "plot_runs.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("plot_runs_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_trailing_mean_by_hand():
     frames = np.array([10.0, 20.0, 30.0, 40.0])
     values = np.array([1.0, 3.0, 5.0, 7.0])
     # window 20: rows in (f - 20, f] -> [1], [1, 3], [3, 5], [5, 7]
-    np.testing.assert_allclose(_script().trailing_mean(frames, values, 20.0), [1, 2, 4, 6])
-    np.testing.assert_array_equal(_script().trailing_mean(frames, values, 0.0), values)
+    np.testing.assert_allclose(
+        load_script("plot_runs").trailing_mean(frames, values, 20.0), [1, 2, 4, 6]
+    )
+    np.testing.assert_array_equal(
+        load_script("plot_runs").trailing_mean(frames, values, 0.0), values
+    )
 
 
 def _run_dir(path: Path) -> Path:
@@ -51,7 +49,7 @@ def test_writes_a_png_and_refuses_bad_input(tmp_path):
     ok = _plot(str(a), str(b), "--metrics", "return_mean", "value_scale", "--out", str(png))
     assert ok.returncode == 0, ok.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    columns = _script().run_columns(a, ["return_mean"])
+    columns = load_script("plot_runs").run_columns(a, ["return_mean"])
     np.testing.assert_array_equal(columns["return_mean"][0], [256, 384])  # empty row dropped
     unknown = _plot(str(a), "--metrics", "sigma", "--out", str(png))
     assert unknown.returncode == 2 and "no column 'sigma'" in unknown.stderr

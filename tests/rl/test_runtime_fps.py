@@ -6,22 +6,16 @@ on the CPU with the built-in task."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
 
+from .rl_helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "runtime_fps.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("runtime_fps_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_learner_figures_take_the_steady_rows(tmp_path):
@@ -32,11 +26,11 @@ def test_learner_figures_take_the_steady_rows(tmp_path):
     ]
     metrics.write_text("update,frames,time_s,learner_ms,learner_cuda_peak_mib\n" + "\n".join(rows))
     # the first fifth (update 1, start-up) is left out: median of 5, 6, 7, 8
-    assert _script().learner_figures(metrics) == (6.5, 13.0)
+    assert load_script("runtime_fps").learner_figures(metrics) == (6.5, 13.0)
     metrics.write_text(
         "update,frames,time_s,learner_ms,learner_cuda_peak_mib\n1,10,1,5,\n2,20,2,7,\n"
     )
-    ms, peak = _script().learner_figures(metrics)
+    ms, peak = load_script("runtime_fps").learner_figures(metrics)
     assert ms == 6.0 and math.isnan(peak)  # two rows: none dropped; a CPU learner: no peaks
 
 
