@@ -15,7 +15,10 @@ import sys
 # module dispatch on its own first argument.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("r2ac.demo", "gradient check and one benchmark row of the eLSTM layer"),
-    "bench": ("r2ac.bench.cli", "speed and memory benchmarks (bench core | cores | envs)"),
+    "bench": (
+        "r2ac.bench.cli",
+        "speed and memory benchmarks (bench core | cores | envs | runtime | cost)",
+    ),
     "envs": ("r2ac.envs.cli", "list env families and whether they run on this machine"),
     "train": ("r2ac.rl.train_cli", "train R2AC (--preset NAME, --resume RUN_DIR; --help)"),
     "eval": ("r2ac.rl.evaluate", "evaluate a run: K sets of E episodes -> RUN_DIR/eval.json"),
@@ -23,6 +26,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "r2ac.tasks.copy_cli",
         "the copy task: train an eLSTM by RTRL or BPTT, score every bit",
     ),
+    "diagnose": ("r2ac.rl.diagnose_cli", "a run's gradient split (in-segment vs history), critic"),
+    "plot": ("r2ac.experiments.plot", "metrics.csv columns of several runs, one panel each"),
     "experiment": (
         "r2ac.experiments.cli",
         "run a named grid (memory-m | ablation | reactive | popgym) or the cost study",

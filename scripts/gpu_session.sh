@@ -88,14 +88,14 @@ step_e2e() {
     # `r2ac train --device cuda` end to end, the paper's DMLab-size agent (IMPALA's ResNet
     # stem, N = 512) at M = 100 on Atari through envpool, parallel runtime (actors on the
     # CPU cores, the learner on the GPU): elstm-bptt then elstm-rtrl, each stopped after
-    # E2E_SECONDS by SIGINT. scripts/runtime_fps.py reports steady frames/s, the learner's
+    # E2E_SECONDS by SIGINT. r2ac bench runtime reports steady frames/s, the learner's
     # median ms an update (M x B / that = the frames/s the learner alone could take) and its
     # CUDA peak memory, and their rtrl / bptt ratios. On a CPU machine, E2E_DEVICE=cpu with
     # small sizes in E2E_EXTRA (appended: the last value wins) checks the step's plumbing.
     setup_path
     local seconds=${E2E_SECONDS:-220} device=${E2E_DEVICE:-cuda}
     local env=${E2E_ENV:-envpool/Breakout-v5}
-    run_logged e2e.txt "$PY" scripts/runtime_fps.py \
+    run_logged e2e.txt "$PY" -m r2ac.cli bench runtime \
         --runtimes parallel@elstm-bptt parallel@elstm-rtrl --repeats 1 \
         --seconds "$seconds" --json-out "$OUT/e2e.json" -- \
         --device "$device" --env "$env" --unroll-length 100 --image-stem resnet \

@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/native_kernel_timing.py [T,B,N,D ...]
 
-For each shape (default: the two of issue 2) it runs `r2ac.rtrl.native.carry_in_place` on
+For each shape (default: the two of issue 2) it runs `r2ac.rtrl.elstm.native.carry_in_place` on
 random operands, 40 times after 5 warm-up calls, once with FZ evicted from the caches before
 every call (64 MB written in between: a training loop's situation) and once hot, and prints
 min / median ms and the achieved GFLOP/s of the carry GEMM (2 T B 2N D flops). Figures:
@@ -16,8 +16,8 @@ import time
 import torch
 
 from r2ac.perf import keep_freed_memory
-from r2ac.rtrl import elstm_math as em
-from r2ac.rtrl import native
+from r2ac.rtrl.elstm import math as em
+from r2ac.rtrl.elstm import native
 
 
 def operands(T, B, N, D, seed=0):

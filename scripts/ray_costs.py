@@ -36,14 +36,14 @@ def _timed(fn, repeats: int) -> float:
 
 def local_rates(cfg):
     """(actor frames/s, learner frames/s, a packed segment, weights bytes)."""
-    from r2ac.rl import wire
     from r2ac.rl.actor import Actor, cat_segments
     from r2ac.rl.build import agent_for_env, make_env
     from r2ac.rl.learner import Learner
+    from r2ac.rl.runtimes import wire
 
-    env = make_env(cfg, cfg.num_envs, 1)
+    env = make_env(cfg, cfg.runtime.num_envs, 1)
     agent = agent_for_env(cfg, env)
-    actor = Actor(agent, env, 1, cfg.unroll_length)
+    actor = Actor(agent, env, 1, cfg.loss.unroll_length)
     per_segment = _timed(actor.collect, 20)
     segs = [actor.collect()[0] for _ in range(cfg.segments_per_batch)]
     learner = Learner(agent, cfg)
@@ -52,7 +52,7 @@ def local_rates(cfg):
         learner.update(cat_segments([wire.unpack(wire.pack(s)) for s in segs]))
 
     per_update = _timed(update, 20)
-    frames = cfg.unroll_length * cfg.num_envs
+    frames = cfg.loss.unroll_length * cfg.runtime.num_envs
     weights = sum(v.numel() * v.element_size() for v in agent.state_dict().values())
     return (
         frames / per_segment,
@@ -65,9 +65,9 @@ def local_rates(cfg):
 def ray_costs(packed, segments_per_batch: int) -> dict[str, float]:
     import ray
 
-    from r2ac.rl import wire
     from r2ac.rl.actor import cat_segments
-    from r2ac.rl.runtime_ray import init_local_ray
+    from r2ac.rl.runtimes import wire
+    from r2ac.rl.runtimes.ray import init_local_ray
 
     t0 = time.perf_counter()
     init_local_ray(1)  # the runtime's way: workers at this process's niceness
@@ -116,18 +116,18 @@ def ray_costs(packed, segments_per_batch: int) -> dict[str, float]:
 
 
 def main(argv: list[str]) -> int:
-    from r2ac.rl import wire
     from r2ac.rl.config import validate
+    from r2ac.rl.runtimes import wire
     from r2ac.rl.train_cli import parse_config
 
     torch.set_num_threads(1)
     cfg = validate(parse_config(argv))
     actor_fps, learner_fps, packed, weights = local_rates(cfg)
     seg_bytes, state_bytes = wire.nbytes(packed), wire.nbytes(packed.state)
-    frames = cfg.unroll_length * cfg.num_envs
+    frames = cfg.loss.unroll_length * cfg.runtime.num_envs
     print(
-        f"config: {cfg.env} {cfg.core} N={cfg.hidden_size} M={cfg.unroll_length} "
-        f"B={cfg.num_envs} batch={cfg.batch_size}"
+        f"config: {cfg.env.id} {cfg.model.core} N={cfg.model.hidden_size} M={cfg.loss.unroll_length} "
+        f"B={cfg.runtime.num_envs} batch={cfg.runtime.batch_size}"
     )
     print(f"actor   {actor_fps:9.0f} frames/s (one process, one thread)")
     print(f"learner {learner_fps:9.0f} frames/s (one thread, batch already there)")

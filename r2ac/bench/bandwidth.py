@@ -1,5 +1,5 @@
 """Memory bandwidth figures for `r2ac bench core`: the device's copy bandwidth, and the eLSTM's
-history term + in-place carry (the learner's path, by the candidate r2ac.rtrl.gpu_carry
+history term + in-place carry (the learner's path, by the candidate r2ac.rtrl.elstm.gpu_carry
 selects on CUDA) as a fraction of it.
 
 The carry must read the sensitivities FZ (B, 2, N, D) once and write them once: 2 * |FZ| bytes,
@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from r2ac.perf import time_alternating
-from r2ac.rtrl import ELSTMSensitivity, gpu_carry
-from r2ac.rtrl import elstm_math as em
+from r2ac.rtrl import ELSTMSensitivity
+from r2ac.rtrl.elstm import gpu_carry
+from r2ac.rtrl.elstm import math as em
 
 
 @dataclass(frozen=True)

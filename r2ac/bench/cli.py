@@ -9,6 +9,8 @@ BENCHES = {
     "core": ("r2ac.bench.core", "eLSTM bptt vs rtrl: time, memory, carry bandwidth"),
     "cores": ("r2ac.bench.cores", "every core and rule: time and memory per step against N"),
     "envs": ("r2ac.bench.envs", "environment steps/s per family and batch size"),
+    "runtime": ("r2ac.bench.runtime", "`r2ac train` frames/s per runtime/core, alternated runs"),
+    "cost": ("r2ac.bench.cost", "one R2AC learner update: memory and time, TBPTT vs RTRL, vs M"),
 }
 
 

@@ -8,7 +8,7 @@ clear. Peak memory is measured per rule in a fresh process (CPU: growth of the r
 over the state and inputs; CUDA: the allocator's peak). For T = 1 it also times the per-step
 sensitivity update alone and compares its bandwidth with a plain memory copy of the same size.
 Every shape also times the learner's history term + in-place carry alone (on CUDA by the
-candidate r2ac.rtrl.gpu_carry selects) against the device's measured copy bandwidth
+candidate r2ac.rtrl.elstm.gpu_carry selects) against the device's measured copy bandwidth
 (r2ac.bench.bandwidth). `--grid gpu` runs issue 25's grid: N = 512, 1024, 2048; B = 32, 64,
 128, 256; T = 1, 50, 100; D = 257 (`gpu-512`, `gpu-1024`, `gpu-2048`: one N each).
 """
@@ -30,8 +30,9 @@ from r2ac.bench.probe import run_fresh
 from r2ac.environ import environ
 from r2ac.errors import ConfigError, check_writable
 from r2ac.perf import keep_freed_memory, peak_memory_mib, time_alternating
-from r2ac.rtrl import ELSTM, ELSTMSensitivity, ELSTMState, gpu_carry, native
-from r2ac.rtrl import elstm_math as em
+from r2ac.rtrl import ELSTM, ELSTMSensitivity, ELSTMState
+from r2ac.rtrl.elstm import gpu_carry, native
+from r2ac.rtrl.elstm import math as em
 from r2ac.rtrl.reference import elstm_reference
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -126,7 +127,7 @@ def _setup(shape, rule, dtype, device, seed=0, input_grad=False):
 def segment_fn(layer, x, readout, state):
     """A callable doing one forward + backward of `layer` over x, each call starting from the
     state the previous call returned: the online-learning loop, in which rule "rtrl" carries
-    its sensitivities in place at the end of each backward (r2ac.rtrl.deferred)."""
+    its sensitivities in place at the end of each backward (r2ac.rtrl.elstm.deferred)."""
     current = [state]
 
     def run():

@@ -5,8 +5,8 @@ Runs a named grid (r2ac.experiments.grids: memory-m, ablation, reactive) with th
 evaluates every run with the paper's protocol, and writes OUT/results.md (table: mean +- std
 over seeds, learning curves as PNG) and OUT/results.json. Resumable: re-running the same
 command skips finished runs and resumes interrupted ones; Ctrl-C stops the running ones at
-their next update, each with a checkpoint (one line, exit 130). `r2ac experiment cost` runs the
-cost study instead (r2ac.experiments.cost, its own options). `--dry-run` lists the runs.
+their next update, each with a checkpoint (one line, exit 130). `r2ac experiment cost` is an
+alias of `r2ac bench cost` (r2ac.bench.cost, the cost study). `--dry-run` lists the runs.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def _usage() -> str:
 
 
 def _header(name: str, seeds: int, argv: list[str]) -> str:
-    from r2ac.rl.run_dir import git_revision
+    from r2ac.runs.run_dir import git_revision
 
     return (
         f"Command: `r2ac experiment {name} {shlex.join(argv)}`. Machine: {platform.machine()}, "

@@ -342,7 +342,7 @@ GRIDS["popgym"] = Grid(
 )
 
 # Studies that are measurements, not grids of training runs (r2ac.experiments.cli dispatches).
-STUDIES = {"cost": "r2ac.experiments.cost"}
+STUDIES = {"cost": "r2ac.bench.cost"}  # the old name of `r2ac bench cost`, kept as an alias
 
 
 def grid(name: str) -> Grid:

@@ -154,8 +154,8 @@ def plot_curves(grid: Grid, tasks: tuple[Task, ...], specs: list[RunSpec], out: 
 def eval_protocol(task: Task) -> str:
     """How a column's runs are evaluated, e.g. "seaquest-cpu: 5 sets x 30 episodes, sampled"."""
     cfg = check_overrides(task.preset, task.overrides)
-    mode = "greedy" if cfg.eval_greedy else "sampled"
-    return f"{task.name}: {cfg.eval_sets} sets x {cfg.eval_episodes} episodes, {mode}"
+    mode = "greedy" if cfg.run.eval_greedy else "sampled"
+    return f"{task.name}: {cfg.run.eval_sets} sets x {cfg.run.eval_episodes} episodes, {mode}"
 
 
 def write_report(

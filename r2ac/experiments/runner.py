@@ -18,7 +18,6 @@ Subprocesses keep one run's failure from taking the grid down and let J runs use
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import signal
 import subprocess
@@ -31,9 +30,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from r2ac.experiments.grids import RunSpec
-from r2ac.rl.config import TrainConfig, preset, validate
+from r2ac.rl.config import TrainConfig, validate
+from r2ac.rl.presets import preset
 from r2ac.rl.run_dir import RunDir
-from r2ac.rl.stop import StopRequest
+from r2ac.runs.stop import StopRequest
 
 # Config fields that belong to where and how a run is shown, not to what it computes.
 _PLACEMENT_FIELDS = frozenset({"out_dir", "progress"})
@@ -65,7 +65,7 @@ def train_args(overrides: dict[str, Any]) -> list[str]:
 
 def check_overrides(preset_name: str, overrides: dict[str, Any]) -> TrainConfig:
     """The resolved config of a run; raises ConfigError before anything is started."""
-    return validate(dataclasses.replace(preset(preset_name), **overrides))
+    return validate(preset(preset_name).updated(**overrides))
 
 
 def config_mismatch(run_dir: Path, expected: TrainConfig) -> list[str]:
@@ -77,12 +77,8 @@ def config_mismatch(run_dir: Path, expected: TrainConfig) -> list[str]:
     run = RunDir(run_dir)
     if not run.config_path.exists():
         return []
-    saved = run.config()
-    return [
-        f.name
-        for f in dataclasses.fields(TrainConfig)
-        if f.name not in _PLACEMENT_FIELDS and getattr(saved, f.name) != getattr(expected, f.name)
-    ]
+    saved, wanted = run.config().flat(), expected.flat()
+    return [n for n in saved if n not in _PLACEMENT_FIELDS and saved[n] != wanted[n]]
 
 
 def run_state(run_dir: Path) -> str:

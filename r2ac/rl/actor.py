@@ -73,7 +73,7 @@ class Actor:
 
     `sensitivities=False`: the actor carries the light state only (no RTRL sensitivities),
     and its segments' start states are light; a learner that carries the sensitivities
-    itself (r2ac/rl/learner_carry.py) completes them."""
+    itself (r2ac/rl/runtimes/learner_carry.py) completes them."""
 
     def __init__(
         self,
@@ -93,7 +93,9 @@ class Actor:
         self.reset = torch.ones(B, dtype=torch.bool)  # (B,)
         self.state = agent.initial_state(B, None if sensitivities else False)
 
-    def _buffers(self) -> dict[str, torch.Tensor]:
+    def segment_buffers(self) -> dict[str, torch.Tensor]:
+        """Empty tensors of one segment's fields (M+1 inputs, M actions and outcomes): what
+        `collect` fills, and what a runtime sizes its shared slots by."""
         M, B, A = self.unroll_length, self.env.num_envs, self.env.num_actions
         f = {"dtype": self.dtype}
         return {
@@ -120,7 +122,7 @@ class Actor:
     @torch.no_grad()
     def collect(self) -> tuple[Segment, EpisodeLog]:
         """Act M steps in every stream; return the segment and the episodes that ended."""
-        agent, buf, log = self.agent, self._buffers(), EpisodeLog()
+        agent, buf, log = self.agent, self.segment_buffers(), EpisodeLog()
         start = self.state
         state = agent.core.light_state(start)  # `start` itself when there is nothing to drop
         traces = []

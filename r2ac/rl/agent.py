@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from r2ac.errors import ConfigError
-from r2ac.rl import checkpoint
 from r2ac.rl.nets import PolicyValueHeads
 from r2ac.rtrl import RecurrentCore
+from r2ac.runs import checkpoint
 
 STEM_PREFIX = "stem."
 

@@ -10,8 +10,9 @@ import torch
 from r2ac import envs
 from r2ac.envs.base import BatchedEnv
 from r2ac.rl.agent import Agent, core_input_size
-from r2ac.rl.config import FEEDFORWARD, TrainConfig
-from r2ac.rl.nets import Feedforward, make_stem
+from r2ac.rl.config import TrainConfig
+from r2ac.rl.nets import make_stem
+from r2ac.rtrl.registry import make_core
 
 # Offsets that keep the seed streams of actors, evaluation and the agent init apart.
 _EVAL_SEED_OFFSET = 1_000_003
@@ -39,7 +40,7 @@ def eval_seed(seed: int, set_index: int) -> int:
 
 
 def make_env(cfg: TrainConfig, num_envs: int, seed: int) -> BatchedEnv:
-    return envs.make(cfg.env, num_envs, seed, **cfg.env_kwargs())
+    return envs.make(cfg.env.id, num_envs, seed, **cfg.env_kwargs())
 
 
 def make_agent(
@@ -54,37 +55,29 @@ def make_agent(
     stem = make_stem(
         observation_shape,
         observation_dtype,
-        out_features=cfg.stem_features,
-        channels=cfg.conv_channels,
-        mlp_hidden=cfg.mlp_hidden,
-        image_stem=cfg.image_stem,
+        out_features=cfg.model.stem_features,
+        channels=cfg.model.conv_channels,
+        mlp_hidden=cfg.model.mlp_hidden,
+        image_stem=cfg.model.image_stem,
     )
-    input_size = core_input_size(cfg.stem_features, num_actions, cfg.prev_action)
-    core = make_core(cfg.core, input_size, cfg.hidden_size)
-    if cfg.forget_bias is not None and hasattr(core, "b_f"):
+    input_size = core_input_size(cfg.model.stem_features, num_actions, cfg.model.prev_action)
+    core = make_core(cfg.model.core, input_size, cfg.model.hidden_size)
+    if cfg.model.forget_bias is not None and hasattr(core, "b_f"):
         with torch.no_grad():
-            core.b_f.fill_(cfg.forget_bias)
+            core.b_f.fill_(cfg.model.forget_bias)
     agent = Agent(
         stem,
         core,
         num_actions,
-        freeze_stem=cfg.freeze_stem,
-        prev_action=cfg.prev_action,
-        value_norm=cfg.popart,
-        head_hidden=cfg.head_hidden,
-        reward_scale=cfg.reward_scale,
+        freeze_stem=cfg.model.freeze_stem,
+        prev_action=cfg.model.prev_action,
+        value_norm=cfg.loss.popart,
+        head_hidden=cfg.model.head_hidden,
+        reward_scale=cfg.loss.reward_scale,
     ).to(dtype)
-    if load_stem and cfg.load_stem:
-        agent.load_stem(cfg.load_stem)
+    if load_stem and cfg.model.load_stem:
+        agent.load_stem(cfg.model.load_stem)
     return agent
-
-
-def make_core(name: str, input_size: int, hidden_size: int) -> torch.nn.Module:
-    if name == FEEDFORWARD:
-        return Feedforward(input_size, hidden_size)
-    from r2ac.rtrl.registry import make_core as make_rtrl_core
-
-    return make_rtrl_core(name, input_size, hidden_size)
 
 
 def agent_for_env(cfg: TrainConfig, env: BatchedEnv, dtype=torch.float32, load_stem=True) -> Agent:

@@ -1,4 +1,11 @@
-"""Typed training configs, named presets and validation (the CLI is generated from them).
+"""The typed training config, in groups, and its validation (the CLI is generated from it).
+
+`TrainConfig` holds one frozen dataclass per group: env, model, loss, optim, runtime, run;
+`r2ac train --help` shows one section per group, with the flags of a flat config
+(`--learning-rate`, not `--optim.learning-rate`). Code reads `cfg.optim.learning_rate`;
+`TrainConfig.make(**flat)` and `cfg.updated(**flat)` take the flat option names, and
+`from_dict` reads both the grouped config.json and the flat one of runs written before the
+groups. Named configs live in r2ac.rl.presets.
 
 One frame = one agent step of one env stream (after action repeat), the unit of
 `total_frames`, of frames/s and of the learning-rate decay. Configs are frozen: derived
@@ -13,27 +20,29 @@ import os
 import re
 import types
 import typing
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+import tyro
 
 from r2ac.envs.registry import DEFAULT_ENV, parse_options
 from r2ac.errors import ConfigError
 
-FEEDFORWARD = "feedforward"
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """The task: which env, with which options."""
+
+    id: Annotated[str, tyro.conf.arg(name="env")] = DEFAULT_ENV
+    """Env name `<family>/<task>` (see `r2ac envs`)."""
+    options: Annotated[tuple[str, ...], tyro.conf.arg(name="env-options")] = ()
+    """Env options as key=value pairs, e.g. delay=64 (typed by the env's constructor)."""
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """R2AC training run (IMPALA with a chosen recurrent core).
+class ModelConfig:
+    """The agent: stem -> core([features, last reward, previous action]) -> heads."""
 
-    The defaults are task-neutral (IMPALA's, SPEC.md Table 3, at laptop sizes); what a task
-    needs lives in its preset in PRESETS, the one place where named configs are defined.
-    """
-
-    env: str = DEFAULT_ENV
-    """Env name `<family>/<task>` (see `r2ac envs`)."""
-    env_options: tuple[str, ...] = ()
-    """Env options as key=value pairs, e.g. delay=64 (typed by the env's constructor)."""
     core: str = "elstm-rtrl"
     """Core name: `feedforward` or any `<core>-<rule>` of r2ac.rtrl (e.g. elstm-rtrl, elstm-bptt)."""
     hidden_size: int = 64
@@ -56,32 +65,22 @@ class TrainConfig:
     """Weights-only agent checkpoint (e.g. RUN/checkpoints/agent.pt) to load the stem from."""
     freeze_stem: bool = False
     """Freeze the stem (no gradients): a pre-trained one, or a random one for the built-in tasks."""
+    prev_action: bool = False
+    """Feed the previous action (one-hot, zeros at an episode start) to the core with the last
+    reward, as POPGym's baselines do."""
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The learning signal: segments, returns, V-trace targets and the IMPALA losses."""
+
     unroll_length: int = 16
     """Segment length M: steps per segment, TD horizon, update period, TBPTT span."""
-    num_envs: int = 32
-    """Env streams per actor (one batched env per actor)."""
-    batch_size: int = 32
-    """Env streams per learner update; a multiple of num_envs (batch_size/num_envs segments)."""
-    total_frames: int = 10_000_000
-    """Frames (agent steps summed over streams) to train for."""
-    learning_rate: float = 6e-4
-    """RMSProp learning rate."""
-    lr_decay: bool = False
-    """Decay the learning rate linearly to 0 over total_frames (--no-lr-decay: constant)."""
-    lr_warmup_updates: int = 0
-    """Ramp the learning rate linearly from 0 over this many updates (0: none)."""
-    rms_alpha: float = 0.99
-    """RMSProp smoothing constant."""
-    rms_eps: float = 0.01
-    """RMSProp epsilon."""
     discount: float = 0.99
     """Discount gamma."""
     reward_scale: float = 1.0
     """Multiply the clipped rewards by this, in the losses (the value targets scale with it)
     and in the core's last-reward input."""
-    prev_action: bool = False
-    """Feed the previous action (one-hot, zeros at an episode start) to the core with the last
-    reward, as POPGym's baselines do."""
     popart: bool = False
     """PopArt value normalisation: the value head learns normalised returns and the losses
     divide value errors and advantages by the running std of the V-trace targets, so that
@@ -103,11 +102,35 @@ class TrainConfig:
     """Weight of the baseline loss."""
     entropy_cost: float = 0.01
     """Weight of the entropy regulariser."""
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """The optimiser and its learning-rate schedule."""
+
+    learning_rate: float = 6e-4
+    """RMSProp learning rate."""
+    lr_decay: bool = False
+    """Decay the learning rate linearly to 0 over total_frames (--no-lr-decay: constant)."""
+    lr_warmup_updates: int = 0
+    """Ramp the learning rate linearly from 0 over this many updates (0: none)."""
+    rms_alpha: float = 0.99
+    """RMSProp smoothing constant."""
+    rms_eps: float = 0.01
+    """RMSProp epsilon."""
     grad_clip: float = 40.0
     """Global gradient-norm clipping threshold."""
-    seed: int = 0
-    """One seed for torch, numpy, python random, the envs and the action sampling."""
-    runtime: Literal["serial", "parallel", "ray"] = "serial"
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How experience is gathered (streams, actors) and where the learner runs."""
+
+    num_envs: int = 32
+    """Env streams per actor (one batched env per actor)."""
+    batch_size: int = 32
+    """Env streams per learner update; a multiple of num_envs (batch_size/num_envs segments)."""
+    name: Annotated[Literal["serial", "parallel", "ray"], tyro.conf.arg(name="runtime")] = "serial"
     """serial: one deterministic process; parallel: actor processes + a learner on one
     machine; ray: Ray actors (this machine or a cluster) + a learner (the `ray` extra)."""
     device: Literal["cpu", "cuda"] = "cpu"
@@ -126,12 +149,22 @@ class TrainConfig:
     `actor` (the reference's way: every segment ships its start state with them), `learner`
     (parallel, ray: actors act with the light state and ship segments ~25x smaller; the
     learner carries each stream's sensitivities itself, with its own weights;
-    r2ac/rl/learner_carry.py). auto: learner under the ray runtime, actor otherwise."""
+    r2ac/rl/runtimes/learner_carry.py). auto: learner under the ray runtime, actor otherwise."""
     actor_timeout_s: float = 300.0
     """The learner stops the run (with a checkpoint and a line naming the actors) when no
     segment arrives from any actor for this many seconds (parallel, ray)."""
     num_threads: int = 1
     """torch threads of the learner process (0: torch's default). Small models run fastest on 1."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The run: its length, seed, directory, logs, checkpoints and evaluation."""
+
+    total_frames: int = 10_000_000
+    """Frames (agent steps summed over streams) to train for."""
+    seed: int = 0
+    """One seed for torch, numpy, python random, the envs and the action sampling."""
     out_dir: str | None = None
     """Run directory (default runs/<time>-<env>-<core>); must be new or empty."""
     checkpoint_every: int = 200
@@ -152,181 +185,92 @@ class TrainConfig:
     progress_every_s: float = 30.0
     """Seconds between progress lines when stderr is not a terminal (a job, a log file)."""
 
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """R2AC training run (IMPALA with a chosen recurrent core), one group per concern.
+
+    The defaults are task-neutral (IMPALA's, the paper's Table 3, at laptop sizes); what a
+    task needs lives in its preset (r2ac.rl.presets).
+    """
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
     @property
     def updates_total(self) -> int:
-        return math.ceil(self.total_frames / (self.unroll_length * self.batch_size))
+        return math.ceil(
+            self.run.total_frames / (self.loss.unroll_length * self.runtime.batch_size)
+        )
 
     @property
     def segments_per_batch(self) -> int:
-        return self.batch_size // self.num_envs
+        return self.runtime.batch_size // self.runtime.num_envs
 
     @property
     def actors(self) -> int:
-        if self.num_actors > 0:
-            return self.num_actors
+        if self.runtime.num_actors > 0:
+            return self.runtime.num_actors
         return max(2, (os.cpu_count() or 2) - 1)
 
     def env_kwargs(self) -> dict:
-        return parse_options(list(self.env_options))
+        return parse_options(list(self.env.options))
+
+    @classmethod
+    def make(cls, **flat: Any) -> TrainConfig:
+        """The defaults with the given options, by their flat names (`hidden_size=128`)."""
+        return cls().updated(**flat)
+
+    def updated(self, **flat: Any) -> TrainConfig:
+        """A copy with the given options changed, by their flat names."""
+        unknown = sorted(set(flat) - set(FLAT_FIELDS))
+        if unknown:
+            raise ConfigError(f"unknown config fields {unknown}")
+        changes: dict[str, dict[str, Any]] = {}
+        for name, value in flat.items():
+            group, attr = FLAT_FIELDS[name]
+            changes.setdefault(group, {})[attr] = value
+        return dataclasses.replace(
+            self, **{g: dataclasses.replace(getattr(self, g), **kw) for g, kw in changes.items()}
+        )
+
+    def flat(self) -> dict[str, Any]:
+        """Every option by its flat name (the flag's name with underscores)."""
+        return {name: getattr(getattr(self, g), a) for name, (g, a) in FLAT_FIELDS.items()}
 
 
-def _paper(**kw) -> TrainConfig:
-    """SPEC.md Table 3/4 values shared by the paper's domains."""
-    base = dict(
-        forget_bias=None,
-        stem_features=256,
-        learning_rate=6e-4,
-        batch_size=32,
-        num_envs=8,
-        discount=0.99,
-        baseline_cost=0.5,
-        entropy_cost=0.01,
-        grad_clip=40.0,
-        runtime="parallel",
-        lr_decay=False,
-        num_threads=0,
-        freeze_stem=False,
-        checkpoint_every=1000,
-        log_every=20,
-    )
-    base.update(kw)
-    return TrainConfig(**base)
-
-
-PRESETS: dict[str, TrainConfig] = {
-    # The built-in delayed cue (docs/rl.md, "Presets"): a frozen random stem, a forget bias
-    # that keeps the cue for the 65-step episode (f = 0.989, f^64 = 0.5), lr 5e-3 decayed.
-    "delayed-cue": TrainConfig(
-        env="builtin/delayed-cue",
-        env_options=("delay=64",),
-        forget_bias=4.5,
-        freeze_stem=True,
-        learning_rate=5e-3,
-        lr_decay=True,
-        entropy_cost=0.003,
-    ),
-    "watermaze": TrainConfig(
-        env="builtin/watermaze",
-        env_options=(),
-        hidden_size=128,
-        stem_features=64,
-        unroll_length=20,
-        total_frames=5_000_000,
-        learning_rate=2e-3,
-        forget_bias=3.0,
-        entropy_cost=0.01,
-        freeze_stem=True,
-        lr_decay=True,
-    ),
-    # POPGym (Morad et al. 2023): card games and CartPoles with returns in [-1, 1] and
-    # per-step rewards of 1/51 .. 1/200. Measured on RepeatFirstEasy and RepeatPreviousEasy
-    # (docs/results.md, "POPGym"): the actor needs rewards of about +-1 per step (x50) to
-    # learn at all; the critic then needs PopArt's normalisation, or its error spikes
-    # (baseline loss up to 1e5) wreck the shared core; dividing the advantages by PopArt's
-    # sigma too keeps the policy's entropy up (with the critic alone normalised the policy
-    # collapsed on RepeatPrevious within 50 k frames); a shared 128-wide ReLU layer before
-    # the heads (as POPGym's baselines decode memory); the previous action marks an
-    # episode's first step and disambiguates observations; the warm-up tames RMSProp's
-    # first, 10x-too-large steps; the linear decay keeps a learned policy; a trainable stem.
-    # The sigma floor: RTRL's critic learns the episode clock, so its PopArt sigma stays at
-    # 2-8 (TBPTT's 13-22) and the advantages get 3-7x TBPTT's weight; RepeatPrevious then
-    # stalled in 1 of 3 seeds. Dividing the advantages by max(sigma, 15) solved 3 of 3.
-    "popgym": TrainConfig(
-        env="gym/popgym-RepeatFirstEasy-v0",
-        env_options=(),
-        hidden_size=128,
-        forget_bias=None,
-        freeze_stem=False,
-        unroll_length=4,
-        total_frames=1_000_000,
-        learning_rate=2e-3,
-        lr_decay=True,
-        lr_warmup_updates=200,
-        entropy_cost=0.01,
-        reward_scale=50.0,
-        prev_action=True,
-        popart=True,
-        popart_advantages=True,
-        popart_sigma_floor=15.0,
-        head_hidden=128,
-        eval_sets=3,
-        eval_episodes=100,
-    ),
-    "dmlab": _paper(
-        env="dmlab/rooms_watermaze",
-        env_options=(),
-        hidden_size=512,
-        unroll_length=100,
-        total_frames=30_000_000,
-        eval_sets=3,
-        eval_episodes=100,
-    ),
-    "atari": _paper(
-        env="atari/Breakout",
-        env_options=(),
-        hidden_size=256,
-        unroll_length=50,
-        total_frames=200_000_000,
-        eval_sets=5,
-        eval_episodes=30,
-    ),
-    "procgen": _paper(
-        env="procgen/chaser",
-        env_options=(),
-        hidden_size=256,
-        unroll_length=50,
-        total_frames=200_000_000,
-        eval_sets=3,
-        eval_episodes=100,
-    ),
+GROUPS: dict[str, type] = {
+    "env": EnvConfig,
+    "model": ModelConfig,
+    "loss": LossConfig,
+    "optim": OptimConfig,
+    "runtime": RuntimeConfig,
+    "run": RunConfig,
+}
+# Fields whose attribute is not their flat name (the group's name would repeat).
+_RENAMED = {("env", "id"): "env", ("env", "options"): "env_options", ("runtime", "name"): "runtime"}
+# flat option name -> (group, attribute)
+FLAT_FIELDS: dict[str, tuple[str, str]] = {
+    _RENAMED.get((g, f.name), f.name): (g, f.name)
+    for g, cls in GROUPS.items()
+    for f in dataclasses.fields(cls)
 }
 
 
-def preset(name: str) -> TrainConfig:
-    if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-    return PRESETS[name]
-
-
-def preset_overrides(name: str) -> dict:
-    """The fields in which preset `name` differs from TrainConfig's defaults."""
-    base, chosen = to_dict(TrainConfig()), to_dict(preset(name))
-    return {k: v for k, v in chosen.items() if v != base[k]}
-
-
-def preset_table() -> str:
-    """Markdown table of every preset's values that differ from the defaults (docs/rl.md
-    shows it verbatim; a test keeps the two equal)."""
-    lines = ["| preset | values (beyond TrainConfig's defaults) |", "|---|---|"]
-    for name in PRESETS:
-        values = ", ".join(f"`{k}={v}`" for k, v in preset_overrides(name).items())
-        lines.append(f"| {name} | {values or '(the defaults)'} |")
-    return "\n".join(lines)
-
-
-def preset_help(width: int = 100) -> str:
-    """The presets as `r2ac train --help` lists them: each name and its values beyond
-    TrainConfig's defaults (the same values as preset_table), wrapped to `width`."""
-    import textwrap
-
-    pad = max(len(name) for name in PRESETS) + 4
-    lines = ["Presets (--preset NAME; its values beyond TrainConfig's defaults, then flags):"]
-    for name in PRESETS:
-        values = ", ".join(f"{k}={v}" for k, v in preset_overrides(name).items())
-        lines += textwrap.wrap(
-            values or "(the defaults)",
-            width,
-            initial_indent=f"  {name:<{pad - 2}}",
-            subsequent_indent=" " * pad,
-            break_on_hyphens=False,
-        )
-    return "\n".join(lines)
+def field_types() -> dict[str, Any]:
+    """flat option name -> its annotated type (Annotated stripped)."""
+    hints = {g: typing.get_type_hints(cls) for g, cls in GROUPS.items()}
+    return {name: hints[g][a] for name, (g, a) in FLAT_FIELDS.items()}
 
 
 def core_choices() -> list[str]:
     from r2ac.rtrl.registry import core_names
 
-    return [FEEDFORWARD, *core_names()]
+    return core_names(include_memoryless=True)
 
 
 _POSITIVE = (
@@ -364,115 +308,122 @@ def _fits(value, annotation) -> bool:
 
 def check_types(cfg: TrainConfig) -> None:
     """ConfigError naming every field whose value has the wrong type (e.g. from config.json)."""
-    hints = typing.get_type_hints(TrainConfig)
+    hints, values = field_types(), cfg.flat()
     bad = [
-        f"{f.name}={getattr(cfg, f.name)!r} (expected "
-        f"{getattr(hints[f.name], '__name__', str(hints[f.name]).replace('typing.', ''))})"
-        for f in dataclasses.fields(TrainConfig)
-        if not _fits(getattr(cfg, f.name), hints[f.name])
+        f"{name}={value!r} (expected "
+        f"{getattr(hints[name], '__name__', str(hints[name]).replace('typing.', ''))})"
+        for name, value in values.items()
+        if not _fits(value, hints[name])
     ]
     if bad:
         raise ConfigError(f"config values of the wrong type: {'; '.join(bad)}")
 
 
-def _out_of_range(cfg: TrainConfig) -> list[str]:
+_FINITE = (
+    "learning_rate",
+    "rms_alpha",
+    "rms_eps",
+    "discount",
+    "reward_scale",
+    "baseline_cost",
+    "entropy_cost",
+    "grad_clip",
+    "forget_bias",
+    "popart_beta",
+    "popart_sigma_floor",
+    "progress_every_s",
+    "actor_timeout_s",
+)
+# (option, whether its value is in range, the range in words)
+_RANGES = (
+    ("learning_rate", lambda v: v >= 0, ">= 0"),
+    ("rms_eps", lambda v: v > 0, "> 0"),
+    ("rms_alpha", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("discount", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("grad_clip", lambda v: v > 0, "> 0"),
+    ("reward_scale", lambda v: v > 0, "> 0"),
+    ("baseline_cost", lambda v: v >= 0, ">= 0"),
+    ("entropy_cost", lambda v: v >= 0, ">= 0"),
+    ("seed", lambda v: 0 <= v < 2**63, ">= 0"),
+    ("popart_beta", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("popart_sigma_floor", lambda v: v >= 0, ">= 0"),
+    ("progress_every_s", lambda v: v > 0, "> 0"),
+    ("actor_timeout_s", lambda v: v > 0, "> 0"),
+)
+_NON_NEGATIVE = (
+    "num_actors",
+    "num_threads",
+    "lr_warmup_updates",
+    "head_hidden",
+    "max_actor_restarts",
+)
+
+
+def _out_of_range(values: dict[str, Any]) -> list[str]:
     """Floats that are not finite or not in their range, and a negative seed (written so
     that NaN fails every test)."""
-    finite = {
-        n: getattr(cfg, n)
-        for n in (
-            "learning_rate",
-            "rms_alpha",
-            "rms_eps",
-            "discount",
-            "reward_scale",
-            "baseline_cost",
-            "entropy_cost",
-            "grad_clip",
-            "forget_bias",
-            "popart_beta",
-            "popart_sigma_floor",
-            "progress_every_s",
-            "actor_timeout_s",
-        )
-    }
+    finite = {n: values[n] for n in _FINITE}
     bad = [
         f"{n}={v} (not finite)" for n, v in finite.items() if v is not None and not math.isfinite(v)
     ]
-    rules = (
-        ("learning_rate", cfg.learning_rate >= 0, ">= 0"),
-        ("rms_eps", cfg.rms_eps > 0, "> 0"),
-        ("rms_alpha", 0 <= cfg.rms_alpha < 1, "in [0, 1)"),
-        ("discount", 0 <= cfg.discount <= 1, "in [0, 1]"),
-        ("grad_clip", cfg.grad_clip > 0, "> 0"),
-        ("reward_scale", cfg.reward_scale > 0, "> 0"),
-        ("baseline_cost", cfg.baseline_cost >= 0, ">= 0"),
-        ("entropy_cost", cfg.entropy_cost >= 0, ">= 0"),
-        ("seed", 0 <= cfg.seed < 2**63, ">= 0"),
-        ("popart_beta", 0 < cfg.popart_beta <= 1, "in (0, 1]"),
-        ("popart_sigma_floor", cfg.popart_sigma_floor >= 0, ">= 0"),
-        ("progress_every_s", cfg.progress_every_s > 0, "> 0"),
-        ("actor_timeout_s", cfg.actor_timeout_s > 0, "> 0"),
-    )
     bad += [
-        f"{n}={getattr(cfg, n)} (must be {rule})"
-        for n, ok, rule in rules
-        if not ok and math.isfinite(getattr(cfg, n))
+        f"{n}={values[n]} (must be {rule})"
+        for n, ok, rule in _RANGES
+        if math.isfinite(values[n]) and not ok(values[n])
     ]
+    return bad
+
+
+def _not_positive(values: dict[str, Any]) -> list[str]:
+    bad = [f"{name}={values[name]}" for name in _POSITIVE if values[name] < 1]
+    bad += [f"{n}={values[n]}" for n in _NON_NEGATIVE if values[n] < 0]
+    for name in ("mlp_hidden", "conv_channels"):
+        bad += [f"{name}={values[name]}"] if any(n < 1 for n in values[name]) else []
     return bad
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Raise ConfigError for bad types, sizes, ranges, names or combinations; return cfg."""
     check_types(cfg)
-    bad = _out_of_range(cfg)
+    values = cfg.flat()
+    bad = _out_of_range(values)
     if bad:
         raise ConfigError(f"out of range: {', '.join(bad)}")
-    bad = [f"{name}={getattr(cfg, name)}" for name in _POSITIVE if getattr(cfg, name) < 1]
-    bad += [
-        f"{n}={getattr(cfg, n)}"
-        for n in (
-            "num_actors",
-            "num_threads",
-            "lr_warmup_updates",
-            "head_hidden",
-            "max_actor_restarts",
-        )
-        if getattr(cfg, n) < 0
-    ]
-    bad += [f"mlp_hidden={cfg.mlp_hidden}"] if any(n < 1 for n in cfg.mlp_hidden) else []
-    bad += [f"conv_channels={cfg.conv_channels}"] if any(n < 1 for n in cfg.conv_channels) else []
+    bad = _not_positive(values)
     if bad:
         raise ConfigError(f"sizes must be positive: {', '.join(bad)}")
-    if cfg.core not in core_choices():
-        raise ConfigError(f"unknown core {cfg.core!r}; choose one of {', '.join(core_choices())}")
+    if cfg.model.core not in core_choices():
+        raise ConfigError(
+            f"unknown core {cfg.model.core!r}; choose one of {', '.join(core_choices())}"
+        )
     from r2ac.rl.nets import check_image_stem
 
-    check_image_stem(cfg.image_stem)
-    if cfg.popart_sigma_floor and not (cfg.popart and cfg.popart_advantages):
+    check_image_stem(cfg.model.image_stem)
+    loss, rt = cfg.loss, cfg.runtime
+    if loss.popart_sigma_floor and not (loss.popart and loss.popart_advantages):
         raise ConfigError(
             "--popart-sigma-floor floors the sigma that divides the advantages: it needs "
             "--popart with --popart-advantages"
         )
-    if cfg.batch_size % cfg.num_envs:
+    if rt.batch_size % rt.num_envs:
         raise ConfigError(
-            f"batch_size ({cfg.batch_size}) must be a multiple of num_envs ({cfg.num_envs})"
+            f"batch_size ({rt.batch_size}) must be a multiple of num_envs ({rt.num_envs})"
         )
-    if cfg.runtime not in RUNTIMES:
-        raise ConfigError(f"unknown runtime {cfg.runtime!r}; choose one of {', '.join(RUNTIMES)}")
-    check_runtime_available(cfg.runtime)
-    check_device(cfg.device)
+    if rt.name not in RUNTIMES:
+        raise ConfigError(f"unknown runtime {rt.name!r}; choose one of {', '.join(RUNTIMES)}")
+    check_runtime_available(rt.name)
+    check_device(rt.device)
     check_ray_options(cfg)
     check_sensitivity_carry(cfg)
     cfg.env_kwargs()
     return cfg
 
 
-# The runtimes by name: module and class (r2ac/rl/runtime.py is their base).
+# The runtimes by name: module and class (r2ac/rl/runtimes/base.py is their base).
 RUNTIMES = {
-    "serial": ("r2ac.rl.runtime_serial", "SerialRuntime"),
-    "parallel": ("r2ac.rl.runtime_parallel", "ParallelRuntime"),
-    "ray": ("r2ac.rl.runtime_ray", "RayRuntime"),
+    "serial": ("r2ac.rl.runtimes.serial", "SerialRuntime"),
+    "parallel": ("r2ac.rl.runtimes.parallel", "ParallelRuntime"),
+    "ray": ("r2ac.rl.runtimes.ray", "RayRuntime"),
 }
 
 
@@ -503,7 +454,7 @@ _RAY_ADDRESS = re.compile(r"^(auto|[A-Za-z0-9.\-]+:[0-9]{1,5})$")
 
 def check_sensitivity_carry(cfg: TrainConfig) -> None:
     """--sensitivity-carry learner not with the serial runtime."""
-    if cfg.sensitivity_carry == "learner" and cfg.runtime == "serial":
+    if cfg.runtime.sensitivity_carry == "learner" and cfg.runtime.name == "serial":
         raise ConfigError(
             "--sensitivity-carry learner needs --runtime parallel or ray (the serial runtime "
             "keeps the actors' carry, for its bit-exact resume)"
@@ -512,36 +463,53 @@ def check_sensitivity_carry(cfg: TrainConfig) -> None:
 
 def check_ray_options(cfg: TrainConfig) -> None:
     """--ray-address only with the ray runtime, and well formed."""
-    if cfg.ray_address is None:
+    address = cfg.runtime.ray_address
+    if address is None:
         return
-    if cfg.runtime != "ray":
+    if cfg.runtime.name != "ray":
         raise ConfigError("--ray-address needs --runtime ray")
-    if not _RAY_ADDRESS.match(cfg.ray_address):
+    if not _RAY_ADDRESS.match(address):
         raise ConfigError(
-            f"--ray-address {cfg.ray_address!r}: give `auto` or HOST:PORT (the head's GCS "
+            f"--ray-address {address!r}: give `auto` or HOST:PORT (the head's GCS "
             "address, as `ray start --head` prints it)"
         )
 
 
 def learner_carries(cfg: TrainConfig) -> bool:
     """Whether the learner carries the sensitivities (`sensitivity_carry`, auto resolved)."""
-    if cfg.sensitivity_carry == "auto":
-        return cfg.runtime == "ray"
-    return cfg.sensitivity_carry == "learner"
+    if cfg.runtime.sensitivity_carry == "auto":
+        return cfg.runtime.name == "ray"
+    return cfg.runtime.sensitivity_carry == "learner"
 
 
 def to_dict(cfg: TrainConfig) -> dict:
+    """The config as config.json holds it: one object per group."""
     return dataclasses.asdict(cfg)
 
 
+def flatten(data: dict) -> dict:
+    """A config dict by flat option names, whether grouped (config.json now) or flat (runs
+    written before the groups); entries of neither kind are kept as they are."""
+    if not (data and all(k in GROUPS and isinstance(v, dict) for k, v in data.items())):
+        return dict(data)
+    reverse = {ga: name for name, ga in FLAT_FIELDS.items()}
+    return {
+        reverse.get((g, k), f"{g}.{k}"): v for g, group in data.items() for k, v in group.items()
+    }
+
+
 def from_dict(data: dict) -> TrainConfig:
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(data) - names)
+    """The config of a config.json or checkpoint (grouped, or flat from an older run)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"config must be a JSON object, got {type(data).__name__}")
+    flat = flatten(data)
+    unknown = sorted(set(flat) - set(FLAT_FIELDS))
     if unknown:
         raise ConfigError(f"config has unknown fields {unknown}")
-    tuples = {f.name for f in dataclasses.fields(TrainConfig) if "tuple" in str(f.type)}
-    kw = {k: tuple(v) if k in tuples and v is not None else v for k, v in data.items()}
-    return TrainConfig(**kw)
+    types_ = field_types()
+    tuples = {n for n, tp in types_.items() if "tuple" in str(tp)}
+    kw = {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in flat.items()}
+    return TrainConfig.make(**kw)
 
 
-__all__ = ["TrainConfig", "PRESETS", "preset", "validate", "to_dict", "from_dict"]
+__all__ = ["TrainConfig", "validate", "to_dict", "from_dict", "flatten"]

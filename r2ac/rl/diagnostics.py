@@ -12,12 +12,11 @@ Two questions that the training curves cannot answer (docs/rl.md, "Diagnosing a 
   `steps_to_end` bins them by the distance to the episode's end (a critic that cannot count
   the steps of a fixed-length episode is wrong by a constant there).
 
-Used by scripts/diagnose_run.py on a run's checkpoint.
+Used by `r2ac diagnose` (r2ac/rl/diagnose_cli.py) on a run's checkpoint.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
@@ -110,7 +109,7 @@ def gradient_split(learner: Learner, seg: Segment) -> dict[str, dict[str, torch.
 
 def _with_costs(learner: Learner, cfg, changes: dict) -> Learner:
     """A Learner on the same agent whose loss uses other costs (its optimiser is unused)."""
-    return Learner(learner.agent, dataclasses.replace(cfg, **changes))
+    return Learner(learner.agent, cfg.updated(**changes))
 
 
 def monte_carlo_returns(

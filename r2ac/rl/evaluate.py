@@ -18,12 +18,13 @@ import numpy as np
 import torch
 
 from r2ac.errors import ConfigError, MissingDependencyError, check_writable
-from r2ac.rl import checkpoint
 from r2ac.rl.agent import Agent
 from r2ac.rl.build import agent_for_env, eval_seed, make_env
 from r2ac.rl.config import TrainConfig, validate
-from r2ac.rl.run_dir import RunDir, write_json
-from r2ac.rl.runtime import load_agent_weights
+from r2ac.rl.run_dir import RunDir
+from r2ac.rl.runtimes.base import load_agent_weights
+from r2ac.runs import checkpoint
+from r2ac.runs.run_dir import write_json
 
 MAX_STREAMS = 32
 
@@ -67,7 +68,7 @@ def play_episodes(agent: Agent, env, episodes: int, greedy: bool, seed: int) -> 
 def evaluate(
     agent: Agent, cfg: TrainConfig, sets: int, episodes: int, greedy: bool, seed: int | None = None
 ) -> dict:
-    seed = cfg.seed if seed is None else seed
+    seed = cfg.run.seed if seed is None else seed
     start, set_returns, steps = time.perf_counter(), [], 0
     was_training = agent.training
     agent.eval()
@@ -81,8 +82,8 @@ def evaluate(
     agent.train(was_training)
     means = [float(np.mean(r)) for r in set_returns]
     return {
-        "env": cfg.env,
-        "core": cfg.core,
+        "env": cfg.env.id,
+        "core": cfg.model.core,
         "sets": sets,
         "episodes_per_set": episodes,
         "actions": "greedy" if greedy else "sampled",
@@ -123,9 +124,9 @@ def evaluate_run(
     result = evaluate(
         agent,
         cfg,
-        sets or cfg.eval_sets,
-        episodes or cfg.eval_episodes,
-        cfg.eval_greedy if greedy is None else greedy,
+        sets or cfg.run.eval_sets,
+        episodes or cfg.run.eval_episodes,
+        cfg.run.eval_greedy if greedy is None else greedy,
         seed,
     )
     return result, write_eval(run, result, out)

@@ -109,9 +109,13 @@ def make_optimizer(agent: Agent, cfg: TrainConfig):
     deterministic within ten updates)."""
     params = [p for p in agent.parameters() if p.requires_grad]
     optimizer = torch.optim.RMSprop(
-        params, lr=cfg.learning_rate, alpha=cfg.rms_alpha, eps=cfg.rms_eps, momentum=0.0
+        params,
+        lr=cfg.optim.learning_rate,
+        alpha=cfg.optim.rms_alpha,
+        eps=cfg.optim.rms_eps,
+        momentum=0.0,
     )
-    total, decay, warmup = cfg.updates_total, cfg.lr_decay, cfg.lr_warmup_updates
+    total, decay, warmup = cfg.updates_total, cfg.optim.lr_decay, cfg.optim.lr_warmup_updates
 
     def factor(update: int) -> float:
         ramp = min(1.0, (update + 1) / warmup) if warmup else 1.0
@@ -137,20 +141,20 @@ class Learner:
         logits, values, _ = self.agent(
             seg.obs, seg.last_reward, seg.reset, seg.state, carry=False, last_action=seg.last_action
         )
-        returns = segment_returns(logits, values, seg, cfg.discount, cfg.reward_scale)
+        returns = segment_returns(logits, values, seg, cfg.loss.discount, cfg.loss.reward_scale)
         losses = segment_losses(
             logits,
             values,
             seg,
-            cfg.discount,
-            cfg.baseline_cost,
-            cfg.entropy_cost,
-            cfg.reward_scale,
+            cfg.loss.discount,
+            cfg.loss.baseline_cost,
+            cfg.loss.entropy_cost,
+            cfg.loss.reward_scale,
             value_scale=heads.value_scale().detach(),
             returns=returns,
-            advantage_norm=cfg.advantage_norm,
-            scale_advantages=cfg.popart_advantages,
-            sigma_floor=cfg.popart_sigma_floor,
+            advantage_norm=cfg.loss.advantage_norm,
+            scale_advantages=cfg.loss.popart_advantages,
+            sigma_floor=cfg.loss.popart_sigma_floor,
         )
         losses["loss"].backward()
         self._targets = returns.vs
@@ -161,7 +165,7 @@ class Learner:
         with PopArt, the value statistics move toward this batch's targets."""
         self.optimizer.zero_grad(set_to_none=True)
         losses = self.backward(seg)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
@@ -169,7 +173,7 @@ class Learner:
         metrics.update(grad_norm=float(grad_norm), lr=lr)
         heads = self.agent.heads
         if heads.value_norm:
-            heads.update_value_stats(self._targets, self.cfg.popart_beta)
+            heads.update_value_stats(self._targets, self.cfg.loss.popart_beta)
             metrics.update(
                 value_mean=float(heads.value_mean), value_scale=float(heads.value_scale())
             )

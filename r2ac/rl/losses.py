@@ -1,7 +1,7 @@
 """IMPALA actor-critic losses as pure functions of time-major ``(T, B)`` tensors.
 
 Convention (IMPALA / torchbeast): every term is a **sum** over time and batch, not a mean,
-so the gradient scale grows with ``T * B`` and the learning rate of SPEC.md (6e-4 with
+so the gradient scale grows with ``T * B`` and the paper's learning rate (6e-4 with
 batch 32) is tuned for that. The coefficients multiply these sums::
 
     loss = pg_loss + baseline_cost * 0.5 * sum (vs - V)^2 + entropy_cost * sum_t sum_a pi log pi

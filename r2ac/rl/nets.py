@@ -1,4 +1,4 @@
-"""Feature stems, policy/value heads and a memoryless core for the agent.
+"""Feature stems and policy/value heads for the agent.
 
 Pure ``nn.Module`` s built from sizes only (no config objects). Stems map a batch of
 observations ``(N, *obs_shape)`` to features ``(N, out_features)``; every stem ends in a ReLU.
@@ -7,14 +7,12 @@ observations ``(N, *obs_shape)`` to features ``(N, out_features)``; every stem e
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
 
 from r2ac.errors import ConfigError
-from r2ac.rtrl import RecurrentCore
 
 
 def _pooled_size(size: int) -> int:
@@ -245,37 +243,3 @@ class PolicyValueHeads(nn.Module):
         new_sigma = self.value_scale()
         self.baseline.weight.mul_(sigma / new_sigma)
         self.baseline.bias.mul_(sigma).add_(mu - self.value_mean).div_(new_sigma)
-
-
-class FeedforwardState(NamedTuple):
-    """The empty state of the memoryless core."""
-
-
-class Feedforward(RecurrentCore):
-    """A memoryless core (Linear + ReLU per step) under the core contract (r2ac.rtrl.RecurrentCore).
-
-    ``initial_state(B)`` is empty; ``forward(x (T, B, D), state, reset)`` returns
-    ``(y (T, B, hidden_size), state)``; ``reset`` is checked and has nothing to reset.
-    """
-
-    State = FeedforwardState
-
-    def __init__(self, input_size: int, hidden_size: int):
-        super().__init__(input_size, hidden_size, rule="bptt")
-        self.linear = nn.Linear(input_size, hidden_size)
-
-    def initial_state(
-        self, batch_size: int, with_sensitivities: bool | None = None
-    ) -> FeedforwardState:
-        self.check_batch_size(batch_size)
-        return FeedforwardState()
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        state: FeedforwardState,
-        reset: torch.Tensor | None = None,
-        carry: bool = True,
-    ) -> tuple[torch.Tensor, FeedforwardState]:
-        self.check_input(x, reset)  # the state holds nothing, so it is not checked
-        return torch.relu(self.linear(x)), state  # (T, B, hidden_size)

@@ -39,7 +39,7 @@ class Sizes:
 
 def segment_bytes(cfg: TrainConfig, s: Sizes) -> int:
     """One stream's segment (actor.py's layout) and its start state."""
-    M = cfg.unroll_length
+    M = cfg.loss.unroll_length
     per_input = s.obs_bytes + FLOAT + 1  # obs, last_reward, reset: M+1 of them
     per_step = 8 + FLOAT + 1 + 1 + FLOAT * s.num_actions + FLOAT  # actions .. final_values
     return (M + 1) * per_input + M * per_step + s.state_bytes
@@ -48,20 +48,22 @@ def segment_bytes(cfg: TrainConfig, s: Sizes) -> int:
 def activation_bytes(cfg: TrainConfig, s: Sizes) -> int:
     """The learner's forward/backward memory for one stream-step (rough)."""
     if s.image_pixels:  # conv stages at full, 1/2, 1/4 resolution, a few tensors each
-        stem = s.obs_values + 3 * sum(cfg.conv_channels) * s.image_pixels
+        stem = s.obs_values + 3 * sum(cfg.model.conv_channels) * s.image_pixels
     else:
-        stem = s.obs_values + 2 * sum(cfg.mlp_hidden)
-    values = stem + 4 * cfg.stem_features + 24 * cfg.hidden_size + 2 * cfg.head_hidden
+        stem = s.obs_values + 2 * sum(cfg.model.mlp_hidden)
+    values = (
+        stem + 4 * cfg.model.stem_features + 24 * cfg.model.hidden_size + 2 * cfg.model.head_hidden
+    )
     values += 6 * s.num_actions + 20
     return FLOAT * values
 
 
 def estimate(cfg: TrainConfig, s: Sizes) -> dict[str, tuple[int, str]]:
     """Bytes by part, each with the options that size it."""
-    B, Be, M = cfg.batch_size, cfg.num_envs, cfg.unroll_length
+    B, Be, M = cfg.runtime.batch_size, cfg.runtime.num_envs, cfg.loss.unroll_length
     seg = segment_bytes(cfg, s)
-    inputs = M * (cfg.stem_features + 1) * FLOAT  # the actor's recorded core inputs
-    if cfg.runtime == "parallel":
+    inputs = M * (cfg.model.stem_features + 1) * FLOAT  # the actor's recorded core inputs
+    if cfg.runtime.name == "parallel":
         slots = max(2 * cfg.actors, 2 * cfg.segments_per_batch)
         actor_total = slots * Be * seg + cfg.actors * (Be * (seg + inputs) + s.param_bytes)
     else:

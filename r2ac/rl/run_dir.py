@@ -18,14 +18,14 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from r2ac.errors import ConfigError, check_writable
-from r2ac.rl import checkpoint
-from r2ac.rl.config import TrainConfig, from_dict, to_dict
+from r2ac.rl.config import TrainConfig, flatten, from_dict, to_dict
+from r2ac.runs import checkpoint
+from r2ac.runs.run_dir import LockedDir, git_revision, holds_nothing, write_json
 
 COLUMNS = (
     "update",
@@ -51,31 +51,11 @@ COLUMNS = (
 )
 
 
-def git_revision() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            cwd=Path(__file__).resolve().parent,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
-
-
-def write_json(path: str | Path, obj: Any) -> Path:
-    """Write `obj` as indented JSON atomically (temp file, fsync, rename): a kill never leaves
-    half a file, and a reader never sees one."""
-    return checkpoint.write_atomic((json.dumps(obj, indent=2) + "\n").encode(), path)
-
-
 def default_out_dir(cfg: TrainConfig, root: str | Path = "runs") -> str:
     """runs/<time>-<env>-<core>-<pid>[-k]: the pid keeps two processes started in the same
     second apart, the suffix k one process that starts two runs in the same second."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(root) / f"{stamp}-{cfg.env.replace('/', '-')}-{cfg.core}-{os.getpid()}"
+    base = Path(root) / f"{stamp}-{cfg.env.id.replace('/', '-')}-{cfg.model.core}-{os.getpid()}"
     path, k = base, 1
     while path.exists():
         k += 1
@@ -83,9 +63,10 @@ def default_out_dir(cfg: TrainConfig, root: str | Path = "runs") -> str:
     return str(path)
 
 
-class RunDir:
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
+class RunDir(LockedDir):
+    """The directory of one `r2ac train` run (the layout in the module docstring)."""
+
+    temp_folders = ("checkpoints",)
 
     config_path = property(lambda self: self.path / "config.json")
     metrics_path = property(lambda self: self.path / "metrics.csv")
@@ -101,9 +82,7 @@ class RunDir:
         written); the message says how to continue or restart a run found there."""
         p, run = Path(path), cls(path)
         check_writable(p, "--out-dir")
-        if not p.exists() or (
-            p.is_dir() and not any(q.name != checkpoint.LOCK_NAME for q in p.iterdir())
-        ):
+        if holds_nothing(p):
             return
         if run.checkpoint_path.is_file():
             raise ConfigError(
@@ -117,22 +96,6 @@ class RunDir:
                 "choose another --out-dir"
             )
         raise ConfigError(f"{p} exists and is not empty; choose another --out-dir")
-
-    lock_fd: int | None = None
-
-    def release(self) -> None:
-        """Give up the lock taken by `acquire` (it also dies with the process)."""
-        if self.lock_fd is not None:
-            os.close(self.lock_fd)
-            self.lock_fd = None
-
-    def acquire(self) -> RunDir:
-        """Lock the directory for this process (ConfigError if another holds it) and remove
-        the temp files of writes killed mid-way (safe now: nobody else writes here)."""
-        self.lock_fd = checkpoint.lock_directory(self.path)
-        checkpoint.remove_stale_temps(self.path)
-        checkpoint.remove_stale_temps(self.path / "checkpoints")
-        return self
 
     @classmethod
     def create(cls, path: str | Path, cfg: TrainConfig) -> RunDir:
@@ -150,6 +113,14 @@ class RunDir:
         }
         write_json(run.config_path, meta)
         return run
+
+    def discard(self, remove_folder: bool) -> None:
+        """Undo `create` (config.json, the lock, the folder if it was new) and release."""
+        self.config_path.unlink(missing_ok=True)
+        (self.path / checkpoint.LOCK_NAME).unlink(missing_ok=True)
+        self.release()
+        if remove_folder:
+            shutil.rmtree(self.path, ignore_errors=True)
 
     @classmethod
     def open(cls, path: str | Path) -> RunDir:
@@ -198,11 +169,13 @@ EDITABLE_FIELDS = frozenset(
 
 
 def config_differences(saved: dict, current: dict) -> list[str]:
-    """`field: checkpoint X, config.json Y` for each training field that differs."""
+    """`field: checkpoint X, config.json Y` for each training field that differs (by flat
+    option names, whether either side is grouped or flat)."""
 
     def norm(value):  # tuples and lists alike, as JSON has them
         return json.loads(json.dumps(value))
 
+    saved, current = flatten(saved), flatten(current)  # a checkpoint from before the groups
     names = sorted((set(saved) | set(current)) - EDITABLE_FIELDS)
     return [
         f"{n}: checkpoint {norm(saved.get(n))!r}, config.json {norm(current.get(n))!r}"

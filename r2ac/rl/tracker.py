@@ -77,14 +77,16 @@ class Tracker:
     def _make_bar(self):
         """A tqdm bar on a terminal; one progress line every `progress_every_s` seconds when
         stderr is a file or a pipe (a job's log), where a bar would print nothing useful."""
-        if not self.cfg.progress:
+        if not self.cfg.run.progress:
             return None
         if not sys.stderr.isatty():
-            return ProgressLines(self.cfg.total_frames, self.frames, self.cfg.progress_every_s)
+            return ProgressLines(
+                self.cfg.run.total_frames, self.frames, self.cfg.run.progress_every_s
+            )
         from tqdm import tqdm
 
         return tqdm(
-            total=self.cfg.total_frames,
+            total=self.cfg.run.total_frames,
             initial=self.frames,
             unit="frame",
             unit_scale=True,
@@ -118,7 +120,7 @@ class Tracker:
         if self.bar is not None:
             self.bar.update(frames)
             self.bar.set_postfix(ret=f"{_mean(self.returns):.3f}", refresh=False)
-        if self.log is not None and (self.update % self.cfg.log_every == 0 or self.done):
+        if self.log is not None and (self.update % self.cfg.run.log_every == 0 or self.done):
             self.log.write(self._row(metrics))
 
     def _row(self, metrics: dict[str, float]) -> dict[str, float]:

@@ -13,19 +13,24 @@ is written. SIGINT / SIGTERM stop after the current update with a checkpoint (ex
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import logging
 import signal
 import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import tyro
 
 from r2ac.errors import ConfigError, MissingDependencyError
 from r2ac.perf import keep_freed_memory
-from r2ac.rl.config import PRESETS, RUNTIMES, TrainConfig, preset, preset_help, validate
+from r2ac.rl.config import RUNTIMES, TrainConfig, validate
+from r2ac.rl.presets import PRESETS, preset, preset_help
 from r2ac.rl.resources import check_resources
 from r2ac.rl.run_dir import RunDir, check_same_config, default_out_dir, plot_curve
-from r2ac.rl.runtime import ActorError
-from r2ac.rl.stop import TrainingInterrupted, raise_on_signal
+from r2ac.rl.runtimes.base import ActorError
+from r2ac.runs.stop import TrainingInterrupted, raise_on_signal
 
 
 def _pop_option(argv: list[str], name: str) -> str | None:
@@ -43,21 +48,38 @@ def _pop_option(argv: list[str], name: str) -> str | None:
     return None
 
 
-def parse_config(argv: list[str]) -> TrainConfig:
-    argv = list(argv)
-    name = _pop_option(argv, "--preset")
-    default = preset(name) if name else PRESETS["delayed-cue"]
-    import tyro
+@dataclass(frozen=True)
+class TrainCommand:
+    """`r2ac train`'s own options beside the config's groups (parsed by tyro)."""
 
+    config: Annotated[tyro.conf.OmitArgPrefixes[TrainConfig], tyro.conf.arg(name="")]
+    preset: str | None = None
+    """Named defaults (listed above; default delayed-cue): the options below show its
+    values as their defaults, and flags override them."""
+    resume: str | None = None
+    """Continue the run in this directory from its last checkpoint, exactly (no other
+    options: the run's config.json holds them)."""
+    restart: str | None = None
+    """Start the run in this directory again from its config.json (a run stopped before its
+    first checkpoint; no other options)."""
+
+
+def parse_config(argv: list[str]) -> TrainConfig:
+    """The config of a new run: the preset's values, then the flags."""
+    name = _pop_option(list(argv), "--preset")  # the defaults depend on it: read it first
+    default = preset(name) if name else PRESETS["delayed-cue"]
     description = (
-        f"Train R2AC. --preset {{{','.join(PRESETS)}}} picks the defaults "
-        "(default delayed-cue), and the options below show its values as their defaults; "
-        "--resume RUN_DIR continues a run.\n\n" + preset_help()
+        "Train R2AC: IMPALA with V-trace, its recurrent core trained by exact RTRL or "
+        "truncated BPTT. The options are grouped as config.json holds them.\n\n" + preset_help()
     )
-    cfg = tyro.cli(
-        TrainConfig, default=default, args=argv, prog="r2ac train", description=description
+    command = tyro.cli(
+        TrainCommand,
+        default=TrainCommand(default, preset=name),
+        args=list(argv),
+        prog="r2ac train",
+        description=description,
     )
-    return _own_env_options(cfg, default, argv)
+    return _own_env_options(command.config, default, argv)
 
 
 def _own_env_options(cfg: TrainConfig, default: TrainConfig, argv: list[str]) -> TrainConfig:
@@ -65,16 +87,16 @@ def _own_env_options(cfg: TrainConfig, default: TrainConfig, argv: list[str]) ->
     `--env-options` the new env gets none (the delayed cue's delay=64 must not reach
     POPGym)."""
     given = any(a == "--env-options" or a.startswith("--env-options=") for a in argv)
-    if cfg.env != default.env and not given:
-        return dataclasses.replace(cfg, env_options=())
+    if cfg.env.id != default.env.id and not given:
+        return cfg.updated(env_options=())
     return cfg
 
 
 def make_runtime(cfg: TrainConfig, run: RunDir | None):
-    """The runtime `cfg.runtime` names (config.RUNTIMES), imported when chosen."""
+    """The runtime `cfg.runtime.name` names (config.RUNTIMES), imported when chosen."""
     import importlib
 
-    module, cls = RUNTIMES[cfg.runtime]
+    module, cls = RUNTIMES[cfg.runtime.name]
     return getattr(importlib.import_module(module), cls)(cfg, run)
 
 
@@ -85,11 +107,22 @@ def _prepare(argv: list[str]):
     if resume is not None or restart is not None:
         return _prepare_existing(resume, restart, argv)
     cfg = validate(parse_config(argv))
-    cfg = dataclasses.replace(cfg, out_dir=cfg.out_dir or default_out_dir(cfg))
-    RunDir.check_new(cfg.out_dir)
+    cfg = cfg.updated(out_dir=cfg.run.out_dir or default_out_dir(cfg))
+    RunDir.check_new(cfg.run.out_dir)
     check_resources(cfg)
-    runtime = make_runtime(cfg, None)
-    return cfg, None, runtime, cfg.out_dir
+    return cfg, None, None, cfg.run.out_dir
+
+
+def _start_new(cfg: TrainConfig, path: str):
+    """The new run directory, then the runtime that writes to it; if building the runtime
+    fails (e.g. an env that will not start), what was created is removed again."""
+    existed = Path(path).exists()
+    run = RunDir.create(path, cfg)
+    try:
+        return run, make_runtime(cfg, run)
+    except BaseException:
+        run.discard(remove_folder=not existed)
+        raise
 
 
 def _prepare_existing(resume: str | None, restart: str | None, argv: list[str]):
@@ -121,19 +154,19 @@ def _prepare_existing(resume: str | None, restart: str | None, argv: list[str]):
 def finish(cfg: TrainConfig, run: RunDir, runtime) -> None:
     plot_curve(
         run,
-        title=f"{cfg.env} {' '.join(cfg.env_options)}  {cfg.core}  "
-        f"M={cfg.unroll_length}  N={cfg.hidden_size}",
+        title=f"{cfg.env.id} {' '.join(cfg.env.options)}  {cfg.model.core}  "
+        f"M={cfg.loss.unroll_length}  N={cfg.model.hidden_size}",
     )
-    if cfg.eval_at_end:
+    if cfg.run.eval_at_end:
         from r2ac.rl.evaluate import evaluate, write_eval
 
         result = evaluate(
-            runtime.cpu_agent(), cfg, cfg.eval_sets, cfg.eval_episodes, cfg.eval_greedy
+            runtime.cpu_agent(), cfg, cfg.run.eval_sets, cfg.run.eval_episodes, cfg.run.eval_greedy
         )
         write_eval(run, result)
         print(
-            f"eval: {result['mean']:.3f} +- {result['std']:.3f} over {cfg.eval_sets} x "
-            f"{cfg.eval_episodes} {result['actions']} episodes ({result['seconds']:.1f} s)"
+            f"eval: {result['mean']:.3f} +- {result['std']:.3f} over {cfg.run.eval_sets} x "
+            f"{cfg.run.eval_episodes} {result['actions']} episodes ({result['seconds']:.1f} s)"
         )
 
 
@@ -143,8 +176,7 @@ def main(argv: list[str]) -> int:
     try:
         cfg, run, runtime, new_dir = _prepare(argv)
         if run is None:
-            run = RunDir.create(new_dir, cfg)
-            runtime.run = run
+            run, runtime = _start_new(cfg, new_dir)
     except (ConfigError, MissingDependencyError) as exc:
         print(f"r2ac train: error: {exc}", file=sys.stderr)
         return 2
@@ -161,7 +193,7 @@ def main(argv: list[str]) -> int:
 
 
 def _train(cfg: TrainConfig, run: RunDir, runtime) -> int:
-    """Train, report, evaluate; a signal stops it cleanly (see r2ac.rl.stop)."""
+    """Train, report, evaluate; a signal stops it cleanly (see r2ac.runs.stop)."""
     print(f"run directory: {run.path}", file=sys.stderr)
     try:
         tracker = runtime.train()

@@ -5,10 +5,10 @@ Every core subclasses `RecurrentCore` (r2ac/rtrl/core.py): ``initial_state(batch
 """
 
 from r2ac.rtrl.core import RecurrentCore
-from r2ac.rtrl.deferred import ConsumedStateError
 from r2ac.rtrl.elman import Elman, ElmanState
-from r2ac.rtrl.elstm import ELSTM
-from r2ac.rtrl.elstm_math import ELSTMSensitivity, ELSTMState
+from r2ac.rtrl.elstm.deferred import ConsumedStateError
+from r2ac.rtrl.elstm.layer import ELSTM
+from r2ac.rtrl.elstm.math import ELSTMSensitivity, ELSTMState
 from r2ac.rtrl.felstm import FeLSTM, FeLSTMSensitivity, FeLSTMState
 from r2ac.rtrl.fwp import FWP, FWPSensitivity, FWPState
 from r2ac.rtrl.gru import GRU, GRUState

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from r2ac.rtrl.core import RecurrentCore, StateTensor
-from r2ac.rtrl.elstm_math import carry_factors
+from r2ac.rtrl.elstm.math import carry_factors
 from r2ac.rtrl.state import keep_mask
 
 RULES = ("bptt", "snap1")

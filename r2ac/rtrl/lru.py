@@ -30,7 +30,6 @@ from torch import Tensor, nn
 from r2ac.errors import ConfigError
 from r2ac.rtrl import pair_math as pm
 from r2ac.rtrl.pair_core import PairCore
-from r2ac.rtrl.state import keep_mask
 
 
 class LRUState(NamedTuple):
@@ -156,32 +155,17 @@ class LRU(PairCore):
             f"state_size={self.state_size}, rule={self.rule!r}"
         )
 
-    def forward(
-        self, x: Tensor, state: LRUState, reset: Tensor | None = None, carry: bool = True
-    ) -> tuple[Tensor, LRUState]:
-        """x (T, B, D), reset (T, B) bool or None -> y (T, B, H), state at the segment end."""
-        T, B = self.check_input(x, reset)
-        self.check_state(state, B)
-        tracks_history = self.tracks_history(state)
-        keep = keep_mask(reset, x.dtype)  # (T, B, 1) or None
-        h0 = state.h.detach()
-        if tracks_history:
-            h0 = _HistoryGradient.apply(
-                h0,
-                state.sens.W,
-                state.sens.v,
-                self.nu_log,
-                self.theta_log,
-                self.gamma_log,
-                self.B_re,
-                self.B_im,
-            )
-        y, h_all, hp_all, _, u = self._outputs(x, h0, keep)
-        new_sens = None
-        if self.rule == "rtrl" and state.sens is not None and carry:
-            with torch.no_grad():
-                new_sens = self._carry_sensitivities(state.sens, x, hp_all, u, None, keep)
-        return y, LRUState(h_all[-1].detach(), new_sens)
+    def _attach_history(self, h0: Tensor, sens: pm.PairSensitivity) -> Tensor:
+        return _HistoryGradient.apply(
+            h0,
+            sens.W,
+            sens.v,
+            self.nu_log,
+            self.theta_log,
+            self.gamma_log,
+            self.B_re,
+            self.B_im,
+        )
 
     def _outputs(
         self, x: Tensor, h0: Tensor, keep: Tensor | None

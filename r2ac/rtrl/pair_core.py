@@ -4,8 +4,9 @@ Their state is one pair tensor (B, 2, N) (real and imaginary parts, or c1 and c2
 rule "rtrl", a `PairSensitivity` with C stored input maps (B, C, 2, N, D) and M per-unit
 vectors (B, M, 2, N). A subclass sets `pair_field` (its state's first field name, for
 messages) and, in `__init__`, `pair_units` N, `stored_maps` C and `vector_count` M; and
-`_outputs` (its forward pass) and `_carry_sensitivities` (its segment carry), from which the
-acting step (`act`) and the carry from its traces (`carry_traces`) are built here.
+`_outputs` (its forward pass), `_attach_history` (its history gradient) and
+`_carry_sensitivities` (its segment carry), from which `forward`, the acting step (`act`)
+and the carry from its traces (`carry_traces`) are built here.
 """
 
 from __future__ import annotations
@@ -62,6 +63,30 @@ class PairCore(RecurrentCore):
                 ("sens.v", state.sens.v, (B, self.vector_count, 2, N)),
             ]
         return tensors
+
+    def forward(
+        self, x: Tensor, state: Any, reset: Tensor | None = None, carry: bool = True
+    ) -> tuple[Tensor, Any]:
+        """x (T, B, D), reset (T, B) bool or None -> y (T, B, hidden_size), state at the
+        segment end. carry=False returns a state without sensitivities (for a caller that
+        drops it)."""
+        T, B = self.check_input(x, reset)
+        self.check_state(state, B)
+        keep = keep_mask(reset, x.dtype)  # (T, B, 1) or None
+        pair0 = state[0].detach()
+        if self.tracks_history(state):
+            pair0 = self._attach_history(pair0, state.sens)
+        y, pairs, cp, a, u = self._outputs(x, pair0, keep)
+        new_sens = None
+        if self.rule == "rtrl" and state.sens is not None and carry:
+            with torch.no_grad():
+                new_sens = self._carry_sensitivities(state.sens, x, cp, u, a, keep)
+        return y, self.State(pairs[-1].detach(), new_sens)
+
+    def _attach_history(self, pair0: Tensor, sens: pm.PairSensitivity) -> Tensor:
+        """pair0 unchanged in value, with a backward that adds the history gradient
+        dL/dpair0 . S to the parameters (the subclass's `_HistoryGradient`)."""
+        raise NotImplementedError
 
     def _outputs(
         self, x: Tensor, pair0: Tensor, keep: Tensor | None

@@ -19,7 +19,7 @@ from torch import Tensor
 def elstm_reference(
     params: dict[str, Tensor], x: Tensor, reset: Tensor, c0: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
-    """eLSTM of SPEC.md section 1, one step at a time."""
+    """eLSTM of docs/design.md ("The eLSTM layer"), one step at a time."""
     F, Z, O, W_o = params["F"], params["Z"], params["O"], params["W_o"]
     w_f, w_z, b_f, b_z, b_o = (params[k] for k in ("w_f", "w_z", "b_f", "b_z", "b_o"))
     T, B, _ = x.shape

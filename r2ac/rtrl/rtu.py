@@ -36,7 +36,6 @@ from torch import Tensor, nn
 from r2ac.errors import ConfigError
 from r2ac.rtrl import pair_math as pm
 from r2ac.rtrl.pair_core import PairCore
-from r2ac.rtrl.state import keep_mask
 
 ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu}
 
@@ -200,28 +199,10 @@ class RTU(PairCore):
             f"{kind}, activation={self.activation!r}"
         )
 
-    def forward(
-        self, x: Tensor, state: RTUState, reset: Tensor | None = None, carry: bool = True
-    ) -> tuple[Tensor, RTUState]:
-        """x (T, B, D), reset (T, B) bool or None -> h (T, B, 2N), state at the segment end.
-
-        carry=False returns a state without sensitivities (for a caller that drops it).
-        """
-        T, B = self.check_input(x, reset)
-        self.check_state(state, B)
-        tracks_history = self.tracks_history(state)
-        keep = keep_mask(reset, x.dtype)  # (T, B, 1) or None
-        c0 = state.c.detach()
-        if tracks_history:
-            c0 = _HistoryGradient.apply(
-                c0, state.sens.W, state.sens.v, self.nu_log, self.theta_log, self.W1, self.W2
-            )
-        h, c_all, cp_all, a_all, u = self._outputs(x, c0, keep)
-        new_sens = None
-        if self.rule == "rtrl" and state.sens is not None and carry:
-            with torch.no_grad():
-                new_sens = self._carry_sensitivities(state.sens, x, cp_all, u, a_all, keep)
-        return h, RTUState(c_all[-1].detach(), new_sens)
+    def _attach_history(self, c0: Tensor, sens: pm.PairSensitivity) -> Tensor:
+        return _HistoryGradient.apply(
+            c0, sens.W, sens.v, self.nu_log, self.theta_log, self.W1, self.W2
+        )
 
     def _outputs(
         self, x: Tensor, c0: Tensor, keep: Tensor | None

@@ -3,7 +3,7 @@
 Every core state is a NamedTuple pytree whose tensor leaves are batch-first ``(B, ...)``
 (leaves may be None). That single rule lets the RL runtime pick, stack and store the state of
 individual env streams without knowing which core it is talking to. A sensitivity buffer with a
-carry still pending (r2ac.rtrl.deferred) runs it when the helpers below flatten it.
+carry still pending (r2ac.rtrl.elstm.deferred) runs it when the helpers below flatten it.
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ import tyro
 
 from r2ac.errors import ConfigError, check_writable
 from r2ac.perf import keep_freed_memory
-from r2ac.rl import checkpoint as rl_checkpoint
-from r2ac.rl.run_dir import RunDir, git_revision, write_json
-from r2ac.rl.stop import TrainingInterrupted, raise_on_signal
+from r2ac.runs.checkpoint import LOCK_NAME
+from r2ac.runs.run_dir import LockedDir, git_revision, write_json
+from r2ac.runs.stop import TrainingInterrupted, raise_on_signal
 from r2ac.tasks.copy import CHECKPOINT_NAME, CopyConfig, curve, metrics, resume, training
 from r2ac.tasks.copy.data import make_test_set
 
@@ -158,18 +158,14 @@ def check_new_out(cfg: CopyConfig) -> None:
     """ConfigError unless --out can be written and, without --resume, holds nothing: an
     earlier run's checkpoint and results are never overwritten."""
     check_writable(cfg.out, "--out")
-    if (
-        not cfg.resume
-        and os.path.isdir(cfg.out)
-        and set(os.listdir(cfg.out)) - {rl_checkpoint.LOCK_NAME}
-    ):
+    if not cfg.resume and os.path.isdir(cfg.out) and set(os.listdir(cfg.out)) - {LOCK_NAME}:
         raise ConfigError(
             f"--out {cfg.out} is not empty; add --resume to continue the run there, "
             "or choose another --out"
         )
 
 
-def prepare(cfg: CopyConfig) -> RunDir:
+def prepare(cfg: CopyConfig) -> LockedDir:
     """Every check on bad input, before anything in cfg.out is written; the locked --out."""
     cfg.validate()
     check_new_out(cfg)
@@ -177,7 +173,7 @@ def prepare(cfg: CopyConfig) -> RunDir:
     if cfg.resume and os.path.exists(checkpoint):
         resume.check_resumable(resume.checkpoint_config(checkpoint), cfg, checkpoint)
     os.makedirs(cfg.out, exist_ok=True)
-    return RunDir(cfg.out).acquire()  # a second process on --out: refused
+    return LockedDir(cfg.out).acquire()  # a second process on --out: refused
 
 
 def _continue_command(argv: list[str]) -> str:

@@ -5,8 +5,7 @@ import dataclasses
 
 import pytest
 
-from r2ac.bench import core, cores, probe
-from r2ac.experiments import cost
+from r2ac.bench import core, cores, cost, probe
 
 
 @dataclasses.dataclass(frozen=True)

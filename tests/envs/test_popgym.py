@@ -41,10 +41,10 @@ def test_preset_env_options_never_leak_into_another_env():
     from r2ac.rl.train_cli import parse_config
 
     cfg = parse_config(["--env", "gym/popgym-RepeatFirstEasy-v0"])
-    assert cfg.env_options == ()  # the delayed cue's delay=64 stays with the delayed cue
-    assert parse_config([]).env_options == ("delay=64",)
+    assert cfg.env.options == ()  # the delayed cue's delay=64 stays with the delayed cue
+    assert parse_config([]).env.options == ("delay=64",)
     cfg = parse_config(["--env", "builtin/delayed-cue", "--env-options", "delay=5"])
-    assert cfg.env_options == ("delay=5",)
+    assert cfg.env.options == ("delay=5",)
 
 
 def test_popgym_preset_trains_end_to_end(tmp_path):

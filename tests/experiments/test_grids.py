@@ -5,7 +5,6 @@ The end-to-end tests train a tiny grid with real `r2ac train` subprocesses (a fe
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
@@ -52,7 +51,7 @@ def test_every_grid_run_has_a_valid_config(name):
     assert len({s.run_id for s in specs}) == len(specs)  # one directory per run
     for spec in specs:
         cfg = runner.check_overrides(spec.task.preset, spec.overrides())
-        assert (cfg.core, cfg.unroll_length, cfg.seed) == (
+        assert (cfg.model.core, cfg.loss.unroll_length, cfg.run.seed) == (
             spec.variant.core,
             spec.unroll_length,
             spec.seed,
@@ -94,7 +93,7 @@ def test_train_args_round_trip_through_the_real_cli():
 
     cfg = parse_config(["--preset", "delayed-cue", *args])
     for key, value in overrides.items():
-        assert getattr(cfg, key) == value, key
+        assert cfg.flat()[key] == value, key
 
 
 def test_bad_names_are_config_errors():
@@ -148,8 +147,12 @@ def test_grid_trains_reports_and_resumes(tiny_grid, tmp_path, capsys):
         run_dir = out / "runs" / spec.run_id
         assert runner.run_state(run_dir) == "finished"
         cfg = from_dict(json.loads((run_dir / "config.json").read_text())["config"])
-        assert isinstance(cfg, TrainConfig) and cfg.seed == spec.seed
-        assert (cfg.core, cfg.unroll_length, cfg.total_frames) == (spec.variant.core, 4, 256)
+        assert isinstance(cfg, TrainConfig) and cfg.run.seed == spec.seed
+        assert (cfg.model.core, cfg.loss.unroll_length, cfg.run.total_frames) == (
+            spec.variant.core,
+            4,
+            256,
+        )
     md = (out / "results.md").read_text()
     assert "per column: " + report.eval_protocol(TINY.tasks[0]) in md
     scores = json.loads((out / "results.json").read_text())["runs"]
@@ -182,7 +185,7 @@ def test_grid_trains_reports_and_resumes(tiny_grid, tmp_path, capsys):
 
     # A run of another config (the grid was edited since) is flagged, and nothing starts.
     saved = json.loads((done / "config.json").read_text())
-    saved["config"]["hidden_size"] = 16
+    saved["config"]["model"]["hidden_size"] = 16
     (done / "config.json").write_text(json.dumps(saved))
     assert (
         runner.config_mismatch(
@@ -206,8 +209,8 @@ def test_a_different_frame_budget_is_refused_on_resume(tiny_grid, tmp_path):
 
 
 def test_config_mismatch_names_the_differing_fields(tmp_path):
-    expected = TrainConfig(hidden_size=8, env_options=("delay=3",), out_dir="a")
-    saved = json.loads(json.dumps(dataclasses.asdict(expected)))
+    expected = TrainConfig.make(hidden_size=8, env_options=("delay=3",), out_dir="a")
+    saved = json.loads(json.dumps(expected.flat()))  # a flat config.json, as older runs wrote
     saved.update(out_dir="elsewhere", progress=False)  # where and how it was shown: not compared
     del saved["grad_clip"]  # a field the run predates: not compared
     (tmp_path / "config.json").write_text(json.dumps({"config": saved}))

@@ -1,10 +1,10 @@
 """GPU tests compare against the CPU in full precision: no tf32 in matrix products or
-convolutions, and each test starts with no GPU carry selected (r2ac.rtrl.gpu_carry)."""
+convolutions, and each test starts with no GPU carry selected (r2ac.rtrl.elstm.gpu_carry)."""
 
 import pytest
 import torch
 
-from r2ac.rtrl import gpu_carry
+from r2ac.rtrl.elstm import gpu_carry
 
 
 @pytest.fixture(autouse=True)

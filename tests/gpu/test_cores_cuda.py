@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from r2ac.rtrl import core_names, gpu_carry, make_core
+from r2ac.rtrl import core_names, make_core
+from r2ac.rtrl.elstm import gpu_carry
 
 from .common import F32, F64, TOLERANCE, needs_cuda, rel_error, tensor_leaves
 

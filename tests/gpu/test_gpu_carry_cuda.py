@@ -1,4 +1,4 @@
-"""The fused GPU carry's candidates on CUDA (r2ac.rtrl.gpu_carry): each, asked for by name,
+"""The fused GPU carry's candidates on CUDA (r2ac.rtrl.elstm.gpu_carry): each, asked for by name,
 equals the PyTorch path at shapes whose tiles are cut short and at the paper's size; the eLSTM
 trained under each equals the CPU; and the automatic choice measures them all and drops none."""
 
@@ -9,7 +9,8 @@ import importlib.util
 import pytest
 import torch
 
-from r2ac.rtrl import ELSTM, gpu_carry
+from r2ac.rtrl import ELSTM
+from r2ac.rtrl.elstm import gpu_carry
 from r2ac.rtrl.gradcheck import compare, layer_gradients, make_problem
 
 from .common import F32, F64, needs_cuda

@@ -1,4 +1,4 @@
-"""The learner's carry of the sensitivities (r2ac/rl/learner_carry.py) on a CUDA learner:
+"""The learner's carry of the sensitivities (r2ac/rl/runtimes/learner_carry.py) on a CUDA learner:
 light segments collected by a CPU actor, completed and carried by a learner agent on CUDA,
 give the start states a CPU actor that carries everything gives (every sensitivity core,
 resets inside segments), to the GPU tests' tolerances."""
@@ -12,7 +12,7 @@ import torch
 
 from r2ac.rl.actor import Actor
 from r2ac.rl.build import agent_for_env, make_env
-from r2ac.rl.learner_carry import LearnerCarry
+from r2ac.rl.runtimes.learner_carry import LearnerCarry
 
 from ..rl.rl_helpers import tiny
 from ..rl.test_learner_carry import SENSITIVITY_CORES

@@ -13,7 +13,7 @@ import torch
 from r2ac.rl.actor import Actor
 from r2ac.rl.build import agent_for_env, make_env
 from r2ac.rl.learner import Learner
-from r2ac.rtrl import gpu_carry
+from r2ac.rtrl.elstm import gpu_carry
 
 from ..rl.rl_helpers import tiny
 from .common import F32, F64, TOLERANCE, needs_cuda, rel_error, to_device

@@ -68,14 +68,14 @@ def test_the_memory_estimate_counts_rtrl_sensitivities(tmp_path):
     sizes = resources.measure(cfg)
     assert sizes.state_bytes >= 4 * 2 * 256 * 128
     parts = resources.estimate(cfg, sizes)
-    assert parts["core states"][0] == 3 * cfg.batch_size * sizes.state_bytes
+    assert parts["core states"][0] == 3 * cfg.runtime.batch_size * sizes.state_bytes
     assert resources.refusal(parts, 2**30) is None  # a tiny run fits in 1 GiB
 
 
 def test_config_json_with_wrong_types_is_refused(run_copy, capsys):
     path = run_copy / "config.json"
     meta = json.loads(path.read_text())
-    meta["config"]["hidden_size"] = "eight"
+    meta["config"]["model"]["hidden_size"] = "eight"
     path.write_text(json.dumps(meta))
     for args in (["train", "--resume", str(run_copy)], ["eval", str(run_copy)]):
         code, lines = r2ac_inline(capsys, *args)

@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from r2ac.rtrl import native
+from r2ac.rtrl.elstm import native
 
 HAS_CC = shutil.which("cc") is not None or shutil.which("gcc") is not None
 needs_cc = pytest.mark.skipif(not HAS_CC, reason="no C compiler")

@@ -7,9 +7,9 @@ import json
 import os
 import shutil
 
-from r2ac.rl import checkpoint
 from r2ac.rl.run_dir import COLUMNS, RunDir, default_out_dir, drop_rows_after, read_metrics
 from r2ac.rl.train_cli import parse_config
+from r2ac.runs import checkpoint
 
 from .conftest import error_lines, r2ac, r2ac_inline, tiny_args
 
@@ -53,7 +53,7 @@ def test_a_run_stopped_before_its_first_checkpoint_is_restarted(run_copy, capsys
     assert code == 2 and len(lines) == 1 and f"--restart {run_copy}" in lines[0], lines
 
     meta = json.loads((run_copy / "config.json").read_text())
-    meta["config"]["total_frames"] = 24 * 10  # no checkpoint to disagree with; a short rerun
+    meta["config"]["run"]["total_frames"] = 24 * 10  # no checkpoint to disagree with; a short rerun
     (run_copy / "config.json").write_text(json.dumps(meta))
     assert r2ac_inline(capsys, "train", "--restart", str(run_copy))[0] == 0
     assert [int(r["update"]) for r in read_metrics(run_copy / "metrics.csv")] == list(range(1, 11))
@@ -72,8 +72,8 @@ def test_a_run_with_a_checkpoint_is_never_overwritten(run_copy, capsys):
 def test_resume_refuses_a_config_json_edited_since_the_checkpoint(run_copy, capsys):
     path = run_copy / "config.json"
     meta = json.loads(path.read_text())
-    meta["config"]["env_options"] = ["delay=5"]
-    meta["config"]["eval_episodes"] = 7  # evaluation settings may change
+    meta["config"]["env"]["options"] = ["delay=5"]
+    meta["config"]["run"]["eval_episodes"] = 7  # evaluation settings may change
     path.write_text(json.dumps(meta))
     code, lines = r2ac_inline(capsys, "train", "--resume", str(run_copy))
     assert code == 2 and len(lines) == 1, lines

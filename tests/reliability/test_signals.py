@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from r2ac.rl import checkpoint
 from r2ac.rl.run_dir import read_metrics
+from r2ac.runs import checkpoint
 
 from .conftest import TIMEOUT_S, UPDATES, r2ac, r2ac_command, r2ac_inline, subprocess_env, tiny_args
 

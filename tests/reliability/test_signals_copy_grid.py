@@ -18,8 +18,8 @@ import torch
 
 from r2ac.experiments import cli, grids, runner
 from r2ac.experiments.grids import Grid, RunSpec, Task, Variant
-from r2ac.rl import checkpoint
-from r2ac.rl.stop import StopRequest
+from r2ac.runs import checkpoint
+from r2ac.runs.stop import StopRequest
 from r2ac.tasks import copy_cli
 from r2ac.tasks.copy import curve, training
 

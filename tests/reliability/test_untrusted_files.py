@@ -18,8 +18,9 @@ import torch
 
 from r2ac.experiments import runner
 from r2ac.experiments.grids import RunSpec, Task, Variant
-from r2ac.rl import checkpoint, train_cli
+from r2ac.rl import train_cli
 from r2ac.rl.run_dir import RunDir
+from r2ac.runs import checkpoint
 from r2ac.tasks import copy_cli
 
 from .conftest import error_lines, r2ac, r2ac_inline, subprocess_env, tiny_args

@@ -4,8 +4,8 @@ that a spawned process can import them)."""
 from __future__ import annotations
 
 from r2ac.rl import actor as actor_module
-from r2ac.rl.processes import WeightBoard
-from r2ac.rl.runtime_parallel import actor_main
+from r2ac.rl.runtimes.parallel import actor_main
+from r2ac.rl.runtimes.processes import WeightBoard
 
 
 def _fail_inside_the_actor() -> None:

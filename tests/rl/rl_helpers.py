@@ -1,15 +1,10 @@
-"""Tiny configs shared by the trainer tests, and the loader of scripts/*.py under test."""
+"""Tiny configs shared by the trainer tests."""
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.util
-from pathlib import Path
-from types import ModuleType
-
 from r2ac.rl.config import TrainConfig
 
-TINY = TrainConfig(
+TINY = TrainConfig.make(
     env="builtin/delayed-cue",
     env_options=("delay=3",),
     core="elstm-rtrl",
@@ -32,19 +27,8 @@ TINY = TrainConfig(
 )
 
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-
-
-def load_script(name: str) -> ModuleType:
-    """scripts/NAME.py as a module (the scripts are not a package)."""
-    spec = importlib.util.spec_from_file_location(f"{name}_script", SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def tiny(**kw) -> TrainConfig:
-    return dataclasses.replace(TINY, **kw)
+    return TINY.updated(**kw)
 
 
 def serial_grads(cfg: TrainConfig, weights: dict, wanted: dict[int, int], dtype) -> dict:
@@ -57,11 +41,11 @@ def serial_grads(cfg: TrainConfig, weights: dict, wanted: dict[int, int], dtype)
 
     out = {}
     for k, n in wanted.items():
-        seed = actor_seed(cfg.seed, k)
-        env = make_env(cfg, cfg.num_envs, seed)
+        seed = actor_seed(cfg.run.seed, k)
+        env = make_env(cfg, cfg.runtime.num_envs, seed)
         agent = agent_for_env(cfg, env, dtype)
         agent.load_state_dict(weights)
-        actor, learner = Actor(agent, env, seed, cfg.unroll_length), Learner(agent, cfg)
+        actor, learner = Actor(agent, env, seed, cfg.loss.unroll_length), Learner(agent, cfg)
         for seq in range(1, n + 1):
             seg, _ = actor.collect()
             agent.zero_grad()

@@ -7,10 +7,11 @@ import torch
 from torch import nn
 
 from r2ac.errors import ConfigError
-from r2ac.rl import checkpoint
 from r2ac.rl.agent import Agent
-from r2ac.rl.nets import Feedforward, ImpalaResNetStem, MLPStem
+from r2ac.rl.nets import ImpalaResNetStem, MLPStem
 from r2ac.rtrl import RecurrentCore
+from r2ac.rtrl.feedforward import Feedforward
+from r2ac.runs import checkpoint
 
 T, B, OBS, FEATURES, HIDDEN, ACTIONS = 6, 3, 5, 8, 7, 4
 

@@ -8,7 +8,8 @@ from r2ac.rl.actor import Actor
 from r2ac.rl.agent import Agent, core_input_size
 from r2ac.rl.build import agent_for_env, make_env
 from r2ac.rl.learner import Learner, segment_losses
-from r2ac.rl.nets import Feedforward, MLPStem, PolicyValueHeads
+from r2ac.rl.nets import MLPStem, PolicyValueHeads
+from r2ac.rtrl.feedforward import Feedforward
 
 from .rl_helpers import tiny
 
@@ -25,10 +26,10 @@ def _agent(prev_action=True, reward_scale=1.0):
 def _float64_segment(seed: int):
     """A tiny float64 agent's first segment and its outputs on it (no gradients)."""
     cfg = tiny(learning_rate=0.0, prev_action=True)
-    env = make_env(cfg, cfg.num_envs, seed=seed)
+    env = make_env(cfg, cfg.runtime.num_envs, seed=seed)
     torch.manual_seed(0)
     agent = agent_for_env(cfg, env, dtype=torch.float64)
-    seg, _ = Actor(agent, env, seed=seed, unroll_length=cfg.unroll_length).collect()
+    seg, _ = Actor(agent, env, seed=seed, unroll_length=cfg.loss.unroll_length).collect()
     with torch.no_grad():
         logits, values, _ = agent(
             seg.obs, seg.last_reward, seg.reset, seg.state, last_action=seg.last_action
@@ -91,7 +92,7 @@ def test_popart_losses_are_invariant_to_the_reward_scale():
     """V-trace is linear in (rewards, values): rewards and values times s with value_scale s
     give exactly the losses of the unscaled problem (what makes tiny rewards train)."""
     cfg, seg, logits, values = _float64_segment(seed=3)
-    args = (cfg.discount, cfg.baseline_cost, cfg.entropy_cost)
+    args = (cfg.loss.discount, cfg.loss.baseline_cost, cfg.loss.entropy_cost)
     plain = segment_losses(logits, values, seg, *args)
     s = 0.02
     scaled = segment_losses(logits, values * s, seg, *args, reward_scale=s, value_scale=s)
@@ -102,10 +103,10 @@ def test_popart_losses_are_invariant_to_the_reward_scale():
 
 def test_learner_moves_popart_statistics_and_actor_records_previous_actions():
     cfg = tiny(prev_action=True, popart=True, popart_beta=0.5)
-    env = make_env(cfg, cfg.num_envs, seed=5)
+    env = make_env(cfg, cfg.runtime.num_envs, seed=5)
     torch.manual_seed(0)
     agent = agent_for_env(cfg, env)
-    actor, learner = Actor(agent, env, seed=5, unroll_length=cfg.unroll_length), None
+    actor, learner = Actor(agent, env, seed=5, unroll_length=cfg.loss.unroll_length), None
     learner = Learner(agent, cfg)
     seg, _ = actor.collect()
     metrics = learner.update(seg)
@@ -141,7 +142,7 @@ def test_progress_lines_when_not_on_a_terminal():
 
 def test_critic_only_normalisation_keeps_the_actor_on_the_reward_scale():
     cfg, seg, logits, values = _float64_segment(seed=4)
-    args, s = (cfg.discount, cfg.baseline_cost, cfg.entropy_cost), 7.0
+    args, s = (cfg.loss.discount, cfg.loss.baseline_cost, cfg.loss.entropy_cost), 7.0
     plain = segment_losses(logits, values, seg, *args)
     critic = segment_losses(logits, values, seg, *args, value_scale=s, scale_advantages=False)
     torch.testing.assert_close(critic["pg_loss"], plain["pg_loss"], rtol=1e-12, atol=0)
@@ -154,7 +155,10 @@ def test_sigma_floor_bounds_the_advantage_scale_only():
     """--popart-sigma-floor: advantages / max(sigma, floor), the critic still / sigma; a
     floor below sigma changes nothing; without PopArt's advantages it is refused."""
     cfg, seg, logits, values = _float64_segment(seed=4)
-    args, sigma = (cfg.discount, cfg.baseline_cost, cfg.entropy_cost), torch.tensor(2.0)
+    args, sigma = (
+        (cfg.loss.discount, cfg.loss.baseline_cost, cfg.loss.entropy_cost),
+        torch.tensor(2.0),
+    )
     plain = segment_losses(logits, values, seg, *args, value_scale=sigma)
     floored = segment_losses(logits, values, seg, *args, value_scale=sigma, sigma_floor=8.0)
     below = segment_losses(logits, values, seg, *args, value_scale=sigma, sigma_floor=1.5)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from r2ac.rl import checkpoint
+from r2ac.runs import checkpoint
 
 
 def test_round_trip(tmp_path):
@@ -71,7 +71,7 @@ def test_crash_after_the_bytes_are_written_keeps_previous_file(tmp_path, monkeyp
 def test_numpy_values_and_namedtuples_round_trip(tmp_path):
     import numpy as np
 
-    from r2ac.rtrl.elstm_math import ELSTMState
+    from r2ac.rtrl.elstm.math import ELSTMState
 
     state = ELSTMState(torch.ones(2, 3), None)
     obj = {
@@ -98,10 +98,10 @@ def test_only_project_namedtuples_are_rebuilt(tmp_path):
 
 
 def test_carried_sensitivities_round_trip_and_forged_buffers_are_refused(tmp_path):
-    """An RTRL state (its sensitivities are a CarriedBuffer, not a NamedTuple) survives a
+    """An RTRL state (its sensitivities are FlatTensors, not a NamedTuple) survives a
     checkpoint; a tagged buffer naming any other class is refused."""
     from r2ac.rtrl import ELSTM
-    from r2ac.rtrl.elstm_math import ELSTMSensitivity, ELSTMState
+    from r2ac.rtrl.elstm.math import ELSTMSensitivity, ELSTMState
 
     layer = ELSTM(3, 4, "rtrl", dtype=torch.float64)
     with torch.no_grad():
@@ -110,7 +110,7 @@ def test_carried_sensitivities_round_trip_and_forged_buffers_are_refused(tmp_pat
     assert type(loaded) is ELSTMState and type(loaded.sens) is ELSTMSensitivity
     for ours, theirs in zip(loaded.sens.tensors(), state.sens.tensors(), strict=True):
         assert ours.equal(theirs) and float(theirs.abs().sum()) > 0
-    forged = {checkpoint.TAG: "carried", "type": "r2ac.rtrl.elstm_math:ELSTMState", "fields": []}
+    forged = {checkpoint.TAG: "carried", "type": "r2ac.rtrl.elstm.math:ELSTMState", "fields": []}
     path = checkpoint.save_atomic({"x": forged}, tmp_path / "f.pt")
-    with pytest.raises(checkpoint.CheckpointError, match="not a CarriedBuffer"):
+    with pytest.raises(checkpoint.CheckpointError, match="not a FlatTensors"):
         checkpoint.load(path)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 import torch
 
 from r2ac.errors import ConfigError
-from r2ac.rl import checkpoint, evaluate, train_cli
-from r2ac.rl.config import PRESETS, validate
+from r2ac.rl import evaluate, train_cli
+from r2ac.rl.config import validate
+from r2ac.rl.presets import PRESETS
+from r2ac.runs import checkpoint
 
 from .rl_helpers import tiny
 
@@ -78,22 +79,32 @@ def test_presets_validate_and_follow_the_paper():
     for cfg in PRESETS.values():
         validate(cfg)
     with pytest.raises(ConfigError, match="image stem"):
-        validate(dataclasses.replace(PRESETS["atari"], image_stem="vgg"))
+        validate(PRESETS["atari"].updated(image_stem="vgg"))
     for name in ("dmlab", "atari", "procgen"):
         cfg = PRESETS[name]
-        assert (cfg.learning_rate, cfg.batch_size, cfg.discount, cfg.grad_clip) == (
+        assert (
+            cfg.optim.learning_rate,
+            cfg.runtime.batch_size,
+            cfg.loss.discount,
+            cfg.optim.grad_clip,
+        ) == (
             6e-4,
             32,
             0.99,
             40.0,
         )
-        assert (cfg.baseline_cost, cfg.entropy_cost, cfg.rms_alpha, cfg.rms_eps) == (
+        assert (
+            cfg.loss.baseline_cost,
+            cfg.loss.entropy_cost,
+            cfg.optim.rms_alpha,
+            cfg.optim.rms_eps,
+        ) == (
             0.5,
             0.01,
             0.99,
             0.01,
         )
-    assert PRESETS["dmlab"].hidden_size == 512 and PRESETS["atari"].hidden_size == 256
+    assert PRESETS["dmlab"].model.hidden_size == 512 and PRESETS["atari"].model.hidden_size == 256
 
 
 def test_train_then_eval_writes_run_dir_and_eval_json(tmp_path, capsys):
@@ -109,7 +120,7 @@ def test_train_then_eval_writes_run_dir_and_eval_json(tmp_path, capsys):
     ):
         assert (out / name).is_file(), name
     meta = json.loads((out / "config.json").read_text())
-    assert meta["config"]["hidden_size"] == 8 and "git_revision" in meta
+    assert meta["config"]["model"]["hidden_size"] == 8 and "git_revision" in meta
     assert evaluate.main([str(out), "--sets", "3", "--episodes", "7", "--sampled"]) == 0
     result = json.loads((out / "eval.json").read_text())
     assert (result["sets"], result["episodes_per_set"], result["actions"]) == (3, 7, "sampled")
@@ -136,7 +147,7 @@ def test_eval_of_a_mismatched_checkpoint_exits_2(tmp_path):
     out = tmp_path / "run"
     assert train_cli.main([*TINY_ARGS, "--out-dir", str(out), "--no-eval-at-end"]) == 0
     meta = json.loads((out / "config.json").read_text())
-    meta["config"]["hidden_size"] = 9
+    meta["config"]["model"]["hidden_size"] = 9
     (out / "config.json").write_text(json.dumps(meta))
     assert evaluate.main([str(out)]) == 2
     assert not (out / "eval.json").exists()

@@ -18,9 +18,9 @@ from r2ac.cli import main
 from r2ac.rl.actor import Actor
 from r2ac.rl.build import agent_for_env, make_env
 from r2ac.rl.learner import Learner
-from r2ac.rl.runtime import segment_to, to_cpu
-from r2ac.rl.runtime_serial import SerialRuntime
-from r2ac.rtrl.deferred import CarriedBuffer
+from r2ac.rl.runtimes.base import segment_to, to_cpu
+from r2ac.rl.runtimes.serial import SerialRuntime
+from r2ac.rtrl.elstm.deferred import CarriedBuffer
 
 from .rl_helpers import tiny
 
@@ -52,7 +52,7 @@ def _segment(core="elstm-rtrl", dtype=torch.float32, segments=2):
     env = make_env(cfg, 3, seed=5)
     torch.manual_seed(0)
     agent = agent_for_env(cfg, env, dtype=dtype)
-    actor = Actor(agent, env, seed=5, unroll_length=cfg.unroll_length)
+    actor = Actor(agent, env, seed=5, unroll_length=cfg.loss.unroll_length)
     for _ in range(segments):  # from the second on, the start state carries sensitivities
         seg, _ = actor.collect()
     return cfg, agent, seg
@@ -117,9 +117,9 @@ def test_the_first_update_gradient_on_cuda_equals_the_cpu_one(core):
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("runtime", ["serial", "parallel"])
 def test_training_on_cuda_updates_and_checkpoints_cpu_tensors(tmp_path, runtime):
-    from r2ac.rl import checkpoint
     from r2ac.rl.run_dir import RunDir
     from r2ac.rl.train_cli import make_runtime
+    from r2ac.runs import checkpoint
 
     cfg = tiny(device="cuda", runtime=runtime, num_actors=2, total_frames=4 * 3 * 6)
     run = RunDir.create(tmp_path / "run", cfg)

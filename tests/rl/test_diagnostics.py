@@ -27,10 +27,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def _third_segment(core: str, dtype=torch.float64, **kw):
     """An agent, its learner and an actor's third segment (sensitivities carried over two)."""
     cfg = tiny(core=core, **kw)
-    env = make_env(cfg, cfg.num_envs, actor_seed(cfg.seed, 0))
+    env = make_env(cfg, cfg.runtime.num_envs, actor_seed(cfg.run.seed, 0))
     torch.manual_seed(0)
     agent = agent_for_env(cfg, env, dtype)
-    actor = Actor(agent, env, actor_seed(cfg.seed, 0), cfg.unroll_length)
+    actor = Actor(agent, env, actor_seed(cfg.run.seed, 0), cfg.loss.unroll_length)
     for _ in range(2):
         actor.collect()
     seg, _ = actor.collect()
@@ -120,8 +120,8 @@ def test_without_history_leaves_light_states_alone():
     assert without_history(light) is light
 
 
-def test_diagnose_run_script_on_a_checkpoint(tmp_path):
-    """The script reads a real run's checkpoint and prints both reports (a tiny run)."""
+def test_diagnose_command_on_a_checkpoint(tmp_path):
+    """`r2ac diagnose` reads a real run's checkpoint and prints both reports (a tiny run)."""
     out = tmp_path / "run"
     train = [
         sys.executable,
@@ -151,9 +151,9 @@ def test_diagnose_run_script_on_a_checkpoint(tmp_path):
         "--no-progress",
     ]
     subprocess.run(train, check=True, cwd=ROOT, capture_output=True, timeout=300)
-    script = ROOT / "scripts" / "diagnose_run.py"
+    diagnose = [sys.executable, "-m", "r2ac.cli", "diagnose"]
     result = subprocess.run(
-        [sys.executable, str(script), str(out), "--batches", "30", "--grad-batches", "2"],
+        [*diagnose, str(out), "--batches", "30", "--grad-batches", "2"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -163,7 +163,7 @@ def test_diagnose_run_script_on_a_checkpoint(tmp_path):
     assert "mean value" in result.stdout and "core.b_z" in result.stdout
     assert "policy" in result.stdout.split("by loss term")[1]
     missing = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "nowhere")],
+        [*diagnose, str(tmp_path / "nowhere")],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""r2ac.rl.learner_carry: an actor that carries only the light state, and a learner that
+"""r2ac.rl.runtimes.learner_carry: an actor that carries only the light state, and a learner that
 carries the sensitivities, give the same start states (float64, 1e-10) and gradients as an
 actor that carries everything, over segments with episode resets inside them; restarts and
 gaps start from zero sensitivities."""
@@ -15,7 +15,7 @@ from r2ac.rl.actor import Actor
 from r2ac.rl.build import agent_for_env, make_env
 from r2ac.rl.config import learner_carries, validate
 from r2ac.rl.learner import Learner
-from r2ac.rl.learner_carry import LearnerCarry
+from r2ac.rl.runtimes.learner_carry import LearnerCarry
 
 from .rl_helpers import tiny
 

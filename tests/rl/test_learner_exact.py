@@ -39,7 +39,7 @@ def _run_learner(cfg):
 
 
 def _reference_agent(cfg, env_agent):
-    ref_cfg = cfg.__class__(**{**cfg.__dict__, "core": "elstm-bptt"})
+    ref_cfg = cfg.updated(core="elstm-bptt")
     env = make_env(ref_cfg, B, seed=7)
     ref = agent_for_env(ref_cfg, env, dtype=torch.float64)
     ref.load_state_dict(env_agent.state_dict())
@@ -47,9 +47,9 @@ def _reference_agent(cfg, env_agent):
 
 
 def _losses(cfg, logits, values, seg):
-    return segment_losses(logits, values, seg, cfg.discount, cfg.baseline_cost, cfg.entropy_cost)[
-        "loss"
-    ]
+    return segment_losses(
+        logits, values, seg, cfg.loss.discount, cfg.loss.baseline_cost, cfg.loss.entropy_cost
+    )["loss"]
 
 
 def _full_bptt(cfg, ref, segments):
@@ -169,7 +169,7 @@ def test_reward_scale_scales_the_value_targets():
     seg, s = segments[-1], 0.01
     with torch.no_grad():
         logits, values, _ = agent(seg.obs, seg.last_reward, seg.reset, seg.state, carry=False)
-    args = (cfg.discount, cfg.baseline_cost, cfg.entropy_cost)
+    args = (cfg.loss.discount, cfg.loss.baseline_cost, cfg.loss.entropy_cost)
     plain = segment_losses(logits, values, seg, *args)
     scaled = segment_losses(logits, values * s, seg, *args, reward_scale=s)
     assert plain["pg_loss"].abs() > 1e-3 and plain["baseline_loss"] > 1e-3

@@ -24,7 +24,7 @@ RECURRENT = {"rtu": ["core.W1", "core.nu_log"], "lru": ["core.B_re", "core.nu_lo
 
 
 def _reference(cfg, agent, kind):
-    ref_cfg = cfg.__class__(**{**cfg.__dict__, "core": f"{kind}-bptt"})
+    ref_cfg = cfg.updated(core=f"{kind}-bptt")
     ref = agent_for_env(ref_cfg, make_env(ref_cfg, B, seed=7), dtype=torch.float64)
     ref.load_state_dict(agent.state_dict())
     return ref

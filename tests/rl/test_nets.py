@@ -6,14 +6,13 @@ import torch
 
 from r2ac.errors import ConfigError
 from r2ac.rl.nets import (
-    Feedforward,
-    FeedforwardState,
     ImpalaResNetStem,
     MLPStem,
     PolicyValueHeads,
     ShallowConvStem,
     make_stem,
 )
+from r2ac.rtrl.feedforward import Feedforward, FeedforwardState
 
 
 @pytest.mark.parametrize(

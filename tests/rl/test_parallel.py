@@ -8,7 +8,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from r2ac.rl.run_dir import RunDir, read_metrics
-from r2ac.rl.runtime_parallel import ParallelRuntime
+from r2ac.rl.runtimes.parallel import ParallelRuntime
 
 from .rl_helpers import tiny
 

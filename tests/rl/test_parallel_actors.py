@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from r2ac.rl.processes import WeightBoard
 from r2ac.rl.run_dir import RunDir
-from r2ac.rl.runtime import ActorError
-from r2ac.rl.runtime_parallel import ParallelRuntime
+from r2ac.rl.runtimes.base import ActorError
+from r2ac.rl.runtimes.parallel import ParallelRuntime
+from r2ac.rl.runtimes.processes import WeightBoard
 
 from . import faulty_actors
 from .rl_helpers import tiny

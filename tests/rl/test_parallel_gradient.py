@@ -1,6 +1,6 @@
 """Parallel runtime, lr 0: each update's gradient is the sum of the serial gradients of the
 segments it took, whether the actors carry the RTRL sensitivities (and ship them through
-shared memory) or the learner carries them (r2ac/rl/learner_carry.py). float32 (the
+shared memory) or the learner carries them (r2ac/rl/runtimes/learner_carry.py). float32 (the
 parallel runtime's dtype): the actors' carry is the serial one computed in another process
 and the learner's recomputes the stem over the segment in one batch; a batch of two
 segments sums in another order than two gradients: so float32 rounding, tolerance 1e-4 of
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from r2ac.rl.runtime_parallel import ParallelRuntime
+from r2ac.rl.runtimes.parallel import ParallelRuntime
 
 from .rl_helpers import record_gradients, segments_wanted, serial_grads, tiny
 

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from r2ac.rl.config import PRESETS, preset_overrides, preset_table, validate
+from r2ac.rl.config import validate
+from r2ac.rl.presets import PRESETS, preset_overrides, preset_table
 from r2ac.rl.train_cli import parse_config
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "rl.md"
@@ -38,7 +39,7 @@ def test_popgym_preset_is_the_measured_recipe():
         "advantage_norm": False,
     }
     chosen = PRESETS["popgym"]
-    assert {k: getattr(chosen, k) for k in pinned} == pinned
+    assert {k: chosen.flat()[k] for k in pinned} == pinned
 
 
 def test_defaults_are_task_neutral_and_the_delayed_cue_is_a_preset():
@@ -68,6 +69,6 @@ def test_train_help_lists_every_preset_with_its_values(argv, capsys):
         assert f" {name} {values}" in text, name
     chosen = PRESETS["popgym" if "popgym" in argv else "delayed-cue"]
     assert (
-        f"Segment length M: steps per segment, TD horizon, update period, TBPTT span. (default: {chosen.unroll_length})"
+        f"Segment length M: steps per segment, TD horizon, update period, TBPTT span. (default: {chosen.loss.unroll_length})"
         in text
     )

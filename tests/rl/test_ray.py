@@ -15,10 +15,10 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from r2ac.rl import runtime_ray  # noqa: E402
 from r2ac.rl.run_dir import RunDir, read_metrics  # noqa: E402
-from r2ac.rl.runtime import ActorError  # noqa: E402
-from r2ac.rl.runtime_ray import (  # noqa: E402
+from r2ac.rl.runtimes import ray as runtime_ray  # noqa: E402
+from r2ac.rl.runtimes.base import ActorError  # noqa: E402
+from r2ac.rl.runtimes.ray import (  # noqa: E402
     IN_FLIGHT,
     RayRuntime,
     init_local_ray,

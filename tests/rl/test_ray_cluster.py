@@ -13,7 +13,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from r2ac.rl.run_dir import RunDir, read_metrics  # noqa: E402
-from r2ac.rl.runtime_ray import RayRuntime, keep_sigterm_handler  # noqa: E402
+from r2ac.rl.runtimes.ray import RayRuntime, keep_sigterm_handler  # noqa: E402
 
 from .rl_helpers import tiny  # noqa: E402
 

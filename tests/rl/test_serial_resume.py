@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from r2ac.rl import checkpoint
-from r2ac.rl.runtime_serial import SerialRuntime
+from r2ac.rl.runtimes.serial import SerialRuntime
+from r2ac.runs import checkpoint
 
 from .rl_helpers import tiny
 

@@ -1,4 +1,4 @@
-"""r2ac.rl.wire: segments (with the eLSTM's sensitivities) as numpy trees and back, without
+"""r2ac.rl.runtimes.wire: segments (with the eLSTM's sensitivities) as numpy trees and back, without
 copies, in the dims order the actor had."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import pickle
 import torch
 from torch.utils import _pytree as pytree
 
-from r2ac.rl import wire
 from r2ac.rl.actor import Actor, Segment
 from r2ac.rl.build import agent_for_env, make_env
-from r2ac.rtrl.deferred import CarriedBuffer
+from r2ac.rl.runtimes import wire
+from r2ac.rtrl.elstm.deferred import CarriedBuffer
 
 from .rl_helpers import tiny
 
@@ -20,7 +20,7 @@ def _segment(core: str = "elstm-rtrl") -> Segment:
     cfg = tiny(core=core, env_options=("delay=8",))
     torch.manual_seed(0)
     env = make_env(cfg, 3, seed=1)
-    actor = Actor(agent_for_env(cfg, env), env, seed=1, unroll_length=cfg.unroll_length)
+    actor = Actor(agent_for_env(cfg, env), env, seed=1, unroll_length=cfg.loss.unroll_length)
     actor.collect()
     seg, _ = actor.collect()  # the second: its start state carries sensitivities
     return seg

@@ -1,4 +1,4 @@
-"""The in-place carry's bookkeeping lives on the state's buffers (r2ac.rtrl.deferred).
+"""The in-place carry's bookkeeping lives on the state's buffers (r2ac.rtrl.elstm.deferred).
 
 Dropped graphs and dropped states leave nothing behind; a consumed state is refused.
 """
@@ -16,7 +16,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from r2ac.rtrl import ELSTM, ConsumedStateError, ELSTMSensitivity
-from r2ac.rtrl.deferred import PendingCarry
+from r2ac.rtrl.elstm.deferred import PendingCarry
 from r2ac.rtrl.state import detach_state, select_streams
 
 from .common import F64
@@ -91,7 +91,7 @@ PROBE = textwrap.dedent(
     import torch
     torch.set_num_threads(1)
     from r2ac.rtrl import ELSTM
-    from r2ac.rtrl.deferred import PendingCarry
+    from r2ac.rtrl.elstm.deferred import PendingCarry
 
     def rss_mb():
         with open("/proc/self/statm") as fh:

@@ -5,7 +5,7 @@ import torch
 
 from r2ac.errors import ConfigError
 from r2ac.rtrl import ELSTM, ELSTMSensitivity, ELSTMState
-from r2ac.rtrl import elstm_math as em
+from r2ac.rtrl.elstm import math as em
 from r2ac.rtrl.gradcheck import (
     check_gradients,
     compare,

@@ -1,4 +1,4 @@
-"""eLSTM in-place carry (r2ac.rtrl.deferred): same numbers as the eager carry, and safe.
+"""eLSTM in-place carry (r2ac.rtrl.elstm.deferred): same numbers as the eager carry, and safe.
 
 The carry of a segment runs at the end of its backward, over the input state's buffers, when
 nothing else reads them; otherwise it runs out of place when the new state is first read.
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from r2ac.rtrl import ELSTM, ELSTMSensitivity, ELSTMState
-from r2ac.rtrl import elstm_math as em
-from r2ac.rtrl.deferred import ConsumedStateError
+from r2ac.rtrl.elstm import math as em
+from r2ac.rtrl.elstm.deferred import ConsumedStateError
 from r2ac.rtrl.gradcheck import make_problem, reference_gradients
 from r2ac.rtrl.reference import elstm_reference
 from r2ac.rtrl.state import select_streams

@@ -1,4 +1,4 @@
-"""The GPU carry's candidates and their selection (r2ac.rtrl.gpu_carry), checked on the CPU:
+"""The GPU carry's candidates and their selection (r2ac.rtrl.elstm.gpu_carry), checked on the CPU:
 the compiler's math and the Triton kernel (under triton's interpreter, where triton is
 installed) equal elstm_math's PyTorch path; a candidate that fails or disagrees is dropped
 with one warning and the PyTorch path runs. On CUDA, tests/gpu/ runs them for real."""
@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from r2ac.errors import ConfigError
-from r2ac.rtrl import elstm_math as em
-from r2ac.rtrl import gpu_carry as gc
+from r2ac.rtrl.elstm import carry_math as cm
+from r2ac.rtrl.elstm import gpu_carry as gc
+from r2ac.rtrl.elstm import math as em
 
 F32, F64 = torch.float32, torch.float64
 
@@ -58,8 +59,8 @@ def test_suffix_products_equal_carry_factors():
     a = torch.rand(6, 3, 4, dtype=F64)
     a[2, 1] = 0.0
     g, G = em.carry_factors(a)
-    torch.testing.assert_close(gc.suffix_products(a), g, rtol=1e-15, atol=0)
-    u, G2 = gc.carry_inputs(torch.ones_like(a), torch.ones_like(a), a)
+    torch.testing.assert_close(cm.suffix_products(a), g, rtol=1e-15, atol=0)
+    u, G2 = cm.carry_inputs(torch.ones_like(a), torch.ones_like(a), a)
     torch.testing.assert_close(G2, G, rtol=1e-15, atol=0)
     assert float(G2[1].abs().sum()) == 0.0 < float(G2[0].abs().min())  # stream 1 restarted
 
@@ -161,9 +162,9 @@ def test_the_cpu_keeps_its_path_and_selects_nothing():
 @pytest.mark.parametrize("shares", [1, 3])
 def test_the_triton_kernel_under_the_interpreter_equals_the_torch_path(monkeypatch, shares):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when the kernel is decorated
-    sys.modules.pop("r2ac.rtrl.gpu_triton", None)
+    sys.modules.pop("r2ac.rtrl.elstm.gpu_triton", None)
     try:
-        gt = importlib.import_module("r2ac.rtrl.gpu_triton")
+        gt = importlib.import_module("r2ac.rtrl.elstm.gpu_triton")
         monkeypatch.setattr(gt, "_stream_shares", lambda B, tiles, device: shares)
         for dtype, tol in ((F64, 1e-12), (F32, 1e-5)):
             args = operands(T=5, B=6, N=40, D=37, dtype=dtype)  # 2 x 2 tiles, both cut short
@@ -172,4 +173,4 @@ def test_the_triton_kernel_under_the_interpreter_equals_the_torch_path(monkeypat
                 err = gc.max_relative_error(results(op, fn, args), torch_results(op, args))
                 assert err < tol, (op, dtype, err)
     finally:
-        sys.modules.pop("r2ac.rtrl.gpu_triton", None)  # compiled kernels for later imports
+        sys.modules.pop("r2ac.rtrl.elstm.gpu_triton", None)  # compiled kernels for later imports

@@ -1,4 +1,4 @@
-"""The native eLSTM carry kernel (r2ac.rtrl.native): same numbers as the PyTorch path.
+"""The native eLSTM carry kernel (r2ac.rtrl.elstm.native): same numbers as the PyTorch path.
 
 It runs only in float32 on CPU, so it is checked three ways: against the PyTorch path on the
 same float32 operands (tight, rounding-level), against full BPTT in float64 through the layer
@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from r2ac.rtrl import ELSTM, native
-from r2ac.rtrl import elstm_math as em
+from r2ac.rtrl import ELSTM
+from r2ac.rtrl.elstm import math as em
+from r2ac.rtrl.elstm import native
 from r2ac.rtrl.gradcheck import compare, layer_gradients, make_problem, reference_gradients
 from r2ac.rtrl.reference import elstm_reference
 

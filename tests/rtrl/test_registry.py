@@ -6,7 +6,7 @@ from torch.utils import _pytree as pytree
 
 from r2ac.errors import ConfigError
 from r2ac.rtrl import CORES, core_names, make_core
-from r2ac.rtrl.deferred import ConsumedStateError
+from r2ac.rtrl.elstm.deferred import ConsumedStateError
 from r2ac.rtrl.gradcheck import compare, layer_gradients, make_problem, reference_gradients
 from r2ac.rtrl.reference import (
     elman_reference,
@@ -61,7 +61,7 @@ def test_names():
         "lru-rtrl",
         "lru-bptt",
     }
-    assert all(desc for _, desc in CORES.values())
+    assert all(spec.description for spec in CORES.values())
     with pytest.raises(ConfigError, match="unknown core 'gru-rtrl'"):
         make_core("gru-rtrl", D, N)
     with pytest.raises(ConfigError, match="must be positive"):
@@ -161,3 +161,11 @@ def test_float32_against_float64_reference(name):
     ref = reference_gradients(REFERENCES[kind], p64, prob64, truncated=rule == "bptt")
     err = compare({k: v.double() for k, v in grads.items()}, ref)
     assert err.max_rel_error < 1e-4, str(err)
+
+
+def test_the_memoryless_core_is_a_registry_row():
+    assert "feedforward" not in NAMES and "feedforward" in core_names(include_memoryless=True)
+    core = make_core("feedforward", D, N, dtype=F64)
+    x = torch.randn(3, 2, D, dtype=F64)
+    y, state = core(x, core.initial_state(2))
+    assert y.shape == (3, 2, N) and state == () and float(y.min()) >= 0.0

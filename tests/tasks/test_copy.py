@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from r2ac.errors import ConfigError
-from r2ac.rl import checkpoint as rl_checkpoint
+from r2ac.runs import checkpoint as rl_checkpoint
 from r2ac.tasks import copy as ct
 from r2ac.tasks import copy_cli
 

@@ -1,4 +1,4 @@
-"""The copy task (SPEC.md section 4; the paper's Sec. 4.1 and Appendix B.1), honestly scored.
+"""The copy task (docs/design.md, "The copy task"; the paper's Sec. 4.1 and Appendix B.1), honestly scored.
 
 A sequence with pattern length k (uniform in 1..l) has 2k steps: k random bits, then k blanks
 '#'. While reading the j-th blank (step k + j) the model must write bit j:

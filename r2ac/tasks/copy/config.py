@@ -96,7 +96,7 @@ class CopyConfig:
         if self.rule not in RULES:
             raise ConfigError(f"unknown --rule {self.rule!r}; choose one of {', '.join(RULES)}")
         if f"{self.core}-{self.rule}" not in CORES:
-            known = ", ".join(name for name in sorted(CORES) if name.rsplit("-", 1)[1] in RULES)
+            known = ", ".join(n for n in sorted(CORES) if CORES[n].rule in RULES)
             raise ConfigError(f"no core {self.core}-{self.rule}; --core/--rule pairs: {known}")
         if self.core != "elstm" and (self.chrono_init or self.fused_step):
             raise ConfigError("--chrono-init and --fused-step apply to the eLSTM core only")

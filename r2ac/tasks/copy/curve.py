@@ -7,7 +7,7 @@ import csv
 import io
 import os
 
-from r2ac.rl import checkpoint as rl_checkpoint
+from r2ac.runs import checkpoint
 
 CURVE_FIELDS = (
     "step",
@@ -28,7 +28,7 @@ def write_curve_csv(curve: list[dict[str, float]], path: str | os.PathLike) -> N
     writer = csv.DictWriter(text, fieldnames=CURVE_FIELDS, lineterminator="\n")
     writer.writeheader()
     writer.writerows(curve)
-    rl_checkpoint.write_atomic(text.getvalue().encode(), path)
+    checkpoint.write_atomic(text.getvalue().encode(), path)
 
 
 def read_curve_csv(path: str | os.PathLike) -> list[dict[str, float]]:

@@ -1,6 +1,6 @@
 """A copy run's checkpoint: what it holds, when it may be continued, how it is saved and read.
 
-The file is written by `r2ac.rl.checkpoint` (atomic, fsynced, checksummed, read back
+The file is written by `r2ac.runs.checkpoint` (atomic, fsynced, checksummed, read back
 weights-only): config, model, optimiser, the training data's generator and the `Progress`
 (curve, counters, and the training statistics since the last evaluation), so that a resumed
 run continues bit-identically, whether it was saved at an evaluation or on Ctrl-C between two.
@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from r2ac.errors import ConfigError
-from r2ac.rl import checkpoint as rl_checkpoint
+from r2ac.runs import checkpoint
 from r2ac.tasks.copy.config import CopyConfig
 from r2ac.tasks.copy.schedules import UpdateStats
 
@@ -78,7 +78,7 @@ def resume_mismatch(saved: dict, cfg: CopyConfig) -> list[str]:
 def checkpoint_config(path: str) -> dict | None:
     """The config dict stored in a copy-task checkpoint (None if it predates storing it)."""
     try:
-        saved = rl_checkpoint.load(path)
+        saved = checkpoint.load(path)
     except FileNotFoundError as exc:
         raise ConfigError(f"cannot read checkpoint {path}: {exc}") from exc
     if not isinstance(saved, dict):
@@ -108,13 +108,13 @@ def save(
         "generator": gen.get_state(),
         "progress": progress.to_dict(),
     }
-    rl_checkpoint.save_atomic(state, path)
+    checkpoint.save_atomic(state, path)
 
 
 def load(path: str, cfg: CopyConfig, model, optimizer, gen: torch.Generator, device) -> Progress:
     """Restore model, optimiser and generator from `path` (checked against `cfg`); the run's
     Progress. ConfigError for a foreign, damaged or code-carrying file."""
-    ck = rl_checkpoint.load(path, map_location=device)  # weights-only, checksum checked
+    ck = checkpoint.load(path, map_location=device)  # weights-only, checksum checked
     if not isinstance(ck, dict) or not {"model", "optimizer", "generator", "progress"} <= set(ck):
         raise ConfigError(f"{path}: not a copy-task checkpoint")
     check_resumable(ck.get("config"), cfg, path)

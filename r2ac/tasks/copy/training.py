@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from r2ac.rl.stop import StopRequest, TrainingInterrupted
+from r2ac.runs.stop import StopRequest, TrainingInterrupted
 from r2ac.tasks.copy import resume
 from r2ac.tasks.copy.config import DTYPES, CopyConfig
 from r2ac.tasks.copy.data import batch_to, make_batch, make_test_set

@@ -1,0 +1,167 @@
+"""Named configs: `r2ac train --preset NAME` takes one as its defaults, flags override it.
+
+Each preset gives only what its task needs beyond TrainConfig's task-neutral defaults, by
+flat option names; `preset_table()` is shown verbatim in docs/rl.md (a test keeps the two
+equal) and `preset_help()` in `r2ac train --help`.
+"""
+
+from __future__ import annotations
+
+from r2ac.errors import ConfigError
+from r2ac.rl.config import TrainConfig
+
+
+def _paper(**kw) -> TrainConfig:
+    """The paper's Table 3/4 values shared by its domains (docs/design.md)."""
+    base = dict(
+        forget_bias=None,
+        stem_features=256,
+        learning_rate=6e-4,
+        batch_size=32,
+        num_envs=8,
+        discount=0.99,
+        baseline_cost=0.5,
+        entropy_cost=0.01,
+        grad_clip=40.0,
+        runtime="parallel",
+        lr_decay=False,
+        num_threads=0,
+        freeze_stem=False,
+        checkpoint_every=1000,
+        log_every=20,
+    )
+    base.update(kw)
+    return TrainConfig.make(**base)
+
+
+PRESETS: dict[str, TrainConfig] = {
+    # The built-in delayed cue (docs/rl.md, "Presets"): a frozen random stem, a forget bias
+    # that keeps the cue for the 65-step episode (f = 0.989, f^64 = 0.5), lr 5e-3 decayed.
+    "delayed-cue": TrainConfig.make(
+        env="builtin/delayed-cue",
+        env_options=("delay=64",),
+        forget_bias=4.5,
+        freeze_stem=True,
+        learning_rate=5e-3,
+        lr_decay=True,
+        entropy_cost=0.003,
+    ),
+    "watermaze": TrainConfig.make(
+        env="builtin/watermaze",
+        env_options=(),
+        hidden_size=128,
+        stem_features=64,
+        unroll_length=20,
+        total_frames=5_000_000,
+        learning_rate=2e-3,
+        forget_bias=3.0,
+        entropy_cost=0.01,
+        freeze_stem=True,
+        lr_decay=True,
+    ),
+    # POPGym (Morad et al. 2023): card games and CartPoles with returns in [-1, 1] and
+    # per-step rewards of 1/51 .. 1/200. Measured on RepeatFirstEasy and RepeatPreviousEasy
+    # (docs/results.md, "POPGym"): the actor needs rewards of about +-1 per step (x50) to
+    # learn at all; the critic then needs PopArt's normalisation, or its error spikes
+    # (baseline loss up to 1e5) wreck the shared core; dividing the advantages by PopArt's
+    # sigma too keeps the policy's entropy up (with the critic alone normalised the policy
+    # collapsed on RepeatPrevious within 50 k frames); a shared 128-wide ReLU layer before
+    # the heads (as POPGym's baselines decode memory); the previous action marks an
+    # episode's first step and disambiguates observations; the warm-up tames RMSProp's
+    # first, 10x-too-large steps; the linear decay keeps a learned policy; a trainable stem.
+    # The sigma floor: RTRL's critic learns the episode clock, so its PopArt sigma stays at
+    # 2-8 (TBPTT's 13-22) and the advantages get 3-7x TBPTT's weight; RepeatPrevious then
+    # stalled in 1 of 3 seeds. Dividing the advantages by max(sigma, 15) solved 3 of 3.
+    "popgym": TrainConfig.make(
+        env="gym/popgym-RepeatFirstEasy-v0",
+        env_options=(),
+        hidden_size=128,
+        forget_bias=None,
+        freeze_stem=False,
+        unroll_length=4,
+        total_frames=1_000_000,
+        learning_rate=2e-3,
+        lr_decay=True,
+        lr_warmup_updates=200,
+        entropy_cost=0.01,
+        reward_scale=50.0,
+        prev_action=True,
+        popart=True,
+        popart_advantages=True,
+        popart_sigma_floor=15.0,
+        head_hidden=128,
+        eval_sets=3,
+        eval_episodes=100,
+    ),
+    "dmlab": _paper(
+        env="dmlab/rooms_watermaze",
+        env_options=(),
+        hidden_size=512,
+        unroll_length=100,
+        total_frames=30_000_000,
+        eval_sets=3,
+        eval_episodes=100,
+    ),
+    "atari": _paper(
+        env="atari/Breakout",
+        env_options=(),
+        hidden_size=256,
+        unroll_length=50,
+        total_frames=200_000_000,
+        eval_sets=5,
+        eval_episodes=30,
+    ),
+    "procgen": _paper(
+        env="procgen/chaser",
+        env_options=(),
+        hidden_size=256,
+        unroll_length=50,
+        total_frames=200_000_000,
+        eval_sets=3,
+        eval_episodes=100,
+    ),
+}
+
+
+def preset(name: str) -> TrainConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def preset_overrides(name: str) -> dict:
+    """The fields in which preset `name` differs from TrainConfig's defaults."""
+    base, chosen = TrainConfig().flat(), preset(name).flat()
+    return {k: v for k, v in chosen.items() if v != base[k]}
+
+
+def preset_table() -> str:
+    """Markdown table of every preset's values that differ from the defaults (docs/rl.md
+    shows it verbatim; a test keeps the two equal)."""
+    lines = ["| preset | values (beyond TrainConfig's defaults) |", "|---|---|"]
+    for name in PRESETS:
+        values = ", ".join(f"`{k}={v}`" for k, v in preset_overrides(name).items())
+        lines.append(f"| {name} | {values or '(the defaults)'} |")
+    return "\n".join(lines)
+
+
+def preset_help(width: int = 100) -> str:
+    """The presets as `r2ac train --help` lists them: each name and its values beyond
+    TrainConfig's defaults (the same values as preset_table), wrapped to `width`."""
+    import textwrap
+
+    pad = max(len(name) for name in PRESETS) + 4
+    lines = ["Presets (--preset NAME; its values beyond TrainConfig's defaults, then flags):"]
+    for name in PRESETS:
+        values = ", ".join(f"{k}={v}" for k, v in preset_overrides(name).items())
+        lines += textwrap.wrap(
+            values or "(the defaults)",
+            width,
+            initial_indent=f"  {name:<{pad - 2}}",
+            subsequent_indent=" " * pad,
+            break_on_hyphens=False,
+        )
+    return "\n".join(lines)
+
+
+__all__ = ["PRESETS", "preset", "preset_table", "preset_help"]

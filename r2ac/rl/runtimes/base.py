@@ -1,0 +1,272 @@
+"""The runtime base: one training loop, restore, checkpointing, logging and shutdown.
+
+A runtime turns a TrainConfig (and a RunDir) into a trained agent. `Runtime` owns what every
+runtime does the same way; a subclass says only how segments arrive and how weights leave.
+
+What the base owns
+------------------
+- seeding (`seed_everything(cfg.run.seed)`) and the learner's torch threads, in `__init__`;
+- the learner's agent on `cfg.runtime.device` and its `Learner` (optimiser, schedule), set up by
+  `self.set_agent(agent)`, which the subclass calls once with a CPU agent it built;
+- `restore(payload)` (weights, optimiser, counters, then the subclass's part),
+  `checkpoint(tracker)` (one payload, every tensor on the CPU), `train()` (the loop below),
+  the clean stop on SIGINT / SIGTERM (finish the update, checkpoint, raise
+  TrainingInterrupted), the Tracker (metrics.csv, TensorBoard, progress) and the call of
+  `close()` on every way out;
+- `self.version`: the number of weight versions published in this process (0 before the
+  first update; +1 after each update, before `publish_weights`). Policy lag is measured in
+  these versions.
+
+The loop (`train`)::
+
+    start()
+    until the run is done:
+        batch = next_batch()                          # Batch(segment, episodes, policy_lag)
+        metrics = learner.update(segment_to(batch.segment, device))
+        version += 1; publish_weights()
+        tracker.record(..., metrics | extra_metrics(), policy_lag=batch.policy_lag)
+                                                      # metrics: losses, learner_ms, CUDA peak
+        checkpoint every cfg.run.checkpoint_every updates, at the end and on a stop request
+    close()                                           # always, also on errors and signals
+
+The interface of a subclass
+---------------------------
+    name: str                         "serial", "parallel", "ray": written into checkpoints
+    __init__(cfg, run=None)           call super().__init__(cfg, run), build a CPU agent
+                                      (torch's global RNG is seeded), call set_agent(agent)
+    next_batch() -> Batch             required: the next batch of `cfg.segments_per_batch`
+                                      segments joined along B (`cat_segments`), on the CPU
+                                      or already on `self.device`; the episodes that ended in
+                                      them; the mean policy lag of its segments (in versions)
+    publish_weights() -> None         required: make `self.agent`'s weights (on `self.device`)
+                                      visible to the actors, as CPU tensors
+                                      (`self.agent_state_cpu()` gives them); called after
+                                      each update and after a restore
+    start() -> None                   optional: start the actors (called once, inside the
+                                      stop guard, after `restore`, before the first batch)
+    runtime_state() -> dict           optional: extra checkpoint entries (e.g. actor states),
+                                      CPU tensors and plain data
+    restore_runtime_state(payload)    optional: read them back on `--resume`
+    extra_metrics() -> dict           optional: extra metrics.csv columns (e.g.
+                                      {"actor_restarts": n}; a new column also goes into
+                                      run_dir.COLUMNS)
+    close() -> None                   optional: stop every actor and free what they hold;
+                                      must be idempotent and must not wait without a timeout
+
+Errors: an actor that fails for good raises `ActorError` from `next_batch` (one line naming
+the actor; `.traceback` holds the actor's traceback when it raised); the loop writes a
+checkpoint of the last complete update and re-raises; `r2ac train` prints the traceback (if
+any) and the line, and exits 1.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree
+
+from r2ac.errors import ConfigError
+from r2ac.rl.actor import EpisodeLog, Segment
+from r2ac.rl.agent import Agent
+from r2ac.rl.build import seed_everything
+from r2ac.rl.config import TrainConfig, to_dict
+from r2ac.rl.learner import Learner
+from r2ac.rl.run_dir import RunDir
+from r2ac.rl.tracker import Tracker
+from r2ac.runs.stop import StopRequest, TrainingInterrupted
+
+
+class ActorError(RuntimeError):
+    """An actor failed for good: it raised, died past its restarts, or fell silent. The
+    message is one line naming it; `traceback` is the actor's own, when it raised."""
+
+    def __init__(self, message: str, traceback: str | None = None):
+        super().__init__(message)
+        self.traceback = traceback
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What a runtime hands the learner for one update."""
+
+    segment: Segment  # cfg.runtime.batch_size streams, joined along B
+    episodes: list[EpisodeLog]  # episodes that ended in these segments (for logging)
+    policy_lag: float  # mean over its segments of (learner version - version that acted)
+
+
+def rng_state() -> dict:
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),  # noqa: NPY002
+        "python": random.getstate(),
+    }
+
+
+def set_rng_state(saved: dict) -> None:
+    torch.set_rng_state(saved["torch"])
+    np.random.set_state(saved["numpy"])  # noqa: NPY002
+    random.setstate(saved["python"])
+
+
+def load_agent_weights(agent: torch.nn.Module, state_dict: dict, source) -> None:
+    try:
+        agent.load_state_dict(state_dict)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()
+        raise ConfigError(
+            f"{source}: checkpoint does not match the config: {' '.join(first[:3])[:400]}"
+        ) from exc
+
+
+def to_cpu(tree):
+    """Every tensor of a nested structure on the CPU (a checkpoint readable without a GPU)."""
+    return pytree.tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, tree)
+
+
+def segment_to(seg: Segment, device: torch.device) -> Segment:
+    """The segment with every tensor on `device`, its core start state (with the RTRL
+    sensitivities) included; the segment itself when it is there already."""
+    first = seg.obs
+    if first.device == device:
+        return seg
+    return pytree.tree_map(lambda t: None if t is None else t.to(device, non_blocking=True), seg)
+
+
+@torch.no_grad()
+def copy_weights(dst: torch.nn.Module, src: torch.nn.Module) -> None:
+    """dst's parameters and buffers := src's (across devices), in place."""
+    for d, s in zip(dst.state_dict().values(), src.state_dict().values(), strict=True):
+        d.copy_(s)
+
+
+class Runtime:
+    """The training loop and its bookkeeping; see the module docstring for the interface."""
+
+    name = "base"
+    # On the CPU the actors of one process may act with the learner's own modules; a test
+    # sets this False to run the separate-copy path a GPU learner takes.
+    share_agent_on_cpu = True
+
+    def __init__(self, cfg: TrainConfig, run: RunDir | None = None):
+        self.cfg, self.run = cfg, run
+        seed_everything(cfg.run.seed)
+        if cfg.runtime.num_threads:
+            torch.set_num_threads(cfg.runtime.num_threads)
+        self.device = torch.device(cfg.runtime.device)
+        self.saved_counters: dict | None = None
+        self.version = 0
+
+    # -- set up by the subclass
+
+    def set_agent(self, agent: Agent) -> Agent:
+        """The learner's agent (`agent` itself, or a copy on `self.device`) and its Learner;
+        returns the agent the actors of this process act with (on the CPU)."""
+        separate = self.device.type != "cpu" or not self.share_agent_on_cpu
+        self.agent = copy.deepcopy(agent).to(self.device) if separate else agent
+        self.learner = Learner(self.agent, self.cfg)
+        return agent
+
+    # -- the subclass's part (see the module docstring)
+
+    def start(self) -> None:
+        pass
+
+    def next_batch(self) -> Batch:
+        raise NotImplementedError
+
+    def publish_weights(self) -> None:
+        raise NotImplementedError
+
+    def runtime_state(self) -> dict:
+        return {}
+
+    def restore_runtime_state(self, payload: dict) -> None:
+        pass
+
+    def extra_metrics(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+    # -- owned by the base
+
+    def agent_state_cpu(self) -> dict[str, torch.Tensor]:
+        """The learner's weights as CPU tensors (the agent's own tensors on the CPU)."""
+        return {k: v.detach().cpu() for k, v in self.agent.state_dict().items()}
+
+    def cpu_agent(self) -> Agent:
+        """An agent on the CPU with the learner's current weights (for the evaluation)."""
+        return self.agent if self.device.type == "cpu" else copy.deepcopy(self.agent).cpu()
+
+    def restore(self, payload: dict) -> None:
+        source = self.run.path if self.run else "checkpoint"
+        load_agent_weights(self.agent, payload["agent"], source)
+        self.learner.load_state_dict(payload["learner"])  # optimiser state moves to the device
+        self.saved_counters = payload["counters"]
+        self.publish_weights()
+        self.restore_runtime_state(payload)
+
+    def checkpoint(self, tracker: Tracker) -> None:
+        if self.run is None:
+            return
+        tracker.flush()  # the rows up to this update are on disk before the checkpoint is
+        payload = {
+            "agent": self.agent_state_cpu(),
+            "learner": to_cpu(self.learner.state_dict()),
+            "rng": rng_state(),
+            "counters": tracker.state(),
+            "config": to_dict(self.cfg),
+            "runtime": self.name,
+            **self.runtime_state(),
+        }
+        self.run.save_checkpoint(payload)
+
+    def train(self) -> Tracker:
+        """Train to the end; on SIGINT/SIGTERM finish the update, checkpoint and raise
+        TrainingInterrupted; on an ActorError checkpoint the last update and re-raise."""
+        with StopRequest() as stop:  # first: a signal during the set-up waits for update 1
+            tracker = Tracker(self.cfg, self.run, self.saved_counters)
+            try:
+                self.start()
+                while not tracker.done:
+                    self._step(tracker, stop)
+            finally:
+                try:
+                    self.close()
+                finally:
+                    tracker.close()
+        return tracker
+
+    def _step(self, tracker: Tracker, stop: StopRequest) -> None:
+        """One update; a checkpoint when due, when stopping, or when an actor failed."""
+        try:
+            self._update(tracker)
+        except ActorError:
+            self.checkpoint(tracker)
+            raise
+        every = self.cfg.run.checkpoint_every
+        if tracker.update % every == 0 or tracker.done or stop.requested:
+            self.checkpoint(tracker)
+        if stop.requested:
+            raise TrainingInterrupted(stop.signum, tracker.update, self.run is not None)
+
+    def _update(self, tracker: Tracker) -> None:
+        """One batch, one learner update, the new weights published, one metrics record."""
+        batch = self.next_batch()
+        started = time.perf_counter()
+        metrics = self.learner.update(segment_to(batch.segment, self.device))
+        # float() of the losses inside update() waits for the device: this is its time too
+        metrics["learner_ms"] = 1e3 * (time.perf_counter() - started)
+        if self.device.type == "cuda":
+            metrics["learner_cuda_peak_mib"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        self.version += 1
+        self.publish_weights()
+        metrics.update(self.extra_metrics())
+        frames = self.cfg.loss.unroll_length * self.cfg.runtime.batch_size
+        tracker.record(frames, batch.episodes, metrics, policy_lag=batch.policy_lag)

@@ -1,0 +1,516 @@
+"""Ray runtime: Ray actors (here or on a cluster) collect segments; the learner batches them.
+
+A `Runtime` (r2ac/rl/runtimes/base.py owns the loop, checkpoints, logging and the clean stop);
+segments arrive through Ray's object store and weights leave by `ray.put`. Process model
+(Ray Core; docs/rl.md, "Runtimes" and "On a cluster"):
+
+- `num_actors` Ray actors (`num_cpus=1` each), each a `RayActor`: its own env batch, seeded
+  from the one seed and its index, a CPU copy of the agent and an `Actor` (the class the
+  serial runtime uses).
+- Weights leave the learner once per version as the state_dict's numpy arrays
+  (`PublishedWeights`): inside the segment requests when small (<= INLINE_WEIGHTS_BYTES,
+  sent with the call), else `ray.put` once and pulled by an actor (`ray.get`, zero-copy on
+  its node) at the start of a segment whose version differs from the one it holds.
+  Segments are requested with the newest published version.
+- Each actor has `IN_FLIGHT` requests queued (one running, one waiting), so it never waits
+  for the learner. Its `SegmentReady` (the segment and its start core state, packed as
+  numpy by r2ac.rl.runtimes.wire) travels through the object store. With `sensitivity_carry`
+  learner (the default here) the start state is light and the learner completes it with
+  the sensitivities it carries for that actor's streams (r2ac/rl/runtimes/learner_carry.py); with
+  `actor` it holds the actor's RTRL sensitivities (97% of a segment's bytes). The
+  learner takes the oldest ready ones, batch_size / num_envs per update, concatenates them
+  (the one copy), and requests the next segment from each actor it took one from.
+  Policy lag = learner version at the update - version that produced the segment.
+- Faults: Ray restarts an actor whose process died (`max_restarts`); its new process starts
+  its streams from a zero core state (and, once the learner has seen the restart, from
+  seeds of their own). The segments it was collecting are lost whole (nothing of a segment
+  leaves an actor before it is complete). The learner sees a restart as a new `instance` in
+  an actor's segments and counts it in metrics.csv (`actor_restarts`); more than
+  `max_actor_restarts` in all stop the run with an ActorError, and so does an exception
+  inside an actor (with the actor's traceback).
+
+Not deterministic (which actor's segment comes first is up to the scheduler). Checkpoints
+hold weights, optimiser, scheduler, counters and the restart count; on resume the actors
+restart their episodes from a zero core state. `close()` kills every actor and disconnects:
+a Ray started here (no `--ray-address`) is shut down with it; a cluster joined here keeps
+running, without this run's actors.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from torch.utils import _pytree as pytree
+
+from r2ac.environ import environ
+from r2ac.errors import ConfigError
+from r2ac.rl.actor import Actor, EpisodeLog, cat_segments
+from r2ac.rl.build import actor_seed, agent_for_env, make_env
+from r2ac.rl.config import TrainConfig, learner_carries
+from r2ac.rl.run_dir import RunDir
+from r2ac.rl.runtimes import wire
+from r2ac.rl.runtimes.base import ActorError, Batch, Runtime
+from r2ac.rl.runtimes.learner_carry import LearnerCarry
+
+log = logging.getLogger(__name__)
+
+RAY_OPTIONS = {"include_dashboard": False, "logging_level": logging.WARNING}
+IN_FLIGHT = 2  # segment requests queued per actor: one being collected, one waiting
+# Weights up to this size travel inside the requests: Ray sends task arguments up to 100 KiB
+# (its max_direct_call_object_size) with the call itself, while a `ray.put` into the
+# object store cost the learner ~19% of its time at 87 kB a version (py-spy, built-in
+# task); larger weights (image stems) are put once a version.
+INLINE_WEIGHTS_BYTES = 90 * 1024
+WAIT_S = 0.2  # a wait for segments wakes up this often (to check actor_timeout_s)
+START_S = 300.0  # actors not all constructed after this long: stop with an error
+KILL_S = 30.0  # killed actors of a Ray left running must stop answering within this long
+
+
+# --- messages (frozen: what crosses a process boundary is never modified) --------------------
+
+
+@dataclass(frozen=True)
+class PublishedWeights:
+    """A weights version: small ones travel inside each request, larger ones sit in the
+    object store (`ray.put` once a version). The reference sits in a tuple so that Ray does
+    not fetch it with the request: an actor fetches it only when its version is new."""
+
+    version: int
+    refs: tuple[Any, ...] = ()  # (ObjectRef of the state_dict as numpy arrays,) or ()
+    arrays: dict[str, np.ndarray] | None = None  # the state_dict itself, when small
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        arrays = self.arrays if self.arrays is not None else ray.get(self.refs[0])
+        return state_dict_from_numpy(arrays)
+
+
+@dataclass(frozen=True)
+class SegmentRequest:
+    """Learner -> actor: collect one segment with these weights. `epoch` counts the deaths
+    of this actor the learner has seen; a higher one than the actor's restarts its streams
+    (with a seed of their own, so that a restarted actor does not replay its episodes)."""
+
+    weights: PublishedWeights
+    epoch: int
+
+
+@dataclass(frozen=True)
+class SegmentReady:
+    """Actor -> learner, through the object store: one whole segment."""
+
+    actor: int
+    instance: int  # random per actor process: a new one means Ray restarted the actor
+    epoch: int
+    seq: int  # segments collected by this actor since its streams (re)started: 1, 2, ...
+    version: int  # the weights version that acted
+    segment: Any  # a Segment packed by r2ac.rl.runtimes.wire (numpy arrays, start state included)
+    returns: tuple[float, ...]
+    lengths: tuple[int, ...]
+
+    def episodes(self) -> EpisodeLog:
+        return EpisodeLog(list(self.returns), list(self.lengths))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_CARETS = re.compile(r"^\s*\^+\s*$")
+
+
+def exception_line(trace: str) -> str:
+    """'Type: message' of a traceback, on one line (the lines after its last frame)."""
+    lines = trace.splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    after = lines[frames[-1] + 1 :] if frames else lines[-1:]
+    start = next((i for i, line in enumerate(after) if line and not line[0].isspace()), 0)
+    return " ".join(line.strip() for line in after[start:] if line.strip())
+
+
+def remote_traceback(exc: Exception) -> str:
+    """What Ray says of an exception inside an actor (the actor's process, its frames, the
+    exception), without terminal colours and Python's ^^^ markers."""
+    lines = _ANSI.sub("", str(exc)).rstrip().splitlines()
+    return "\n".join(line for line in lines if not _CARETS.match(line))
+
+
+# --- the actor ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ActorPlace:
+    """Where an actor runs: its Ray node, its process and that process's niceness."""
+
+    node: str
+    pid: int
+    niceness: int
+
+
+def streams_seed(seed: int, index: int, epoch: int) -> int:
+    """Seed of actor `index`'s streams after `epoch` deaths (epoch 0: the serial runtime's)."""
+    if epoch == 0:
+        return actor_seed(seed, index)
+    return int(np.random.SeedSequence([seed, index, epoch]).generate_state(1)[0] % 2**31)
+
+
+def state_dict_from_numpy(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    return {k: wire.unpack_tensor(wire.PackedTensor(v, None)) for k, v in arrays.items()}
+
+
+class RayActor:
+    """Body of one Ray actor: an env batch, a CPU agent copy and an `Actor` (made remote by
+    `RayRuntime`; a plain class, so that it can be tested without Ray)."""
+
+    def __init__(self, cfg: TrainConfig, index: int, dtype: torch.dtype = torch.float32):
+        torch.set_num_threads(1)
+        self.cfg, self.index, self.dtype = cfg, index, dtype
+        self.instance = secrets.randbits(62)
+        self.version, self.epoch = -1, -1
+        self._restart_streams(0)
+
+    def _restart_streams(self, epoch: int) -> None:
+        """A fresh env batch and zero core states (after a restart: new seeds)."""
+        cfg, seed = self.cfg, streams_seed(self.cfg.run.seed, self.index, epoch)
+        torch.manual_seed(seed)
+        if self.epoch >= 0:
+            self.env.close()
+        self.env = make_env(cfg, cfg.runtime.num_envs, seed)
+        if self.epoch < 0:
+            self.agent = agent_for_env(cfg, self.env, self.dtype, load_stem=False)
+        light = learner_carries(cfg)  # the learner carries the sensitivities
+        self.actor = Actor(
+            self.agent, self.env, seed, cfg.loss.unroll_length, sensitivities=not light
+        )
+        self.epoch, self.seq = epoch, 0
+
+    def where(self) -> ActorPlace:
+        return ActorPlace(ray.get_runtime_context().get_node_id(), os.getpid(), os.nice(0))
+
+    def collect(self, request: SegmentRequest) -> SegmentReady:
+        if request.epoch > self.epoch:
+            self._restart_streams(request.epoch)
+        weights = request.weights
+        if weights.version != self.version:
+            self.agent.load_state_dict(weights.state_dict())
+            self.version = weights.version
+        seg, episodes = self.actor.collect()
+        self.seq += 1
+        return SegmentReady(
+            actor=self.index,
+            instance=self.instance,
+            epoch=self.epoch,
+            seq=self.seq,
+            version=self.version,
+            segment=wire.pack(seg),
+            returns=tuple(episodes.returns),
+            lengths=tuple(episodes.lengths),
+        )
+
+
+# --- connecting to Ray -------------------------------------------------------------------------
+
+
+def connect(cfg: TrainConfig) -> bool:
+    """Start a local Ray (no address) or join a cluster; True if this call connected this
+    process (so close() disconnects it, which stops a Ray it started)."""
+    if ray.is_initialized():  # e.g. tests sharing one session: not ours to shut down
+        return False
+    with keep_sigterm_handler():
+        if cfg.runtime.ray_address is None:
+            t0 = time.perf_counter()
+            init_local_ray(cfg.actors)
+            seconds = time.perf_counter() - t0
+            log.info("ray: local Ray with %d CPUs started in %.1f s", cfg.actors, seconds)
+            return True
+        check_reachable(cfg.runtime.ray_address)
+        try:
+            ray.init(address=cfg.runtime.ray_address, **RAY_OPTIONS)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(
+                f"--ray-address {cfg.runtime.ray_address}: cannot join Ray: {first}"
+            ) from exc
+    return True
+
+
+def init_local_ray(num_cpus: int) -> None:
+    """Start a local Ray whose workers run at this process's niceness. Ray's raylet starts
+    workers at nice 15 by default (its `worker_niceness`), which suits helper tasks but not
+    actors that do most of a run's work: beside anything at nice 0 (the learner, another
+    job) they get a few percent of a core (measured: `import torch` 47 s instead of 1 s, an
+    actor at 1.3 k instead of 18 k frames/s on a box with two other jobs). A value the user
+    set in RAY_worker_niceness is kept."""
+    with environ(RAY_worker_niceness=os.environ.get("RAY_worker_niceness", str(os.nice(0)))):
+        ray.init(address="local", num_cpus=num_cpus, **RAY_OPTIONS)
+
+
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+    """ConfigError unless something listens at HOST:PORT (`ray.init` would retry for
+    minutes); `auto` is left to Ray, which fails at once when it finds no cluster."""
+    if address == "auto":
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); "
+            "start the head with `ray start --head`"
+        ) from None
+
+
+@contextmanager
+def keep_sigterm_handler() -> Iterator[None]:
+    """`ray.init` installs a SIGTERM handler (sys.exit) and leaves it after shutdown; the
+    process's own (r2ac.runs.stop's clean stop, or the default) is put back."""
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
+
+
+def check_cpus(needed: int) -> None:
+    cpus = ray.cluster_resources().get("CPU", 0)
+    if cpus < needed:
+        raise ConfigError(
+            f"the Ray cluster has {cpus:g} CPUs, {needed} actors need one each "
+            "(--num-actors, or add nodes with `ray start --address`)"
+        )
+
+
+@dataclass(frozen=True)
+class _Request:
+    """A segment request in flight."""
+
+    actor: int
+
+
+# --- the runtime -------------------------------------------------------------------------------
+
+
+class RayRuntime(Runtime):
+    """Segments arrive from Ray actors through the object store; weights leave by `ray.put`."""
+
+    name = "ray"
+
+    def __init__(
+        self, cfg: TrainConfig, run: RunDir | None = None, dtype: torch.dtype = torch.float32
+    ):
+        super().__init__(cfg, run)
+        self.dtype = dtype  # float64 only for the exactness tests
+        env = make_env(cfg, cfg.runtime.num_envs, actor_seed(cfg.run.seed, 0))
+        self.set_agent(agent_for_env(cfg, env, dtype))
+        env.close()
+        self.carry = LearnerCarry(self.agent) if learner_carries(cfg) else None
+        self.restarts, self.weights = 0, None
+        self.actors: list[Any] = []
+        self.pending: dict[Any, _Request] = {}  # ObjectRef -> request, oldest first
+        self.deaths = [0] * cfg.actors  # restarts seen per actor: the epoch of its streams
+        self.instances: list[int | None] = [None] * cfg.actors
+        self.connected = connect(cfg)
+        try:
+            check_cpus(cfg.actors)
+            self._make_actors()
+        except BaseException:
+            self.close()
+            raise
+
+    def _make_actors(self) -> None:
+        remote = ray.remote(
+            num_cpus=1, max_restarts=self.cfg.runtime.max_actor_restarts, max_task_retries=0
+        )(RayActor)
+        self.actors = [remote.remote(self.cfg, k, self.dtype) for k in range(self.cfg.actors)]
+        t0 = time.perf_counter()
+        try:
+            places = ray.get([a.where.remote() for a in self.actors], timeout=START_S)
+        except ray.exceptions.GetTimeoutError:
+            raise ActorError(
+                f"{len(self.actors)} Ray actors not running after {START_S:.0f} s "
+                "(`ray status` shows what the cluster is short of)"
+            ) from None
+        except ray.exceptions.RayActorError as exc:  # an exception in RayActor.__init__
+            trace = remote_traceback(exc)
+            raise ActorError(f"an actor failed to start: {exception_line(trace)}", trace) from None
+        log.info(
+            "ray: %d actors on %d node(s), up in %.1f s",
+            len(self.actors),
+            len({p.node for p in places}),
+            time.perf_counter() - t0,
+        )
+        mine = os.nice(0)
+        nicer = sorted({p.niceness for p in places if p.niceness > mine})
+        if nicer:
+            log.warning(
+                "ray: actors run at niceness %s, the learner at %d: anything else on their "
+                "nodes takes their CPU first (start the nodes with RAY_worker_niceness=%d, "
+                "e.g. `RAY_worker_niceness=0 ray start ...`)",
+                ", ".join(map(str, nicer)),
+                mine,
+                mine,
+            )
+
+    # -- weights out, segments in
+
+    def publish_weights(self) -> None:
+        arrays = {k: v.numpy() for k, v in self.agent_state_cpu().items()}
+        if sum(a.nbytes for a in arrays.values()) <= INLINE_WEIGHTS_BYTES:
+            # a copy: requests are pickled when sent, and the arrays may be the parameters
+            snapshot = {k: a.copy() for k, a in arrays.items()}
+            self.weights = PublishedWeights(self.version, arrays=snapshot)
+        else:
+            self.weights = PublishedWeights(self.version, refs=(ray.put(arrays),))
+
+    def start(self) -> None:
+        self.publish_weights()
+        for _ in range(IN_FLIGHT):
+            for k in range(len(self.actors)):
+                self._request(k)
+
+    def _request(self, k: int) -> None:
+        ref = self.actors[k].collect.remote(SegmentRequest(self.weights, self.deaths[k]))
+        self.pending[ref] = _Request(k)
+
+    def next_batch(self) -> Batch:
+        got = self._gather()
+        lag = sum(self.version - m.version for m in got) / len(got)
+        segs = [wire.unpack(m.segment) for m in got]
+        if self.carry is not None:  # in arrival order: each actor's segments come in order
+            segs = [self.carry.complete(m.actor, m.epoch, m.seq, s) for m, s in zip(got, segs)]
+        if len(segs) > 1:
+            segment = cat_segments(segs)  # the learner's own, writable copy
+        elif self.device.type == "cpu":  # the object store's arrays are read-only, and the
+            segment = _clone(segs[0])  # learner's RTRL carry writes the start state
+        else:
+            segment = segs[0]  # the move to the device copies it
+        if self.version == 0:
+            self._log_sizes(got[0])
+        return Batch(segment, [m.episodes() for m in got], lag)
+
+    def _log_sizes(self, first: SegmentReady) -> None:
+        total, state = wire.nbytes(first.segment), wire.nbytes(first.segment.state)
+        log.info(
+            "ray: %.0f kB a segment through the object store, %.0f kB of it the start state",
+            total / 1e3,
+            state / 1e3,
+        )
+
+    def _gather(self) -> list[SegmentReady]:
+        """batch_size / num_envs segments, oldest requests first."""
+        got: list[SegmentReady] = []
+        last = time.monotonic()
+        while len(got) < self.cfg.segments_per_batch:
+            for ref in self._ready(self.cfg.segments_per_batch - len(got)):
+                seg = self._receive(ref)
+                if seg is not None:
+                    got.append(seg)
+                    last = time.monotonic()
+            if time.monotonic() - last > self.cfg.runtime.actor_timeout_s:
+                raise ActorError(
+                    f"no segment from any of the {len(self.actors)} Ray actors in "
+                    f"{self.cfg.runtime.actor_timeout_s:g} s (actor_timeout_s)"
+                )
+        return got
+
+    def _ready(self, need: int) -> list:
+        """Up to `need` ready references, oldest requests first (none after WAIT_S)."""
+        pending = list(self.pending)
+        ready, _ = ray.wait(pending, num_returns=1, timeout=WAIT_S)
+        if not ready:
+            return []
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
+        ready = set(ready)
+        return [ref for ref in pending if ref in ready][:need]
+
+    def _receive(self, ref) -> SegmentReady | None:
+        """The segment behind a ready reference, or None if its actor died collecting it."""
+        k = self.pending.pop(ref).actor
+        try:
+            ready = ray.get(ref)
+        except ray.exceptions.RayTaskError as exc:
+            trace = remote_traceback(exc)
+            raise ActorError(f"actor {k} raised {exception_line(trace)}", trace) from None
+        except ray.exceptions.ActorDiedError as exc:  # Ray will not restart it
+            raise ActorError(
+                f"actor {k} died and Ray will not restart it (--max-actor-restarts "
+                f"{self.cfg.runtime.max_actor_restarts}): {type(exc).__name__}"
+            ) from None
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+            log.warning("ray: actor %d lost a segment (%s)", k, type(exc).__name__)
+            ready = None
+        if ready is not None and ready.instance != self.instances[k]:
+            self._restarted(k, ready.instance)
+        self._request(k)
+        return ready
+
+    def _restarted(self, k: int, instance: int) -> None:
+        """A new process behind actor k: after the first, a restart (its streams began anew)."""
+        if self.instances[k] is not None:
+            self.deaths[k] += 1
+            self.restarts += 1
+            log.warning("ray: actor %d was restarted (%d restarts in all)", k, self.restarts)
+            if self.restarts > self.cfg.runtime.max_actor_restarts:
+                raise ActorError(
+                    f"actor {k} died; {self.restarts} restarts in all, more than "
+                    f"--max-actor-restarts {self.cfg.runtime.max_actor_restarts}"
+                )
+        self.instances[k] = instance
+
+    # -- checkpoints, metrics, the end
+
+    def runtime_state(self) -> dict:
+        return {"actor_restarts": self.restarts}
+
+    def restore_runtime_state(self, payload: dict) -> None:
+        self.restarts = payload.get("actor_restarts", 0)
+        log.warning("ray runtime: resumed actors restart their episodes")
+
+    def extra_metrics(self) -> dict[str, float]:
+        return {"actor_restarts": self.restarts}
+
+    def actor_places(self) -> list[ActorPlace]:
+        """Where every actor runs now (a restarted actor has a new process)."""
+        return ray.get([a.where.remote() for a in self.actors], timeout=START_S)
+
+    def close(self) -> None:
+        """Stop every actor; disconnect from Ray, which stops a Ray this runtime started."""
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
+        if not self.connected:  # a Ray we leave running: return once its actors are gone
+            _wait_until_dead(self.actors, KILL_S)
+        self.actors, self.pending, self.weights = [], {}, None
+        if self.connected and ray.is_initialized():
+            ray.shutdown()
+        self.connected = False
+
+
+def _wait_until_dead(actors: list, timeout_s: float) -> None:
+    """`ray.kill` only starts a kill: a call right after it can still be answered (seen in
+    1 of 4 test runs). Poll each actor until its calls fail, or warn after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    for a in actors:
+        while time.monotonic() < deadline:
+            try:
+                ray.get(a.where.remote(), timeout=max(deadline - time.monotonic(), 0.01))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                break
+            time.sleep(0.05)
+        else:
+            log.warning("ray: an actor was still answering %.0f s after ray.kill", timeout_s)
+            return
+
+
+def _clone(tree):
+    return pytree.tree_map(lambda t: None if t is None else t.clone(), tree)

@@ -1,0 +1,58 @@
+"""Serial runtime: actors and the learner alternate in one process; deterministic for a seed.
+
+`batch_size / num_envs` actors (each with its own env batch, seeded from the one seed and
+its index) collect one segment each with the current weights; the learner updates on their
+concatenation. Checkpoints hold everything needed for a bit-identical resume: weights,
+optimiser, scheduler, RNG states, env states (built-in envs), the actors' carried core
+states, last observations / rewards / reset flags, and the counters.
+
+Segments arrive as a list (`Actor.collect` in turn); weights leave by sharing: on the CPU
+the actors act with the learner's own modules, and with `--device cuda` with a CPU copy
+that `publish_weights` refreshes after each update.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from r2ac.rl.actor import Actor, cat_segments
+from r2ac.rl.build import actor_seed, agent_for_env, make_env
+from r2ac.rl.config import TrainConfig
+from r2ac.rl.run_dir import RunDir
+from r2ac.rl.runtimes.base import Batch, Runtime, copy_weights, set_rng_state
+
+log = logging.getLogger(__name__)
+
+
+class SerialRuntime(Runtime):
+    name = "serial"
+
+    def __init__(self, cfg: TrainConfig, run: RunDir | None = None):
+        super().__init__(cfg, run)
+        seeds = [actor_seed(cfg.run.seed, i) for i in range(cfg.segments_per_batch)]
+        envs = [make_env(cfg, cfg.runtime.num_envs, s) for s in seeds]
+        acting = agent_for_env(cfg, envs[0])
+        self.actors = [Actor(acting, env, s, cfg.loss.unroll_length) for env, s in zip(envs, seeds)]
+        self.acting_agent = self.set_agent(acting)
+
+    def next_batch(self) -> Batch:
+        results = [actor.collect() for actor in self.actors]
+        segment = cat_segments([seg for seg, _ in results])
+        return Batch(segment, [ep for _, ep in results], policy_lag=0.0)
+
+    def publish_weights(self) -> None:
+        if self.acting_agent is not self.agent:
+            copy_weights(self.acting_agent, self.agent)
+
+    def runtime_state(self) -> dict:
+        return {"actors": [a.get_state() for a in self.actors]}
+
+    def restore_runtime_state(self, payload: dict) -> None:
+        set_rng_state(payload["rng"])
+        exact = [a.set_state(s) for a, s in zip(self.actors, payload["actors"])]
+        if not all(exact):
+            log.warning("env %s has no get_state: resumed runs restart episodes", self.cfg.env.id)
+
+    def close(self) -> None:
+        for actor in self.actors:
+            actor.env.close()

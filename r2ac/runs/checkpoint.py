@@ -1,0 +1,352 @@
+"""Crash-safe, checksummed, weights-only checkpoint files.
+
+A checkpoint file is two header lines and a ``torch.save`` body::
+
+    R2AC-CHECKPOINT 1
+    sha256 <hex digest of the body> <body length in bytes>
+    <torch.save bytes>
+
+``save_atomic`` writes it to a temporary file in the target's directory, flushes and fsyncs
+it, then renames it over the target with ``os.replace``: a crash at any point leaves either
+the previous file or the new one, never a partial file, and the checksum travels with the
+data it covers. ``load`` checks the digest before unpickling anything and then unpickles
+with ``weights_only=True``, so a checkpoint can hold data only, never code: a garbled or
+truncated file is refused with one line naming it, and so is a pickled callable.
+
+The body holds tensors, plain containers and Python scalars only. Values that torch's
+weights-only unpickler refuses are encoded on save and decoded on load: numpy arrays and
+scalars (env and RNG states) as tensors, and NamedTuples (core states) as tagged dicts whose
+class is looked up in an allow-list: NamedTuple classes defined in ``r2ac.*`` modules.
+
+Files written before this format (a bare ``torch.save``) still load if they are
+weights-only (e.g. an old ``agent.pt``), without a checksum. Old training checkpoints hold
+numpy arrays and NamedTuples and are refused with a one-line message saying how to convert
+them: ``python -m r2ac.runs.checkpoint convert FILE`` (for files you trust: it unpickles them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import io
+import logging
+import os
+import pickle
+import sys
+import tempfile
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from r2ac.errors import ConfigError
+from r2ac.flat import FlatTensors
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"R2AC-CHECKPOINT 1\n"
+TAG = "__r2ac_encoded__"
+ALLOWED_MODULE_PREFIX = "r2ac."
+CONVERT_HINT = "python -m r2ac.runs.checkpoint convert"
+TEMP_SUFFIX = ".tmp"
+# Modules that moved: the class names stored in files written before the move still load.
+MOVED_MODULES = {
+    "r2ac.rtrl.elstm_math": "r2ac.rtrl.elstm.math",
+    "r2ac.rtrl.elstm": "r2ac.rtrl.elstm.layer",
+    "r2ac.rtrl.deferred": "r2ac.rtrl.elstm.deferred",
+    "r2ac.rl.processes": "r2ac.rl.runtimes.processes",
+    "r2ac.rl.wire": "r2ac.rl.runtimes.wire",
+}
+MOVED_TYPES = {"r2ac.rl.nets:FeedforwardState": "r2ac.rtrl.feedforward:FeedforwardState"}
+
+
+class CheckpointError(ConfigError):
+    """A file that is not a readable, intact, data-only checkpoint (exit code 2 at the CLI)."""
+
+
+# --- encoding of the values torch's weights-only unpickler refuses ---------------------------
+
+
+def encode(obj: Any) -> Any:
+    """``obj`` with numpy values and NamedTuples replaced by tensors and tagged dicts."""
+    if isinstance(obj, np.generic):  # first: np.float64 is also a Python float
+        return {TAG: "npscalar", "data": torch.from_numpy(np.asarray(obj).copy())}
+    if (
+        isinstance(obj, torch.Tensor)
+        or obj is None
+        or isinstance(obj, (bool, int, float, str, bytes))
+    ):
+        return obj
+    if isinstance(obj, (torch.dtype, torch.device, torch.Size)):
+        return obj
+    if isinstance(obj, np.ndarray):
+        return {TAG: "ndarray", "data": torch.from_numpy(np.ascontiguousarray(obj).copy())}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        cls = type(obj)
+        return {
+            TAG: "namedtuple",
+            "type": f"{cls.__module__}:{cls.__qualname__}",
+            "fields": [encode(v) for v in obj],
+        }
+    if isinstance(obj, FlatTensors):  # e.g. the eLSTM's sensitivities (reading runs its carry)
+        cls = type(obj)
+        return {
+            TAG: "carried",
+            "type": f"{cls.__module__}:{cls.__qualname__}",
+            "fields": [encode(v) for v in obj.tensors()],
+        }
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(encode(v) for v in obj)
+    if isinstance(obj, dict):
+        return _encode_dict(obj)
+    raise TypeError(f"checkpoint: cannot store a {type(obj).__qualname__} (data only)")
+
+
+def _encode_dict(obj: dict) -> dict:
+    out = OrderedDict() if isinstance(obj, OrderedDict) else {}
+    for key, value in obj.items():
+        out[key] = encode(value)
+    metadata = getattr(obj, "_metadata", None)  # a module state_dict's version info
+    if metadata is not None:
+        out._metadata = metadata  # type: ignore[attr-defined]
+    return out
+
+
+def _allowed_namedtuple(name: str, base: type = tuple) -> type:
+    """The NamedTuple (or `base`) class `module:qualname`, if it is one of the project's own;
+    else refuse."""
+    module, _, qualname = MOVED_TYPES.get(name, name).partition(":")
+    module = MOVED_MODULES.get(module, module)
+    if not module.startswith(ALLOWED_MODULE_PREFIX):
+        raise CheckpointError(f"refused type {name!r} (only r2ac NamedTuples are allowed)")
+    try:
+        cls: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+    except (ImportError, AttributeError) as exc:
+        raise CheckpointError(f"unknown type {name!r} in checkpoint") from exc
+    if base is not tuple:
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise CheckpointError(f"refused type {name!r} (not a {base.__name__})")
+        return cls
+    if not (isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")):
+        raise CheckpointError(f"refused type {name!r} (not a NamedTuple)")
+    return cls
+
+
+def decode(obj: Any) -> Any:
+    """Inverse of ``encode``."""
+    if isinstance(obj, dict):
+        kind = obj.get(TAG) if all(isinstance(k, str) for k in obj) else None
+        if kind == "ndarray":
+            return obj["data"].numpy()
+        if kind == "npscalar":
+            return obj["data"].numpy()[()]
+        if kind == "namedtuple":
+            return _allowed_namedtuple(obj["type"])(*(decode(v) for v in obj["fields"]))
+        if kind == "carried":
+            cls = _allowed_namedtuple(obj["type"], base=FlatTensors)
+            return cls.from_tensors(*(decode(v) for v in obj["fields"]))
+        out = OrderedDict() if isinstance(obj, OrderedDict) else {}
+        for key, value in obj.items():
+            out[key] = decode(value)
+        if getattr(obj, "_metadata", None) is not None:
+            out._metadata = obj._metadata  # type: ignore[attr-defined]
+        return out
+    if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Size):
+        return type(obj)(decode(v) for v in obj)
+    return obj
+
+
+# --- file format -------------------------------------------------------------------------------
+
+
+def to_parts(obj: Any) -> tuple[bytes, memoryview]:
+    """The file as (header lines with the body's SHA-256, the torch.save body); two parts,
+    so that a large checkpoint is not copied once more to join them."""
+    buffer = io.BytesIO()
+    torch.save(encode(obj), buffer)
+    body = buffer.getbuffer()
+    digest = hashlib.sha256(body).hexdigest()
+    return MAGIC + f"sha256 {digest} {len(body)}\n".encode(), body
+
+
+def _read_checked(f, path: Path) -> bytes:
+    """The body of a file in the checksummed format (`f` after MAGIC), after checking its
+    length and digest."""
+    fields = f.readline(200).split()
+    if len(fields) != 3 or fields[0] != b"sha256" or not fields[2].isdigit():
+        raise CheckpointError(f"{path}: damaged checkpoint header; the file cannot be used")
+    body = f.read()
+    if len(body) != int(fields[2]):
+        what = "truncated" if len(body) < int(fields[2]) else "damaged"
+        raise CheckpointError(
+            f"{path}: {what} checkpoint ({len(body)} bytes, the header says "
+            f"{int(fields[2])}); the file cannot be used"
+        )
+    if hashlib.sha256(body).hexdigest() != fields[1].decode():
+        raise CheckpointError(f"{path}: checksum mismatch (the file is corrupted); refusing it")
+    return body
+
+
+def _unpickle(source, path: Path, map_location, legacy: bool) -> Any:
+    try:
+        return torch.load(source, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if legacy:
+            raise CheckpointError(
+                f"{path}: refused: the file holds objects other than data (an old checkpoint of "
+                f"this project, or one that could run code); if you trust it, convert it with "
+                f"`{CONVERT_HINT} {path}`"
+            ) from exc
+        raise CheckpointError(
+            f"{path}: refused: the checkpoint holds objects other than data (it could run code)"
+        ) from exc
+    except Exception as exc:  # noqa: BLE001  (torch raises many kinds for a foreign file)
+        raise CheckpointError(
+            f"{path}: not a checkpoint, or a truncated one "
+            f"({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})"
+        ) from exc
+
+
+def load(path: str | os.PathLike, map_location: str | torch.device | None = "cpu") -> Any:
+    """A checkpoint written by ``save_atomic``: digest checked, weights-only, decoded.
+
+    Raises FileNotFoundError for a missing file and CheckpointError (a ConfigError) for a
+    corrupted, truncated, foreign or code-carrying one. A bare ``torch.save`` file of data
+    only (an old ``agent.pt``, a pre-trained state_dict) loads without a checksum.
+    """
+    path = Path(path)
+    with path.open("rb") as f:
+        if f.read(len(MAGIC)) == MAGIC:
+            body = _read_checked(f, path)
+            return decode(_unpickle(io.BytesIO(body), path, map_location, False))
+        f.seek(0)
+        data = f.read()
+    obj = _unpickle(io.BytesIO(data), path, map_location, True)
+    log.warning(
+        "%s has no checksum (written by an older version); `%s %s` adds one",
+        path,
+        CONVERT_HINT,
+        path,
+    )
+    return obj
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Persist the rename itself (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(data: bytes | tuple, path: str | os.PathLike) -> Path:
+    """Write ``data`` (bytes, or a tuple of bytes-like parts written in turn) to ``path``
+    atomically (temp file, fsync, rename); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for part in data if isinstance(data, tuple) else (data,):
+                f.write(part)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+    return path
+
+
+def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
+    """Save ``obj`` (data only) to ``path`` in the checksummed format, atomically."""
+    return write_atomic(to_parts(obj), path)
+
+
+def remove_stale_temps(directory: str | os.PathLike) -> list[Path]:
+    """Delete the temp files of writes killed mid-way (``.NAME.*.tmp``); returns them.
+
+    Call only while holding the directory's lock: a live writer's temp file looks the same.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    stale = [p for p in directory.glob(".*" + TEMP_SUFFIX) if p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
+LOCK_NAME = ".lock"
+
+
+def lock_directory(directory: str | os.PathLike) -> int:
+    """Hold an exclusive lock on ``directory/.lock`` for the life of this process (or until
+    ``os.close`` of the returned descriptor); ConfigError if another process holds it.
+
+    ``fcntl.flock`` locks die with their process, so a killed run never leaves a stale lock.
+    """
+    import fcntl
+
+    path = Path(directory) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ConfigError(
+            f"{directory}: cannot create its lock file ({exc.strerror}); "
+            "a run directory must be writable"
+        ) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ConfigError(
+            f"{directory} is in use by another process (pid {holder}); "
+            "wait for it to finish or stop it"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def convert(path: str | os.PathLike) -> Path:
+    """Rewrite an old (bare torch.save) checkpoint in the checksummed format.
+
+    Unpickles the file with ``weights_only=False``: only for files you trust.
+    """
+    path = Path(path)
+    if path.read_bytes().startswith(MAGIC):
+        return path
+    obj = torch.load(path, map_location="cpu", weights_only=False)  # the user vouches for it
+    return save_atomic(obj, path)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[0] != "convert":
+        print(
+            f"usage: {CONVERT_HINT} FILE... (files you trust: they are unpickled)", file=sys.stderr
+        )
+        return 2
+    for name in argv[1:]:
+        try:
+            print(f"converted {convert(name)}")
+        except (OSError, TypeError, pickle.UnpicklingError, RuntimeError) as exc:
+            print(f"{name}: cannot convert: {exc}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
