@@ -72,7 +72,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class LossConfig:
-    """The learning signal: segments, returns, V-trace targets and the IMPALA losses."""
+    """The learning signal: segments, returns, targets (V-trace or GAE) and the losses
+    (IMPALA's sums or PPO's clipped means)."""
 
     unroll_length: int = 16
     """Segment length M: steps per segment, TD horizon, update period, TBPTT span."""
@@ -102,11 +103,22 @@ class LossConfig:
     """Weight of the baseline loss."""
     entropy_cost: float = 0.01
     """Weight of the entropy regulariser."""
+    algorithm: Literal["impala", "ppo"] = "impala"
+    """impala: V-trace actor-critic, losses summed over steps; ppo: the PPO-clip objective
+    against the behaviour policy, advantages standardised per minibatch, losses as means."""
+    targets: Literal["vtrace", "gae"] = "vtrace"
+    """PPO's value targets and advantages: V-trace's, or GAE(gae_lambda)'s (fixed per batch)."""
+    gae_lambda: float = 0.95
+    """GAE's lambda (with --targets gae)."""
+    clip_coef: float = 0.2
+    """PPO's ratio clip epsilon."""
+    value_clip: float = 0.0
+    """PPO's value clip (on normalised values with PopArt); 0: no value clipping."""
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """The optimiser and its learning-rate schedule."""
+    """The optimiser, its learning-rate schedule and its passes over each batch."""
 
     learning_rate: float = 6e-4
     """RMSProp learning rate."""
@@ -120,6 +132,14 @@ class OptimConfig:
     """RMSProp epsilon."""
     grad_clip: float = 40.0
     """Global gradient-norm clipping threshold."""
+    optimizer: Literal["rmsprop", "adam"] = "rmsprop"
+    """Optimiser: rmsprop (IMPALA's; rms_alpha, rms_eps) or adam (default betas, adam_eps)."""
+    adam_eps: float = 1e-8
+    """Adam's epsilon (with --optimizer adam)."""
+    epochs: int = 1
+    """Passes over each batch (each re-runs the core from the segments' start states)."""
+    minibatches: int = 1
+    """Minibatches per pass: disjoint sets of whole streams (batch_size must divide by it)."""
 
 
 @dataclass(frozen=True)
@@ -415,8 +435,40 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     check_device(rt.device)
     check_ray_options(cfg)
     check_sensitivity_carry(cfg)
+    check_learner_options(cfg)
     cfg.env_kwargs()
     return cfg
+
+
+# PPO's options and their defaults (an IMPALA run must leave them there)
+_PPO_OPTIONS = {"targets": "vtrace", "gae_lambda": 0.95, "clip_coef": 0.2, "value_clip": 0.0}
+
+
+def check_learner_options(cfg: TrainConfig) -> None:
+    """One-line ConfigErrors for the learner's passes and objective."""
+    optim, loss = cfg.optim, cfg.loss
+    if optim.epochs < 1 or optim.minibatches < 1:
+        raise ConfigError(
+            f"--epochs ({optim.epochs}) and --minibatches ({optim.minibatches}) must be >= 1"
+        )
+    if cfg.runtime.batch_size % optim.minibatches:
+        raise ConfigError(
+            f"batch_size ({cfg.runtime.batch_size}) must divide into --minibatches "
+            f"({optim.minibatches})"
+        )
+    numbers = {"adam_eps": optim.adam_eps, "gae_lambda": loss.gae_lambda}
+    numbers.update(clip_coef=loss.clip_coef, value_clip=loss.value_clip)
+    bad = [f"{k}={v}" for k, v in numbers.items() if not math.isfinite(v) or v < 0]
+    bad += [f"adam_eps={optim.adam_eps}"] if optim.adam_eps == 0 else []
+    bad += [f"gae_lambda={loss.gae_lambda}"] if loss.gae_lambda > 1 else []
+    if bad:
+        raise ConfigError(f"out of range: {', '.join(bad)} (adam_eps > 0, gae_lambda in [0, 1])")
+    if loss.algorithm == "impala":
+        given = [k for k, v in _PPO_OPTIONS.items() if getattr(loss, k) != v]
+        if given:
+            flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
+            reset = " ".join(f"--{k.replace('_', '-')} {_PPO_OPTIONS[k]}" for k in given)
+            raise ConfigError(f"{flags}: PPO options; they need --algorithm ppo (or: {reset})")
 
 
 # The runtimes by name: module and class (r2ac/rl/runtimes/base.py is their base).

@@ -1,5 +1,9 @@
 """The learner: unroll the agent over a batch of segments, V-trace, one backward, RMSProp.
 
+With `epochs` x `minibatches` > 1 or `algorithm ppo` it makes several optimiser steps per
+batch instead, each on a minibatch of whole streams re-run from their stored start states
+(`Learner.update` -> `_passes`; the pure parts are in r2ac/rl/ppo.py).
+
 No process plumbing: the runtimes hand it `Segment` batches (see actor.py). The agent is
 unrolled on all M+1 steps from the segment's start state (which carries the RTRL
 sensitivities accumulated by the actor), so `values[M]` is the bootstrap value; the output
@@ -13,33 +17,26 @@ import torch
 
 from r2ac.rl.actor import Segment
 from r2ac.rl.agent import Agent
-from r2ac.rl.config import TrainConfig
+from r2ac.rl.config import LossConfig, TrainConfig
 from r2ac.rl.losses import action_log_probs, compute_loss
+from r2ac.rl.ppo import BatchTargets, gae, ppo_losses, select_segment, stream_minibatches
 from r2ac.rl.vtrace import VTraceReturns, bootstrap_truncation, discounts_from, vtrace
 
 
 def segment_returns(
-    logits: torch.Tensor,
-    values: torch.Tensor,
-    seg: Segment,
-    discount: float,
-    reward_scale: float = 1.0,
+    logits: torch.Tensor, values: torch.Tensor, seg: Segment, loss: LossConfig
 ) -> VTraceReturns:
     """V-trace targets and advantages of a segment (no gradients).
 
     logits ``(M+1, B, A)``, values ``(M+1, B)``. Rewards are clipped to [-1, 1], then
-    multiplied by `reward_scale` (values learn the scaled returns); episode ends cut the
+    multiplied by `loss.reward_scale` (values learn the scaled returns); episode ends cut the
     bootstrap (`discounts_from`) and time-limit ends add gamma V(final_obs) back
     (`bootstrap_truncation`), so truncation is not treated as termination.
     """
     M = seg.actions.shape[0]
     if logits.shape[0] != M + 1 or values.shape[0] != M + 1:
         raise ValueError(f"expected outputs over M+1={M + 1} steps, got {tuple(logits.shape)}")
-    rewards = seg.rewards.to(values.dtype).clamp(-1.0, 1.0) * reward_scale  # (M, B)
-    rewards = bootstrap_truncation(
-        rewards, seg.truncated, seg.final_values.to(values.dtype), discount
-    )
-    discounts = discounts_from(seg.terminated, seg.truncated, discount, dtype=values.dtype)
+    rewards, discounts = scaled_rewards_and_discounts(seg, loss, values.dtype)  # (M, B) each
     target_log_pi = action_log_probs(logits[:M], seg.actions)  # (M, B)
     behaviour_log_pi = action_log_probs(seg.behaviour_logits.to(logits.dtype), seg.actions)
     return vtrace(
@@ -51,40 +48,45 @@ def segment_returns(
     )
 
 
+def scaled_rewards_and_discounts(
+    seg: Segment, loss: LossConfig, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rewards clipped to [-1, 1] and scaled, with gamma V(final_obs) added at time-limit
+    ends, and the discounts (0 after a termination); ``(M, B)`` each."""
+    rewards = seg.rewards.to(dtype).clamp(-1.0, 1.0) * loss.reward_scale  # (M, B)
+    rewards = bootstrap_truncation(
+        rewards, seg.truncated, seg.final_values.to(dtype), loss.discount
+    )
+    return rewards, discounts_from(seg.terminated, seg.truncated, loss.discount, dtype=dtype)
+
+
 def segment_losses(
     logits: torch.Tensor,
     values: torch.Tensor,
     seg: Segment,
-    discount: float,
-    baseline_cost: float,
-    entropy_cost: float,
-    reward_scale: float = 1.0,
+    loss: LossConfig,
     value_scale: float | torch.Tensor = 1.0,
     returns: VTraceReturns | None = None,
-    advantage_norm: bool = False,
-    scale_advantages: bool = True,
-    sigma_floor: float = 0.0,
 ) -> dict[str, torch.Tensor]:
     """IMPALA losses of a segment from the agent's outputs on its M+1 steps.
 
     The targets are `segment_returns` (pass `returns` if already computed). `value_scale`
     (PopArt's sigma) divides the value errors and the policy-gradient advantages, so that
     the losses are those of normalised returns; 1 gives IMPALA's losses unchanged;
-    `scale_advantages=False` divides only the value errors (a normalised critic, the actor
-    on the rewards' own scale); `sigma_floor` > 0 divides the advantages by
-    max(value_scale, sigma_floor) instead. With
-    `advantage_norm` the advantages are standardised over the batch instead (PPO's
-    convention, which POPGym's baselines use): the policy gradient is then independent of
-    the reward scale, whatever the spread of the returns.
+    `loss.popart_advantages=False` divides only the value errors (a normalised critic, the
+    actor on the rewards' own scale); `loss.popart_sigma_floor` > 0 divides the advantages
+    by max(value_scale, floor) instead. With `loss.advantage_norm` the advantages are
+    standardised over the batch instead (PPO's convention, which POPGym's baselines use):
+    the policy gradient is then independent of the reward scale.
     """
     M = seg.actions.shape[0]
     if returns is None:
-        returns = segment_returns(logits, values, seg, discount, reward_scale)
-    advantage_scale = value_scale if scale_advantages else 1.0
-    if sigma_floor:
-        advantage_scale = torch.as_tensor(advantage_scale).clamp(min=sigma_floor)
+        returns = segment_returns(logits, values, seg, loss)
+    advantage_scale = value_scale if loss.popart_advantages else 1.0
+    if loss.popart_sigma_floor:
+        advantage_scale = torch.as_tensor(advantage_scale).clamp(min=loss.popart_sigma_floor)
     advantages = returns.pg_advantages / advantage_scale  # (M, B)
-    if advantage_norm:
+    if loss.advantage_norm:
         advantages = standardise(returns.pg_advantages)
     return compute_loss(
         logits[:M],
@@ -92,8 +94,8 @@ def segment_losses(
         values[:M] / value_scale,
         returns.vs / value_scale,
         advantages,
-        baseline_cost=baseline_cost,
-        entropy_cost=entropy_cost,
+        baseline_cost=loss.baseline_cost,
+        entropy_cost=loss.entropy_cost,
     )
 
 
@@ -103,18 +105,22 @@ def standardise(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
 
 
 def make_optimizer(agent: Agent, cfg: TrainConfig):
-    """RMSProp (momentum 0) and a LambdaLR: constant or linear decay to 0 over the run, after
-    an optional linear warm-up over `lr_warmup_updates` (RMSProp has no bias correction: its
-    first steps are up to 1/sqrt(1 - alpha) = 10x the learning rate, which can make a policy
-    deterministic within ten updates)."""
+    """RMSProp (momentum 0) or Adam, and a LambdaLR: constant or linear decay to 0 over the
+    run, after an optional linear warm-up over `lr_warmup_updates` (RMSProp has no bias
+    correction: its first steps are up to 1/sqrt(1 - alpha) = 10x the learning rate, which
+    can make a policy deterministic within ten updates). The schedule counts batches, not
+    the optimiser steps of several passes."""
     params = [p for p in agent.parameters() if p.requires_grad]
-    optimizer = torch.optim.RMSprop(
-        params,
-        lr=cfg.optim.learning_rate,
-        alpha=cfg.optim.rms_alpha,
-        eps=cfg.optim.rms_eps,
-        momentum=0.0,
-    )
+    if cfg.optim.optimizer == "adam":
+        optimizer = torch.optim.Adam(params, lr=cfg.optim.learning_rate, eps=cfg.optim.adam_eps)
+    else:
+        optimizer = torch.optim.RMSprop(
+            params,
+            lr=cfg.optim.learning_rate,
+            alpha=cfg.optim.rms_alpha,
+            eps=cfg.optim.rms_eps,
+            momentum=0.0,
+        )
     total, decay, warmup = cfg.updates_total, cfg.optim.lr_decay, cfg.optim.lr_warmup_updates
 
     def factor(update: int) -> float:
@@ -124,64 +130,164 @@ def make_optimizer(agent: Agent, cfg: TrainConfig):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def multi_pass(cfg: TrainConfig) -> bool:
+    """Whether the learner makes several steps per batch (else IMPALA's single step)."""
+    return cfg.loss.algorithm == "ppo" or cfg.optim.epochs * cfg.optim.minibatches > 1
+
+
+@torch.no_grad()
+def batch_targets(
+    logits: torch.Tensor, values: torch.Tensor, seg: Segment, cfg: TrainConfig
+) -> BatchTargets:
+    """PPO's per-batch constants from a forward on all M+1 steps before the passes: logits
+    ``(M+1, B, A)``, values ``(M+1, B)``; GAE or V-trace targets (rewards clipped and
+    scaled, time-limit ends bootstrapped, as for IMPALA)."""
+    M = seg.actions.shape[0]
+    behaviour = action_log_probs(seg.behaviour_logits.to(logits.dtype), seg.actions)  # (M, B)
+    if cfg.loss.targets == "vtrace":
+        ret = segment_returns(logits, values, seg, cfg.loss)
+        return BatchTargets(ret.pg_advantages, ret.vs, values[:M], behaviour)
+    rewards, discounts = scaled_rewards_and_discounts(seg, cfg.loss, values.dtype)  # (M, B)
+    advantages, returns = gae(rewards, discounts, values[:M], values[M], cfg.loss.gae_lambda)
+    return BatchTargets(advantages, returns, values[:M], behaviour)
+
+
+def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
+    """The mean of each metric over the steps of one batch."""
+    return {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+
+
 class Learner:
-    """Owns the optimiser; `update(segment)` does one IMPALA step on the agent in place."""
+    """Owns the optimiser; `update(segment)` does one IMPALA step on the agent in place, or
+    (`multi_pass`) epochs x minibatches steps of IMPALA or PPO."""
 
     def __init__(self, agent: Agent, cfg: TrainConfig):
         self.agent, self.cfg = agent, cfg
         self.params = [p for p in agent.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = make_optimizer(agent, cfg)
+        # Shuffles the streams into minibatches; its own stream, so that acting and the
+        # runtimes' RNG are untouched, and saved with the learner for a bit-exact resume.
+        self.generator = torch.Generator().manual_seed(cfg.run.seed + 0x5EED)
 
-    def backward(self, seg: Segment) -> dict[str, torch.Tensor]:
+    def backward(self, seg: Segment) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Unroll, compute the losses and call backward once (gradients accumulate).
 
-        With PopArt (`value_norm`) the V-trace targets of this batch are kept for
-        `update` to move the value statistics after the optimiser step."""
-        cfg, heads = self.cfg, self.agent.heads
+        Returns the losses and this batch's V-trace value targets vs ``(M, B)``, toward
+        which PopArt (`value_norm`) moves its statistics after the optimiser step."""
         logits, values, _ = self.agent(
             seg.obs, seg.last_reward, seg.reset, seg.state, carry=False, last_action=seg.last_action
         )
-        returns = segment_returns(logits, values, seg, cfg.loss.discount, cfg.loss.reward_scale)
-        losses = segment_losses(
-            logits,
-            values,
-            seg,
-            cfg.loss.discount,
-            cfg.loss.baseline_cost,
-            cfg.loss.entropy_cost,
-            cfg.loss.reward_scale,
-            value_scale=heads.value_scale().detach(),
-            returns=returns,
-            advantage_norm=cfg.loss.advantage_norm,
-            scale_advantages=cfg.loss.popart_advantages,
-            sigma_floor=cfg.loss.popart_sigma_floor,
-        )
+        returns = segment_returns(logits, values, seg, self.cfg.loss)
+        scale = self.agent.heads.value_scale().detach()
+        losses = segment_losses(logits, values, seg, self.cfg.loss, scale, returns)
         losses["loss"].backward()
-        self._targets = returns.vs
+        return losses, returns.vs
+
+    def ppo_backward(self, seg: Segment, targets: BatchTargets) -> dict[str, torch.Tensor]:
+        """PPO's losses of a minibatch and one backward. The agent runs on the first M steps
+        only: the bootstrap value is already in `targets`."""
+        M = seg.actions.shape[0]
+        logits, values, _ = self.agent(
+            seg.obs[:M],
+            seg.last_reward[:M],
+            seg.reset[:M],
+            seg.state,
+            carry=False,
+            last_action=seg.last_action[:M],
+        )  # (M, B, A), (M, B)
+        losses = self.ppo_loss(logits, values, seg, targets)
+        losses["loss"].backward()
         return losses
 
-    def update(self, seg: Segment) -> dict[str, float]:
-        """zero_grad, backward, clip the global norm, RMSProp step, scheduler step; then,
-        with PopArt, the value statistics move toward this batch's targets."""
-        self.optimizer.zero_grad(set_to_none=True)
-        losses = self.backward(seg)
+    def ppo_loss(self, logits, values, seg: Segment, targets: BatchTargets) -> dict:
+        """`ppo_losses` with this config (a test calls it on a reference's outputs)."""
+        cfg = self.cfg
+        scale = self.agent.heads.value_scale().detach()
+        return ppo_losses(
+            logits, values, seg.actions, targets, cfg.loss.clip_coef, cfg.loss.value_clip,
+            cfg.loss.baseline_cost, cfg.loss.entropy_cost, value_scale=scale,
+        )  # fmt: skip
+
+    def prepare(self, seg: Segment) -> BatchTargets | None:
+        """PPO: the batch's targets from a no-grad forward with the weights before the passes."""
+        if self.cfg.loss.algorithm != "ppo":
+            return None
+        with torch.no_grad():
+            logits, values, _ = self.agent(
+                seg.obs, seg.last_reward, seg.reset, seg.state, carry=False,
+                last_action=seg.last_action,
+            )  # fmt: skip
+        return batch_targets(logits, values, seg, self.cfg)
+
+    def _step(self) -> float:
+        """Clip the global gradient norm and step the optimiser; the norm before clipping."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip)
-        lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
+        return float(grad_norm)
+
+    def update(self, seg: Segment) -> dict[str, float]:
+        """zero_grad, backward, clip the global norm, optimiser step, scheduler step; then,
+        with PopArt, the value statistics move toward this batch's targets. With several
+        passes (`multi_pass`) see `_passes`."""
+        if multi_pass(self.cfg):
+            return self._passes(seg)
+        self.optimizer.zero_grad(set_to_none=True)
+        losses, value_targets = self.backward(seg)
+        lr = self.optimizer.param_groups[0]["lr"]
+        grad_norm = self._step()
         self.scheduler.step()
         metrics = {k: float(v.detach()) for k, v in losses.items()}
-        metrics.update(grad_norm=float(grad_norm), lr=lr)
+        metrics.update(grad_norm=grad_norm, lr=lr)
+        return self._move_value_stats(metrics, value_targets)
+
+    def _passes(self, seg: Segment) -> dict[str, float]:
+        """`epochs` passes over the batch, each in `minibatches` steps on disjoint sets of
+        whole streams (a fresh shuffle per pass). IMPALA recomputes V-trace in every step (and
+        moves PopArt after every step); PPO fixes its targets once (`prepare`) and moves
+        PopArt once per batch. Each step re-runs its streams from a copy of their start state
+        (`select_segment`), sensitivities included, so no pass sees another's buffers."""
+        cfg, B = self.cfg, seg.actions.shape[1]
+        targets, rows = self.prepare(seg), []
+        lr = self.optimizer.param_groups[0]["lr"]
+        for _ in range(cfg.optim.epochs):
+            for index in stream_minibatches(B, cfg.optim.minibatches, self.generator):
+                sub = select_segment(seg, index)
+                self.optimizer.zero_grad(set_to_none=True)
+                if targets is None:
+                    losses, value_targets = self.backward(sub)
+                else:
+                    losses = self.ppo_backward(sub, targets.select(index))
+                row = {k: float(v.detach()) for k, v in losses.items()}
+                row["grad_norm"] = self._step()
+                if targets is None:
+                    row = self._move_value_stats(row, value_targets)
+                rows.append(row)
+        self.scheduler.step()
+        metrics = mean_metrics(rows)
+        metrics["lr"] = lr
+        if targets is not None:
+            metrics = self._move_value_stats(metrics, targets.returns)
+        return metrics
+
+    def _move_value_stats(self, metrics: dict, targets: torch.Tensor) -> dict:
+        """With PopArt, move the value statistics toward `targets`; log them."""
         heads = self.agent.heads
         if heads.value_norm:
-            heads.update_value_stats(self._targets, self.cfg.loss.popart_beta)
+            heads.update_value_stats(targets, self.cfg.loss.popart_beta)
             metrics.update(
                 value_mean=float(heads.value_mean), value_scale=float(heads.value_scale())
             )
         return metrics
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "generator": self.generator.get_state(),
+        }
 
     def load_state_dict(self, saved: dict) -> None:
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
+        if "generator" in saved:  # checkpoints of earlier versions have none
+            self.generator.set_state(saved["generator"])

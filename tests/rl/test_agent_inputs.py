@@ -1,5 +1,7 @@
 """Agent inputs for standard memory benchmarks (previous action, reward scale) and PopArt."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -92,10 +94,9 @@ def test_popart_losses_are_invariant_to_the_reward_scale():
     """V-trace is linear in (rewards, values): rewards and values times s with value_scale s
     give exactly the losses of the unscaled problem (what makes tiny rewards train)."""
     cfg, seg, logits, values = _float64_segment(seed=3)
-    args = (cfg.loss.discount, cfg.loss.baseline_cost, cfg.loss.entropy_cost)
-    plain = segment_losses(logits, values, seg, *args)
+    plain = segment_losses(logits, values, seg, cfg.loss)
     s = 0.02
-    scaled = segment_losses(logits, values * s, seg, *args, reward_scale=s, value_scale=s)
+    scaled = segment_losses(logits, values * s, seg, replace(cfg.loss, reward_scale=s), s)
     assert plain["pg_loss"].abs() > 1e-3 and plain["baseline_loss"] > 1e-3
     for key in ("pg_loss", "baseline_loss", "entropy_loss"):
         torch.testing.assert_close(scaled[key], plain[key], rtol=1e-12, atol=1e-14)
@@ -142,9 +143,9 @@ def test_progress_lines_when_not_on_a_terminal():
 
 def test_critic_only_normalisation_keeps_the_actor_on_the_reward_scale():
     cfg, seg, logits, values = _float64_segment(seed=4)
-    args, s = (cfg.loss.discount, cfg.loss.baseline_cost, cfg.loss.entropy_cost), 7.0
-    plain = segment_losses(logits, values, seg, *args)
-    critic = segment_losses(logits, values, seg, *args, value_scale=s, scale_advantages=False)
+    s = 7.0
+    plain = segment_losses(logits, values, seg, cfg.loss)
+    critic = segment_losses(logits, values, seg, replace(cfg.loss, popart_advantages=False), s)
     torch.testing.assert_close(critic["pg_loss"], plain["pg_loss"], rtol=1e-12, atol=0)
     torch.testing.assert_close(
         critic["baseline_loss"], plain["baseline_loss"] / s**2, rtol=1e-12, atol=0
@@ -155,13 +156,10 @@ def test_sigma_floor_bounds_the_advantage_scale_only():
     """--popart-sigma-floor: advantages / max(sigma, floor), the critic still / sigma; a
     floor below sigma changes nothing; without PopArt's advantages it is refused."""
     cfg, seg, logits, values = _float64_segment(seed=4)
-    args, sigma = (
-        (cfg.loss.discount, cfg.loss.baseline_cost, cfg.loss.entropy_cost),
-        torch.tensor(2.0),
-    )
-    plain = segment_losses(logits, values, seg, *args, value_scale=sigma)
-    floored = segment_losses(logits, values, seg, *args, value_scale=sigma, sigma_floor=8.0)
-    below = segment_losses(logits, values, seg, *args, value_scale=sigma, sigma_floor=1.5)
+    sigma = torch.tensor(2.0)
+    plain = segment_losses(logits, values, seg, cfg.loss, sigma)
+    floored = segment_losses(logits, values, seg, replace(cfg.loss, popart_sigma_floor=8.0), sigma)
+    below = segment_losses(logits, values, seg, replace(cfg.loss, popart_sigma_floor=1.5), sigma)
     assert plain["pg_loss"].abs() > 1e-3
     torch.testing.assert_close(floored["pg_loss"], plain["pg_loss"] / 4.0, rtol=1e-12, atol=0)
     assert floored["baseline_loss"] == plain["baseline_loss"]

@@ -4,6 +4,8 @@ time-limit truncations inside segments)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -47,9 +49,7 @@ def _reference_agent(cfg, env_agent):
 
 
 def _losses(cfg, logits, values, seg):
-    return segment_losses(
-        logits, values, seg, cfg.loss.discount, cfg.loss.baseline_cost, cfg.loss.entropy_cost
-    )["loss"]
+    return segment_losses(logits, values, seg, cfg.loss)["loss"]
 
 
 def _full_bptt(cfg, ref, segments):
@@ -169,9 +169,8 @@ def test_reward_scale_scales_the_value_targets():
     seg, s = segments[-1], 0.01
     with torch.no_grad():
         logits, values, _ = agent(seg.obs, seg.last_reward, seg.reset, seg.state, carry=False)
-    args = (cfg.loss.discount, cfg.loss.baseline_cost, cfg.loss.entropy_cost)
-    plain = segment_losses(logits, values, seg, *args)
-    scaled = segment_losses(logits, values * s, seg, *args, reward_scale=s)
+    plain = segment_losses(logits, values, seg, cfg.loss)
+    scaled = segment_losses(logits, values * s, seg, replace(cfg.loss, reward_scale=s))
     assert plain["pg_loss"].abs() > 1e-3 and plain["baseline_loss"] > 1e-3
     torch.testing.assert_close(scaled["pg_loss"], s * plain["pg_loss"], rtol=1e-12, atol=0)
     torch.testing.assert_close(

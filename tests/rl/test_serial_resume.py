@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from r2ac.rl.runtimes.serial import SerialRuntime
@@ -67,11 +68,17 @@ def _final_weights(run_dir: Path) -> dict:
     return checkpoint.load(run_dir / "checkpoints" / "agent.pt")["agent"]
 
 
-def test_sigkill_then_resume_gives_the_uninterrupted_weights(tmp_path):
+# PPO with Adam, 2 epochs x 2 minibatches: the optimiser's moments and the learner's shuffle
+# generator are in the checkpoint too.
+PPO_ARGS = ["--algorithm", "ppo", "--optimizer", "adam", "--epochs", "2", "--minibatches", "2"]
+
+
+@pytest.mark.parametrize("extra", [[], PPO_ARGS], ids=["impala", "ppo-adam-passes"])
+def test_sigkill_then_resume_gives_the_uninterrupted_weights(tmp_path, extra):
     full, killed = tmp_path / "full", tmp_path / "killed"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        _cli(*CLI_ARGS, "--out-dir", str(killed)),
+        _cli(*CLI_ARGS, *extra, "--out-dir", str(killed)),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -86,7 +93,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_weights(tmp_path):
     assert 0 < saved < TOTAL_UPDATES  # killed between checkpoints, before the end
     subprocess.run(_cli("--resume", str(killed)), env=env, check=True, capture_output=True)
     subprocess.run(
-        _cli(*CLI_ARGS, "--out-dir", str(full)), env=env, check=True, capture_output=True
+        _cli(*CLI_ARGS, *extra, "--out-dir", str(full)), env=env, check=True, capture_output=True
     )
     a, b = _final_weights(full), _final_weights(killed)
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -1,0 +1,142 @@
+"""Several passes over a batch: stream minibatches, GAE, and the PPO-clip losses.
+
+Pure functions of time-major ``(T, B)`` tensors; the learner (r2ac/rl/learner.py) drives
+them. A minibatch is a subset of the batch's STREAMS (whole segments), so every pass re-runs
+the core over whole segments from their stored start states: with an RTRL core that start
+state carries the sensitivities, and each pass's gradient is the full-history one of the
+weights of that pass (docs/rules/passes.md says what is exact and what is stale).
+
+PPO's losses are means over the minibatch's steps (IMPALA's, in losses.py, are sums).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from r2ac.rl.actor import Segment
+from r2ac.rl.losses import action_log_probs
+from r2ac.rtrl.state import select_streams
+
+
+class BatchTargets(NamedTuple):
+    """What a PPO update fixes once per batch, before its passes; every field ``(M, B)``."""
+
+    advantages: torch.Tensor  # A_t (GAE or V-trace's pg advantages), not yet normalised
+    returns: torch.Tensor  # value targets R_t
+    old_values: torch.Tensor  # V_old(x_t) of the pre-pass forward (for value clipping)
+    behaviour_log_pi: torch.Tensor  # log mu(a_t | x_t), the acting policy's
+
+    def select(self, index: torch.Tensor) -> BatchTargets:
+        return BatchTargets(*(t[:, index] for t in self))
+
+
+@torch.no_grad()
+def gae(
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    values: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE(lambda) advantages and returns ``(T, B)`` (Schulman et al. 2016).
+
+    ``discounts[t]`` = gamma (0 where the episode ended at step t, as for V-trace),
+    ``values`` V(x_t) ``(T, B)``, ``bootstrap_value`` V(x_T) ``(B,)``. Returns = A + V.
+    """
+    if rewards.shape != values.shape or discounts.shape != values.shape:
+        raise ValueError(f"rewards, discounts, values must be (T, B) = {tuple(values.shape)}")
+    v_tp1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)  # (T, B)
+    deltas = rewards + discounts * v_tp1 - values  # (T, B)
+    advantages = torch.empty_like(values)  # (T, B)
+    acc = torch.zeros_like(bootstrap_value)  # (B,)
+    for t in range(values.shape[0] - 1, -1, -1):
+        acc = deltas[t] + discounts[t] * lam * acc
+        advantages[t] = acc
+    return advantages, advantages + values
+
+
+def stream_minibatches(
+    num_streams: int, k: int, generator: torch.Generator | None
+) -> list[torch.Tensor]:
+    """`k` disjoint index tensors that cover the streams, from a fresh permutation (PPO's
+    shuffle; deterministic for the generator's state). Index tensors, not slices: indexing
+    copies, so a pass never shares a start state's storage with another pass."""
+    if num_streams % k:
+        raise ValueError(f"{num_streams} streams do not split into {k} minibatches")
+    order = torch.randperm(num_streams, generator=generator)  # (B,)
+    return list(order.view(k, num_streams // k))
+
+
+def select_segment(seg: Segment, index: torch.Tensor) -> Segment:
+    """The segment of the streams `index` (dim 1 of the tensors, dim 0 of the start state;
+    a copy, sensitivities included)."""
+    tensors = [t[:, index] for t in seg[:-1]]
+    return Segment(*tensors, select_streams(seg.state, index))
+
+
+def standardise(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / (std + eps) over every element (one minibatch of advantages)."""
+    return (x - x.mean()) / (x.std(unbiased=False) + eps)
+
+
+def clipped_policy_loss(
+    log_pi: torch.Tensor, old_log_pi: torch.Tensor, advantages: torch.Tensor, clip: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO-clip: mean of -min(r A, clip(r, 1-c, 1+c) A), r = pi / mu; all ``(T, B)``.
+    Returns the loss and the fraction of steps whose ratio was clipped (a diagnostic)."""
+    ratio = torch.exp(log_pi - old_log_pi.detach())  # (T, B)
+    adv = advantages.detach()
+    surrogate = torch.min(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv)
+    clipped = ((ratio - 1.0).abs() > clip).to(ratio.dtype).mean()
+    return -surrogate.mean(), clipped.detach()
+
+
+def value_loss(
+    values: torch.Tensor, returns: torch.Tensor, old_values: torch.Tensor, clip: float
+) -> torch.Tensor:
+    """0.5 mean (V - R)^2; with `clip` > 0 the larger of that and the error of V_old +
+    clip(V - V_old, -c, c) (PPO's value clipping). Tensors ``(T, B)``, R and V_old constant."""
+    returns, old_values = returns.detach(), old_values.detach()
+    error = (values - returns) ** 2  # (T, B)
+    if clip > 0:
+        clipped = old_values + (values - old_values).clamp(-clip, clip)
+        error = torch.max(error, (clipped - returns) ** 2)
+    return 0.5 * error.mean()
+
+
+def ppo_losses(
+    logits: torch.Tensor,
+    values: torch.Tensor,
+    actions: torch.Tensor,
+    targets: BatchTargets,
+    clip_coef: float,
+    value_clip: float,
+    baseline_cost: float,
+    entropy_cost: float,
+    value_scale: float | torch.Tensor = 1.0,
+) -> dict[str, torch.Tensor]:
+    """PPO's losses of one minibatch: logits ``(M, B, A)``, values/actions ``(M, B)``.
+
+    The advantages are standardised over the minibatch; `value_scale` (PopArt's sigma)
+    divides values, returns and old values, so the critic learns normalised returns.
+    ``loss = policy + baseline_cost * value + entropy_cost * (-entropy)``, all means.
+    """
+    log_pi = action_log_probs(logits, actions)  # (M, B)
+    advantages = standardise(targets.advantages)
+    policy, clipped = clipped_policy_loss(log_pi, targets.behaviour_log_pi, advantages, clip_coef)
+    scaled = [v / value_scale for v in (values, targets.returns, targets.old_values)]
+    baseline = baseline_cost * value_loss(*scaled, clip=value_clip)
+    log_p = F.log_softmax(logits, dim=-1)  # (M, B, A)
+    neg_entropy = (log_p.exp() * log_p).sum(-1).mean()
+    entropy = entropy_cost * neg_entropy
+    return {
+        "loss": policy + baseline + entropy,
+        "pg_loss": policy.detach(),
+        "baseline_loss": baseline.detach(),
+        "entropy_loss": entropy.detach(),
+        "entropy": -neg_entropy.detach(),
+        "clip_fraction": clipped,
+    }
