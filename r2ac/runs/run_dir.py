@@ -1,0 +1,69 @@
+"""A locked run directory, task-neutral: the lock, stale temp files, JSON and the git revision.
+
+`r2ac train` (r2ac.rl.run_dir.RunDir, which adds config.json, metrics and checkpoints) and
+`r2ac copy` (r2ac.tasks.copy_cli) both hold their directory through `LockedDir`, so a second
+process on the same directory is refused and a write killed mid-way leaves no temp file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from r2ac.runs import checkpoint
+
+
+def git_revision() -> str:
+    """The commit this code runs at ("unknown" outside a git checkout)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    """Write `obj` as indented JSON atomically (temp file, fsync, rename): a kill never leaves
+    half a file, and a reader never sees one."""
+    return checkpoint.write_atomic((json.dumps(obj, indent=2) + "\n").encode(), path)
+
+
+def holds_nothing(path: str | Path) -> bool:
+    """True if `path` is absent or a directory holding nothing but a lock file."""
+    p = Path(path)
+    return not p.exists() or (
+        p.is_dir() and not any(q.name != checkpoint.LOCK_NAME for q in p.iterdir())
+    )
+
+
+class LockedDir:
+    """A directory held by this process (`acquire`) until `release` or the process ends."""
+
+    lock_fd: int | None = None
+    temp_folders: tuple[str, ...] = ()  # subfolders whose stale temp files `acquire` removes
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def acquire(self) -> LockedDir:
+        """Lock the directory for this process (ConfigError if another holds it) and remove
+        the temp files of writes killed mid-way (safe now: nobody else writes here)."""
+        self.lock_fd = checkpoint.lock_directory(self.path)
+        for folder in ("", *self.temp_folders):
+            checkpoint.remove_stale_temps(self.path / folder)
+        return self
+
+    def release(self) -> None:
+        """Give up the lock taken by `acquire` (it also dies with the process)."""
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
