@@ -11,7 +11,6 @@ exit 130 / 143; the same command with `--resume` continues bit-identically.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shlex
@@ -24,11 +23,12 @@ import torch
 import tyro
 
 from r2ac.errors import ConfigError, check_writable
-from r2ac.perf import keep_freed_memory
+from r2ac.perf import check_memory, keep_freed_memory
 from r2ac.runs.checkpoint import LOCK_NAME
-from r2ac.runs.run_dir import LockedDir, git_revision, write_json
+from r2ac.runs.run_dir import LockedDir, git_revision, read_json, write_json
 from r2ac.runs.stop import TrainingInterrupted, raise_on_signal
 from r2ac.tasks.copy import CHECKPOINT_NAME, CopyConfig, curve, metrics, resume, training
+from r2ac.tasks.copy.config import DTYPES
 from r2ac.tasks.copy.data import make_test_set
 
 PROG = "r2ac copy"
@@ -57,9 +57,9 @@ def write_config(cfg: CopyConfig) -> dict:
     }
     path = os.path.join(cfg.out, "config.json")
     if cfg.resume and os.path.exists(path):
-        with open(path) as fh:
-            before = json.load(fh)
-        meta["earlier_invocations"] = [*before.pop("earlier_invocations", []), before]
+        before = read_json(path)
+        earlier = before.pop("earlier_invocations", []) if isinstance(before, dict) else []
+        meta["earlier_invocations"] = [*(earlier if isinstance(earlier, list) else []), before]
     write_json(path, meta)
     return meta
 
@@ -131,12 +131,14 @@ def run(cfg: CopyConfig) -> dict:
     """
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    meta = write_config(cfg)
+    meta: dict = {}
     bar, on_batch, on_eval = _progress(cfg)
     wall0 = time.perf_counter()
     checkpoint = os.path.join(cfg.out, CHECKPOINT_NAME)
-    try:
-        model, result = training.train(cfg, on_batch, on_eval, checkpoint=checkpoint)
+    try:  # config.json is written once the checkpoint (if any) has been read back whole
+        model, result = training.train(
+            cfg, on_batch, on_eval, checkpoint, on_start=lambda: meta.update(write_config(cfg))
+        )
     finally:
         bar.close()
     with raise_on_signal(result.steps):  # the checkpoint is complete: a signal stops at once
@@ -155,9 +157,15 @@ def run(cfg: CopyConfig) -> dict:
 
 
 def check_new_out(cfg: CopyConfig) -> None:
-    """ConfigError unless --out can be written and, without --resume, holds nothing: an
-    earlier run's checkpoint and results are never overwritten."""
+    """ConfigError unless --out can be written and, without --resume, holds nothing (an
+    earlier run's checkpoint and results are never overwritten); with --resume it must
+    exist."""
     check_writable(cfg.out, "--out")
+    if cfg.resume and not os.path.isdir(cfg.out):
+        raise ConfigError(
+            f"--resume: --out {cfg.out} does not exist, so there is no run to continue; "
+            "drop --resume to start a new one"
+        )
     if not cfg.resume and os.path.isdir(cfg.out) and set(os.listdir(cfg.out)) - {LOCK_NAME}:
         raise ConfigError(
             f"--out {cfg.out} is not empty; add --resume to continue the run there, "
@@ -165,13 +173,33 @@ def check_new_out(cfg: CopyConfig) -> None:
         )
 
 
+def memory_parts(cfg: CopyConfig) -> dict[str, tuple[int, str]]:
+    """Rough bytes of what a copy run holds (within a few x): sequences of 2*length steps
+    (one-hot inputs, targets, masks and their generation's temporaries, ~48 bytes a step),
+    the core's activations kept for the backward pass and the RTRL sensitivities."""
+    steps, n = 2 * cfg.length, cfg.hidden
+    chunk = min(cfg.segment or steps, steps)
+    item = DTYPES[cfg.dtype].itemsize
+    sens = cfg.batch_size * 3 * n * (n + 8) * item if cfg.rule == "rtrl" else 0
+    return {
+        "test set": (cfg.test_size * steps * 48, "--length or --test-size"),
+        "training batch": (cfg.batch_size * steps * 48, "--length or --batch-size"),
+        "activations": (16 * cfg.batch_size * chunk * n * item, "--length, --segment or --hidden"),
+        "evaluation": (min(cfg.test_size, 500) * steps * 4 * n * item, "--length or --hidden"),
+        "sensitivities": (sens, "--hidden or --batch-size"),
+    }
+
+
 def prepare(cfg: CopyConfig) -> LockedDir:
     """Every check on bad input, before anything in cfg.out is written; the locked --out."""
     cfg.validate()
     check_new_out(cfg)
+    check_memory(memory_parts(cfg), "this copy run", cfg.device)
     checkpoint = os.path.join(cfg.out, CHECKPOINT_NAME)
     if cfg.resume and os.path.exists(checkpoint):
         resume.check_resumable(resume.checkpoint_config(checkpoint), cfg, checkpoint)
+    elif cfg.resume:
+        print(f"{PROG}: no {CHECKPOINT_NAME} in {cfg.out}: starting from the beginning")
     os.makedirs(cfg.out, exist_ok=True)
     return LockedDir(cfg.out).acquire()  # a second process on --out: refused
 
