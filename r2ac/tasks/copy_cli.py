@@ -64,40 +64,48 @@ def write_config(cfg: CopyConfig) -> dict:
     return meta
 
 
-def _progress(cfg: CopyConfig):
-    """A progress bar and the two callbacks of `training.train` that feed it; on_eval also
-    rewrites curve.csv, so that the file follows the checkpoint."""
-    from tqdm import tqdm
+class _Progress:
+    """A progress bar (shown from `start`, once the checkpoint has been read back) and the two
+    callbacks of `training.train` that feed it; on_eval also rewrites curve.csv, so that the
+    file follows the checkpoint."""
 
-    bar = tqdm(
-        total=cfg.train_steps,
-        desc=f"copy l={cfg.length} {cfg.core}-{cfg.rule} {cfg.schedule}",
-        unit="batch",
-        dynamic_ncols=True,
-        mininterval=2.0,
-    )
-    last = {}
+    def __init__(self, cfg: CopyConfig):
+        self.cfg, self.bar, self.seq = cfg, None, "-"
 
-    def on_batch(step, stats):
-        bar.update(step - bar.n)  # step counts from the checkpoint when resuming
-        bar.set_postfix(
+    def start(self) -> None:
+        from tqdm import tqdm
+
+        cfg = self.cfg
+        self.bar = tqdm(
+            total=cfg.train_steps,
+            desc=f"copy l={cfg.length} {cfg.core}-{cfg.rule} {cfg.schedule}",
+            unit="batch",
+            dynamic_ncols=True,
+            mininterval=2.0,
+        )
+
+    def on_batch(self, step, stats) -> None:
+        self.bar.update(step - self.bar.n)  # step counts from the checkpoint when resuming
+        self.bar.set_postfix(
             loss=f"{stats.loss:.3f}",
             train_bits=f"{stats.bit_accuracy:.3f}",
-            test_seq=last.get("seq", "-"),
+            test_seq=self.seq,
             refresh=False,
         )
 
-    def on_eval(rows):
+    def on_eval(self, rows) -> None:
         row = rows[-1]
-        curve.write_curve_csv(rows, os.path.join(cfg.out, "curve.csv"))
-        last["seq"] = f"{row['test_sequence_accuracy']:.3f}"
-        bar.write(
+        curve.write_curve_csv(rows, os.path.join(self.cfg.out, "curve.csv"))
+        self.seq = f"{row['test_sequence_accuracy']:.3f}"
+        self.bar.write(
             f"step {int(row['step']):>6}  {row['seconds']:8.1f}s  test bits "
             f"{row['test_bit_accuracy']:.4f}  sequences {row['test_sequence_accuracy']:.4f}  "
             f"loss {row['test_loss']:.4f}"
         )
 
-    return bar, on_batch, on_eval
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def final_results(cfg: CopyConfig, model, result: training.RunResult) -> dict:
@@ -132,15 +140,20 @@ def run(cfg: CopyConfig) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     meta: dict = {}
-    bar, on_batch, on_eval = _progress(cfg)
+    progress = _Progress(cfg)
+
+    def start() -> None:  # once the checkpoint (if any) has been read back whole
+        meta.update(write_config(cfg))
+        progress.start()
+
     wall0 = time.perf_counter()
     checkpoint = os.path.join(cfg.out, CHECKPOINT_NAME)
-    try:  # config.json is written once the checkpoint (if any) has been read back whole
+    try:
         model, result = training.train(
-            cfg, on_batch, on_eval, checkpoint, on_start=lambda: meta.update(write_config(cfg))
+            cfg, progress.on_batch, progress.on_eval, checkpoint, on_start=start
         )
     finally:
-        bar.close()
+        progress.close()
     with raise_on_signal(result.steps):  # the checkpoint is complete: a signal stops at once
         results = final_results(cfg, model, result)
         results["wall_seconds"] = round(time.perf_counter() - wall0, 2)
