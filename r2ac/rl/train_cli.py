@@ -31,7 +31,7 @@ from r2ac.rl.resources import check_resources
 from r2ac.rl.run_dir import RunDir, check_same_config, default_out_dir, plot_curve
 from r2ac.rl.runtimes.base import ActorError, TrainingDiverged
 from r2ac.runs.checkpoint import CheckpointError
-from r2ac.runs.stop import TrainingInterrupted, raise_on_signal
+from r2ac.runs.stop import TrainingInterrupted, exit_code, raise_on_signal, signal_name
 
 
 def _pop_option(argv: list[str], name: str) -> str | None:
@@ -199,9 +199,9 @@ def main(argv: list[str]) -> int:
     except OSError as exc:  # e.g. a full or read-only disk found when creating the run
         print(f"r2ac train: error: cannot write the run directory: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C while imports and envs were still being set up
-        print("r2ac train: interrupted before training started", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # a signal while imports and envs were being set up
+        print(f"r2ac train: stopped by {signal_name(exc)} before training started", file=sys.stderr)
+        return exit_code(exc)
     try:
         return _train(cfg, run, runtime)
     finally:
@@ -250,12 +250,12 @@ def _train(cfg: TrainConfig, run: RunDir, runtime) -> int:
             file=sys.stderr,
         )
         return 1
-    except KeyboardInterrupt:  # a second Ctrl-C: stopped mid-update
+    except KeyboardInterrupt as exc:  # a second Ctrl-C, or a signal outside the loop's guard
         if run.checkpoint_path.is_file():
             where = f"the last checkpoint is in {run.path} (`r2ac train --resume {run.path}`"
             where += " continues from it)"
         else:
             where = f"no checkpoint yet (`r2ac train --restart {run.path}` starts it again)"
-        print(f"r2ac train: interrupted; {where}", file=sys.stderr)
-        return 130
+        print(f"r2ac train: stopped by {signal_name(exc)}; {where}", file=sys.stderr)
+        return exit_code(exc)
     return 0

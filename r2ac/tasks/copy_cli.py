@@ -26,7 +26,7 @@ from r2ac.errors import ConfigError, check_writable
 from r2ac.perf import check_memory, keep_freed_memory
 from r2ac.runs.checkpoint import LOCK_NAME
 from r2ac.runs.run_dir import LockedDir, git_revision, read_json, write_json
-from r2ac.runs.stop import TrainingInterrupted, raise_on_signal
+from r2ac.runs.stop import TrainingInterrupted, exit_code, raise_on_signal, signal_name
 from r2ac.tasks.copy import CHECKPOINT_NAME, CopyConfig, curve, metrics, resume, training
 from r2ac.tasks.copy.config import DTYPES
 from r2ac.tasks.copy.data import make_test_set
@@ -243,13 +243,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return stop.exit_code
-    except KeyboardInterrupt:  # a second Ctrl-C, or one before training started
+    except KeyboardInterrupt as exc:  # a second Ctrl-C, or a signal before training started
         print(
-            f"{PROG}: interrupted; the last checkpoint (if any) is in {cfg.out}; "
-            f"`{_continue_command(argv)}` continues from it",
+            f"{PROG}: stopped by {signal_name(exc)}; the last checkpoint (if any) is in "
+            f"{cfg.out}; `{_continue_command(argv)}` continues from it",
             file=sys.stderr,
         )
-        return 130
+        return exit_code(exc)
     finally:
         run_dir.release()
     print(
