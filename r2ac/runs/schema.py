@@ -60,6 +60,8 @@ def describe(spec: Any) -> str:
         keys = [k for k, v in spec.items() if not isinstance(v, Opt)]
         return f"a dict with keys {', '.join(map(repr, keys))}" if keys else "a dict"
     if isinstance(spec, MapOf):
+        if spec.value is torch.Tensor:
+            return "a state_dict (a dict of names to tensors)"
         return f"a dict of names to values each {describe(spec.value)}"
     if isinstance(spec, ListOf):
         return f"a list of {describe(spec.item)}"
