@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from r2ac.runs import stop
+
 # name -> (module, one-line help). Nested commands ("bench core") use "bench" and let the
 # module dispatch on its own first argument.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -43,7 +45,26 @@ def _usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Run a command. SIGINT / SIGTERM are handled from this first line to the exit: one line
+    and exit 130 / 143 (a command's own handling stops cleanly, r2ac.runs.stop); once the
+    command has returned (everything written), a late signal leaves its exit code."""
+    previous = stop.install_handlers()  # first: a signal during the imports is one line too
+    entry, name = argv is None, "r2ac"
+    try:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        name = f"r2ac {argv[0]}" if argv and argv[0] in SUBCOMMANDS else name
+        return _dispatch(argv)
+    except KeyboardInterrupt as exc:  # outside a command's own handling (Terminated: SIGTERM)
+        print(f"{name}: stopped by {stop.signal_name(exc)}", file=sys.stderr)
+        return stop.exit_code(exc)
+    finally:
+        if entry:  # this process's command: done; a signal now must not change its exit code
+            stop.ignore_signals()
+        else:  # called in-process (tests): leave the caller's handlers as they were
+            stop.restore_handlers(previous)
+
+
+def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2

@@ -15,6 +15,11 @@ returns them on free, so every new sensitivity tensor of the RTRL carry (33 MB a
 D=257, B=32) pays ~8000 page faults (measured: a 33 MB clone takes ~10 ms instead of ~1 ms).
 Turning mmap off for the heap and never trimming it lets freed blocks be reused, as a caching
 allocator would. The same effect can be had with jemalloc or tcmalloc via LD_PRELOAD.
+
+`available_bytes()`: the memory available now (MemAvailable, capped by a cgroup limit);
+`check_memory(parts, what, device)`: the one-line refusal of a job whose estimated memory
+exceeds it (`r2ac copy`, `r2ac bench core`; `r2ac train` has its own model in
+r2ac.rl.resources).
 """
 
 from __future__ import annotations
@@ -129,3 +134,57 @@ def time_alternating(fns: dict, repeats: int, warmup: int, device) -> dict[str, 
             if i >= warmup:
                 times[name].append(time.perf_counter() - t0)
     return {k: 1e3 * statistics.median(v) for k, v in times.items()}
+
+
+def available_bytes() -> int | None:
+    """MemAvailable, capped by a cgroup (v2) limit; None where neither can be read."""
+    values = []
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    values.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as fh, open("/sys/fs/cgroup/memory.current") as cur:
+            limit = fh.read().strip()
+            if limit != "max":
+                values.append(int(limit) - int(cur.read().strip()))
+    except (OSError, ValueError):
+        pass
+    return min(values) if values else None
+
+
+GIB = 2**30
+
+
+def device_available_bytes(device: str) -> int | None:
+    """Free memory of `device` (cuda[:i]: the driver's free bytes), or the host's."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    return available_bytes()
+
+
+def check_memory(parts: dict[str, tuple[int, str]], what: str, device: str = "cpu") -> None:
+    """ConfigError (one line naming the largest part's option) if the parts, bytes each with
+    the option that sizes it, exceed the memory available on `device`; called before a job
+    allocates. R2AC_SKIP_MEMORY_CHECK=1 turns it off."""
+    import os
+
+    from r2ac.errors import ConfigError
+
+    if os.environ.get("R2AC_SKIP_MEMORY_CHECK") == "1":
+        return
+    available = device_available_bytes(device)
+    total = sum(b for b, _ in parts.values())
+    if available is None or total <= available:
+        return
+    name, (size, option) = max(parts.items(), key=lambda kv: kv[1][0])
+    raise ConfigError(
+        f"{what} needs about {total / GIB:.1f} GiB ({name} {size / GIB:.1f} GiB) but "
+        f"{available / GIB:.1f} GiB are available; lower {option} "
+        "(R2AC_SKIP_MEMORY_CHECK=1 skips this check)"
+    )

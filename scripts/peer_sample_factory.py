@@ -27,10 +27,11 @@ Everything after `--` goes verbatim to the end of `r2ac train` (e.g. the new lea
 
 What runs, per env, seed and repeat, alternated run by run (r2ac, SF, r2ac, SF, ...):
 
-* r2ac: `<repo>/.venv/bin/python -m r2ac.cli train --preset popgym --env gym/popgym-<Env>-v0
+* r2ac: `<repo>/.venv/bin/python -m r2ac.cli train --preset P --env gym/popgym-<Env>-v0
   --core gru-bptt --unroll-length 4 --seed S --total-frames F --out-dir D --no-progress
-  [pass-through]` (serial runtime, 1 learner thread, 32 streams, greedy eval 3 x 100 episodes
-  at the end, written to D/eval.json).
+  [pass-through]`, P = `--r2ac-preset` (default popgym; popgym-impala is the IMPALA recipe
+  it replaced); serial runtime, 1 learner thread, 32 streams, greedy eval 3 x 100 episodes
+  at the end, written to D/eval.json.
 * SF 2.1.1 (`<peer-venv>/bin/python scripts/peer_sample_factory.py _sf ...`): APPO with
   `--serial_mode True --async_rl False` (one process: sampler, batcher and learner take turns,
   i.e. synchronous PPO-style training; torch threads 1 like r2ac's learner), 1 worker x 32 envs
@@ -179,7 +180,7 @@ def run_r2ac(args, env: str, seed: int, out: Path) -> dict:
         "r2ac.cli",
         "train",
         "--preset",
-        "popgym",
+        args.r2ac_preset,
         "--env",
         f"gym/{env_id(env)}",
         "--core",
@@ -282,7 +283,7 @@ def median(xs):
     return statistics.median(xs) if xs else None
 
 
-def table(records: list[dict], envs: list[str], seeds: list[int]) -> str:
+def table(records: list[dict], envs: list[str], seeds: list[int], preset: str) -> str:
     lines = [
         "| system | env | seed(s) | frames/s (median) | ratio r2ac/peer | greedy eval |",
         "|---|---|---|---|---|---|",
@@ -296,7 +297,8 @@ def table(records: list[dict], envs: list[str], seeds: list[int]) -> str:
                 median([r.get("fps_steady") for r in runs]),
                 median([r.get("fps_e2e") for r in runs]),
             )
-        for system, label in (("r2ac", R2AC_LABEL), ("sf", SF_LABEL)):
+        r2ac_label = R2AC_LABEL.replace("r2ac", f"r2ac --preset {preset}")
+        for system, label in (("r2ac", r2ac_label), ("sf", SF_LABEL)):
             runs = [r for r in records if r["system"] == system and r["env"] == e]
             steady, e2e = fps[system]
             if steady is None and e2e is None:
@@ -352,6 +354,9 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--peer-threads", type=int, default=1, help="torch threads of SF's process")
     p.add_argument("--r2ac-python", default=str(REPO / ".venv" / "bin" / "python"))
+    p.add_argument(
+        "--r2ac-preset", default="popgym", help="r2ac's preset (e.g. popgym-impala, the old one)"
+    )
     p.add_argument("--sf-args", default="", help="extra SF arguments (one string)")
     p.add_argument(
         "--out-root", type=Path, default=None, help="where runs go (default runs/peer/<time>)"
@@ -397,7 +402,7 @@ def main(argv: list[str]) -> int:
                             file=sys.stderr,
                             flush=True,
                         )
-    text = table(records, envs, seeds)
+    text = table(records, envs, seeds, args.r2ac_preset)
     print(text)
     if args.json_out:
         doc = {
@@ -407,6 +412,7 @@ def main(argv: list[str]) -> int:
             "repeats": args.repeats,
             "envs": envs,
             "seeds": seeds,
+            "r2ac_preset": args.r2ac_preset,
             "r2ac_args": r2ac_args,
             "sf_args": args.sf_args,
             "cpus": os.cpu_count(),

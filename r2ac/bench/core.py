@@ -29,7 +29,7 @@ from r2ac.bench import bandwidth
 from r2ac.bench.probe import run_fresh
 from r2ac.environ import environ
 from r2ac.errors import ConfigError, check_writable
-from r2ac.perf import keep_freed_memory, peak_memory_mib, time_alternating
+from r2ac.perf import check_memory, keep_freed_memory, peak_memory_mib, time_alternating
 from r2ac.rtrl import ELSTM, ELSTMSensitivity, ELSTMState
 from r2ac.rtrl.elstm import gpu_carry, native
 from r2ac.rtrl.elstm import math as em
@@ -326,7 +326,21 @@ def checked_shapes(cfg: BenchCoreConfig) -> list[tuple[int, int, int, int]]:
     for path, option in ((cfg.json_out, "--json-out"), (cfg.table_out, "--table-out")):
         if path:
             check_writable(path, option, is_file=True)
-    return list(GRIDS[cfg.grid]) if cfg.grid else [parse_shape(s) for s in cfg.shapes]
+    shapes = list(GRIDS[cfg.grid]) if cfg.grid else [parse_shape(s) for s in cfg.shapes]
+    item = DTYPES[cfg.dtype].itemsize
+    for shape in shapes:  # one shape at a time is held: the largest decides
+        check_memory(memory_parts(shape, item), f"shape {','.join(map(str, shape))}", cfg.device)
+    return shapes
+
+
+def memory_parts(shape: tuple[int, int, int, int], item: int) -> dict[str, tuple[int, str]]:
+    """Rough bytes one shape T,B,N,D holds: the sensitivities (B x 2N x D, their successor
+    and the carry benchmark's copy), inputs and readout, the activations of the backward."""
+    T, B, N, D = shape
+    return {
+        "sensitivities": (3 * B * 2 * N * D * item, "N or D (or B) of --shapes"),
+        "activations": (T * B * (D + 16 * N) * item, "T or B of --shapes"),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,8 +26,9 @@ And the learner's own figures from metrics.csv over the same window: the median 
 an update (`learner_ms`; the frames/s the learner alone could take is M x B / learner_ms,
 which says whether a run was bound by its actors or its learner) and, on CUDA, the peak
 memory torch allocated (`learner_cuda_peak_mib`). `--seconds S` stops each run with SIGINT
-after S seconds (a clean stop: the update in flight finishes and metrics.csv is whole), for
-runs whose speed is not known in advance, e.g. on a GPU machine with a time limit.
+S seconds after its first metrics row (start-up excluded; a clean stop: the update in flight
+finishes and metrics.csv is whole), for runs whose speed is not known in advance, e.g. on a
+GPU machine with a time limit.
 """
 
 from __future__ import annotations
@@ -151,13 +152,19 @@ def run_one(spec: str, options: list[str], out: Path, seconds: float | None = No
         proc = subprocess.Popen(cmd + options, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
         samples: list[tuple[float, float]] = []  # (frames, tree CPU seconds)
         seen: dict[int, int] = {}
+        started = None  # when the first metrics row appeared: --seconds counts from there
         while proc.poll() is None:
-            if seconds is not None and time.perf_counter() - t0 > seconds:
+            if (
+                seconds is not None
+                and started is not None
+                and time.perf_counter() > started + seconds
+            ):
                 proc.send_signal(signal.SIGINT)  # once: the run stops after this update
                 seconds = None
             cpu, frames = tree_cpu_s(proc.pid, seen), last_frames(out / "metrics.csv")
             if frames is not None and (not samples or frames > samples[-1][0]):
                 samples.append((frames, cpu))
+                started = started or time.perf_counter()
             time.sleep(0.5)
         wall = time.perf_counter() - t0
         stderr.seek(0)
@@ -187,7 +194,9 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="r2ac bench runtime", description=__doc__.splitlines()[0])
     parser.add_argument("--runtimes", nargs="+", default=["serial", "parallel", "ray"])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seconds", type=float, help="stop each run (SIGINT) after this long")
+    parser.add_argument(
+        "--seconds", type=float, help="stop each run (SIGINT) this long after its first update"
+    )
     parser.add_argument("--json-out", type=Path, help="every run's figures, as JSON")
     return parser.parse_args(argv), options
 

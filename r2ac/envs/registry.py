@@ -66,6 +66,8 @@ def parse_options(pairs: list[str]) -> dict[str, Any]:
         key, sep, text = pair.partition("=")
         if not sep:
             raise ConfigError(f"env options are key=value, got {pair!r}")
+        if key in options:
+            raise ConfigError(f"--env-options gives {key!r} twice ({key}={options[key]!r}, {pair})")
         options[key] = _literal(text)
     return options
 

@@ -26,6 +26,7 @@ import torch
 
 from r2ac.errors import ConfigError, check_writable
 from r2ac.experiments import grids, report, runner
+from r2ac.runs.stop import exit_code, signal_name
 
 
 @dataclass(frozen=True)
@@ -207,9 +208,12 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return stop.exit_code
-    except KeyboardInterrupt:  # before any run started: nothing to stop
-        print("r2ac experiment: interrupted; re-run the same command to resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # before any run started: nothing to stop
+        print(
+            f"r2ac experiment: stopped by {signal_name(exc)}; re-run the same command to resume",
+            file=sys.stderr,
+        )
+        return exit_code(exc)
 
 
 __all__ = ["ExperimentConfig", "main", "run_experiment"]

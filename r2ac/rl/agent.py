@@ -20,6 +20,7 @@ from r2ac.errors import ConfigError
 from r2ac.rl.nets import PolicyValueHeads
 from r2ac.rtrl import RecurrentCore
 from r2ac.runs import checkpoint
+from r2ac.runs.schema import WEIGHTS_FILE
 
 STEM_PREFIX = "stem."
 
@@ -153,13 +154,11 @@ class Agent(nn.Module):
         A frozen stem stays frozen.
         """
         try:
-            obj = checkpoint.load(path)
+            obj = checkpoint.load(path, expect=WEIGHTS_FILE, what="weights file")
         except (FileNotFoundError, checkpoint.CheckpointError) as exc:
             raise ConfigError(f"cannot load stem weights from {path}: {exc}") from exc
-        if isinstance(obj, Mapping) and isinstance(obj.get("agent"), Mapping):
+        if isinstance(obj.get("agent"), Mapping):
             obj = obj["agent"]
-        if not isinstance(obj, Mapping):
-            raise ConfigError(f"{path}: expected an agent state_dict, got {type(obj).__name__}")
         loaded = {k[len(STEM_PREFIX) :]: v for k, v in obj.items() if k.startswith(STEM_PREFIX)}
         expected = self.stem.state_dict()
         problems = [f"missing {k}" for k in expected if k not in loaded]

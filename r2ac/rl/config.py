@@ -354,6 +354,10 @@ _FINITE = (
     "progress_every_s",
     "actor_timeout_s",
 )
+# Bounds of the final evaluation (sets x episodes): far above any protocol in use (3 x 100),
+# far below an evaluation that would never end
+MAX_EVAL_SETS = 1_000
+MAX_EVAL_EPISODES = 100_000
 # (option, whether its value is in range, the range in words)
 _RANGES = (
     ("learning_rate", lambda v: v >= 0, ">= 0"),
@@ -369,6 +373,8 @@ _RANGES = (
     ("popart_sigma_floor", lambda v: v >= 0, ">= 0"),
     ("progress_every_s", lambda v: v > 0, "> 0"),
     ("actor_timeout_s", lambda v: v > 0, "> 0"),
+    ("eval_sets", lambda v: v <= MAX_EVAL_SETS, f"at most {MAX_EVAL_SETS:,}"),
+    ("eval_episodes", lambda v: v <= MAX_EVAL_EPISODES, f"at most {MAX_EVAL_EPISODES:,}"),
 )
 _NON_NEGATIVE = (
     "num_actors",
@@ -419,6 +425,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     from r2ac.rl.nets import check_image_stem
 
     check_image_stem(cfg.model.image_stem)
+    if cfg.run.out_dir is not None and not cfg.run.out_dir.strip():
+        raise ConfigError("--out-dir is empty; give a folder (or leave it out: runs/<name>)")
     loss, rt = cfg.loss, cfg.runtime
     if loss.popart_sigma_floor and not (loss.popart and loss.popart_advantages):
         raise ConfigError(
@@ -550,11 +558,15 @@ def flatten(data: dict) -> dict:
     }
 
 
-def from_dict(data: dict) -> TrainConfig:
-    """The config of a config.json or checkpoint (grouped, or flat from an older run)."""
+def from_dict(data: dict, require: tuple[str, ...] = ()) -> TrainConfig:
+    """The config of a config.json or checkpoint (grouped, or flat from an older run);
+    ConfigError if one of the flat options `require` is missing."""
     if not isinstance(data, dict):
         raise ConfigError(f"config must be a JSON object, got {type(data).__name__}")
     flat = flatten(data)
+    missing = [n for n in require if n not in flat]
+    if missing:
+        raise ConfigError(f"config lacks {', '.join(missing)} (emptied or damaged?)")
     unknown = sorted(set(flat) - set(FLAT_FIELDS))
     if unknown:
         raise ConfigError(f"config has unknown fields {unknown}")

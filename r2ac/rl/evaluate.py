@@ -20,10 +20,9 @@ import torch
 from r2ac.errors import ConfigError, MissingDependencyError, check_writable
 from r2ac.rl.agent import Agent
 from r2ac.rl.build import agent_for_env, eval_seed, make_env
-from r2ac.rl.config import TrainConfig, validate
-from r2ac.rl.run_dir import RunDir
+from r2ac.rl.config import MAX_EVAL_EPISODES, MAX_EVAL_SETS, TrainConfig, validate
+from r2ac.rl.run_dir import RunDir, agent_weights
 from r2ac.rl.runtimes.base import load_agent_weights
-from r2ac.runs import checkpoint
 from r2ac.runs.run_dir import write_json
 
 MAX_STREAMS = 32
@@ -120,7 +119,7 @@ def evaluate_run(
     env = make_env(cfg, 1, 0)
     agent = agent_for_env(cfg, env, load_stem=False)
     env.close()
-    load_agent_weights(agent, checkpoint.load(run.agent_path)["agent"], run.agent_path)
+    load_agent_weights(agent, agent_weights(run.agent_path), run.agent_path)
     result = evaluate(
         agent,
         cfg,
@@ -130,6 +129,17 @@ def evaluate_run(
         seed,
     )
     return result, write_eval(run, result, out)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """ConfigError for counts out of 1..their bound, or a seed out of 0..2**63-1."""
+    bounds = {"sets": MAX_EVAL_SETS, "episodes": MAX_EVAL_EPISODES}
+    for name, bound in bounds.items():
+        value = getattr(args, name)
+        if value is not None and not 1 <= value <= bound:
+            raise ConfigError(f"--{name} must be in 1..{bound:,}, got {value:,}")
+    if args.seed is not None and not 0 <= args.seed < 2**63:
+        raise ConfigError(f"--seed must be in 0..2**63-1, got {args.seed}")
 
 
 def main(argv: list[str]) -> int:
@@ -148,9 +158,7 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        for name in ("sets", "episodes"):
-            if getattr(args, name) is not None and getattr(args, name) < 1:
-                raise ConfigError(f"--{name} must be positive, got {getattr(args, name)}")
+        check_args(args)
         result, path = evaluate_run(
             args.run_dir, args.sets, args.episodes, args.greedy, args.seed, args.out
         )

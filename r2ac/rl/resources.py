@@ -19,6 +19,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from r2ac.errors import ConfigError
+from r2ac.perf import available_bytes
 from r2ac.rl.config import TrainConfig
 
 FLOAT = 4  # bytes of the float32 buffers, activations and states
@@ -81,26 +82,6 @@ def estimate(cfg: TrainConfig, s: Sizes) -> dict[str, tuple[int, str]]:
         "core states": (3 * B * s.state_bytes, "--hidden-size or --batch-size"),
         "parameters": (4 * s.param_bytes, "--hidden-size, --stem-features or the env's size"),
     }
-
-
-def available_bytes() -> int | None:
-    """MemAvailable, capped by a cgroup (v2) limit; None where neither can be read."""
-    values = []
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    values.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError):
-        pass
-    try:
-        with open("/sys/fs/cgroup/memory.max") as fh, open("/sys/fs/cgroup/memory.current") as cur:
-            limit = fh.read().strip()
-            if limit != "max":
-                values.append(int(limit) - int(cur.read().strip()))
-    except (OSError, ValueError):
-        pass
-    return min(values) if values else None
 
 
 def measure(cfg: TrainConfig) -> Sizes:

@@ -22,10 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from r2ac.errors import ConfigError, check_writable
 from r2ac.rl.config import TrainConfig, flatten, from_dict, to_dict
 from r2ac.runs import checkpoint
-from r2ac.runs.run_dir import LockedDir, git_revision, holds_nothing, write_json
+from r2ac.runs.run_dir import LockedDir, git_revision, holds_nothing, read_json, write_json
+from r2ac.runs.schema import NUMBER, OPTIMIZER, STATE_DICT, WEIGHTS_FILE, ListOf, Opt
 
 COLUMNS = (
     "update",
@@ -49,6 +52,46 @@ COLUMNS = (
     "learner_ms",  # wall time of the last update (host-to-device copy included)
     "learner_cuda_peak_mib",  # peak CUDA memory allocated by torch so far; blank on the CPU
 )
+
+
+# What `--resume` needs of checkpoints/latest.pt (r2ac.runs.schema), checked before use.
+ACTOR_STATE = {
+    "obs": object,
+    "last_reward": object,
+    "reset": object,
+    "state": object,
+    "generator": torch.Tensor,
+    "env": object,
+}
+TRAINING_CHECKPOINT = {
+    "agent": STATE_DICT,
+    "learner": {"optimizer": OPTIMIZER, "scheduler": dict},
+    "rng": {"torch": torch.Tensor, "numpy": (tuple, list), "python": (tuple, list)},
+    "counters": {
+        "update": Opt(int),
+        "frames": Opt(int),
+        "episodes": Opt(int),
+        "returns": Opt(ListOf(NUMBER)),
+        "lengths": Opt(ListOf(NUMBER)),
+        "elapsed": Opt(NUMBER),
+    },
+    "config": Opt(dict),
+    "runtime": Opt(str),
+    "actors": Opt(ListOf(ACTOR_STATE)),
+    "actor_restarts": Opt(int),
+}
+
+
+def agent_weights(path: str | Path) -> dict:
+    """The agent state_dict in a weights file (`{"agent": ...}` or a bare state_dict, e.g. a
+    foreign one: loaded with a warning that it has no checksum)."""
+    obj = checkpoint.load(path, expect=WEIGHTS_FILE, what="weights file")
+    return obj["agent"] if isinstance(obj.get("agent"), dict) else obj
+
+
+# Options every config.json holds (older ones lack some later options, never these): a
+# config without them was emptied or damaged, and defaults must not stand in for them
+REQUIRED_FIELDS = ("env", "core", "hidden_size", "unroll_length", "batch_size", "total_frames")
 
 
 def default_out_dir(cfg: TrainConfig, root: str | Path = "runs") -> str:
@@ -130,9 +173,15 @@ class RunDir(LockedDir):
         return run
 
     def config(self) -> TrainConfig:
+        """The run's config (ConfigError naming config.json for a damaged or emptied one)."""
+        meta = read_json(self.config_path)
+        if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
+            raise ConfigError(f"{self.config_path}: no config object in it; restore the file")
         try:
-            return from_dict(json.loads(self.config_path.read_text())["config"])
-        except (KeyError, TypeError, json.JSONDecodeError) as exc:
+            return from_dict(meta["config"], require=REQUIRED_FIELDS)
+        except ConfigError as exc:
+            raise ConfigError(f"{self.config_path}: {exc}") from exc
+        except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{self.config_path}: unreadable config ({exc})") from exc
 
     def save_checkpoint(self, payload: dict[str, Any]) -> None:
@@ -157,8 +206,11 @@ class RunDir(LockedDir):
                 f"{self.path} has no checkpoint (it stopped before its first "
                 f"one); start it again with `r2ac train --restart {self.path}`"
             )
-        # Weights-only and checksummed: a run directory may come from someone else.
-        return checkpoint.load(self.checkpoint_path)
+        # Weights-only, checksummed, its structure checked: a run directory may come from
+        # someone else.
+        return checkpoint.load(
+            self.checkpoint_path, expect=TRAINING_CHECKPOINT, what="training checkpoint"
+        )
 
 
 # Fields a user may change in config.json between runs of one directory: where it lives and
@@ -170,12 +222,16 @@ EDITABLE_FIELDS = frozenset(
 
 def config_differences(saved: dict, current: dict) -> list[str]:
     """`field: checkpoint X, config.json Y` for each training field that differs (by flat
-    option names, whether either side is grouped or flat)."""
+    option names, whether either side is grouped or flat; an option missing from a side,
+    one its run predates, counts as its default)."""
 
     def norm(value):  # tuples and lists alike, as JSON has them
         return json.loads(json.dumps(value))
 
-    saved, current = flatten(saved), flatten(current)  # a checkpoint from before the groups
+    # A checkpoint from before the groups is flat; an option it predates had its default.
+    defaults = TrainConfig().flat()
+    saved = {**defaults, **flatten(saved)}
+    current = {**defaults, **flatten(current)}
     names = sorted((set(saved) | set(current)) - EDITABLE_FIELDS)
     return [
         f"{n}: checkpoint {norm(saved.get(n))!r}, config.json {norm(current.get(n))!r}"

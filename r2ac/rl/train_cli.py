@@ -29,8 +29,9 @@ from r2ac.rl.config import RUNTIMES, TrainConfig, validate
 from r2ac.rl.presets import PRESETS, preset, preset_help
 from r2ac.rl.resources import check_resources
 from r2ac.rl.run_dir import RunDir, check_same_config, default_out_dir, plot_curve
-from r2ac.rl.runtimes.base import ActorError
-from r2ac.runs.stop import TrainingInterrupted, raise_on_signal
+from r2ac.rl.runtimes.base import ActorError, TrainingDiverged
+from r2ac.runs.checkpoint import CheckpointError
+from r2ac.runs.stop import TrainingInterrupted, exit_code, raise_on_signal, signal_name
 
 
 def _pop_option(argv: list[str], name: str) -> str | None:
@@ -138,10 +139,7 @@ def _prepare_existing(resume: str | None, restart: str | None, argv: list[str]):
         cfg = validate(run.config())
         check_resources(cfg)
         if resume is not None:
-            payload = run.load_checkpoint()
-            check_same_config(run, cfg, payload)
-            runtime = make_runtime(cfg, run)
-            runtime.restore(payload)
+            runtime = _resumed_runtime(cfg, run)
         else:
             runtime = make_runtime(cfg, run)
             run.restart()
@@ -149,6 +147,24 @@ def _prepare_existing(resume: str | None, restart: str | None, argv: list[str]):
         run.release()
         raise
     return cfg, run, runtime, None
+
+
+def _resumed_runtime(cfg: TrainConfig, run: RunDir):
+    """The runtime with the checkpoint's state; a checkpoint whose structure passed the check
+    but whose values do not fit (e.g. an RNG state of the wrong form) is refused in one line."""
+    payload = run.load_checkpoint()
+    try:
+        check_same_config(run, cfg, payload)
+        runtime = make_runtime(cfg, run)
+        runtime.restore(payload)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        detail = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise CheckpointError(
+            f"{run.checkpoint_path}: malformed training checkpoint ({type(exc).__name__}: {detail})"
+        ) from exc
+    return runtime
 
 
 def finish(cfg: TrainConfig, run: RunDir, runtime) -> None:
@@ -183,9 +199,9 @@ def main(argv: list[str]) -> int:
     except OSError as exc:  # e.g. a full or read-only disk found when creating the run
         print(f"r2ac train: error: cannot write the run directory: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C while imports and envs were still being set up
-        print("r2ac train: interrupted before training started", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # a signal while imports and envs were being set up
+        print(f"r2ac train: stopped by {signal_name(exc)} before training started", file=sys.stderr)
+        return exit_code(exc)
     try:
         return _train(cfg, run, runtime)
     finally:
@@ -217,6 +233,14 @@ def _train(cfg: TrainConfig, run: RunDir, runtime) -> int:
             file=sys.stderr,
         )
         return 1
+    except TrainingDiverged as exc:  # nothing of the diverged update was saved
+        where = (
+            f"the last checkpoint (before it) is in {run.path}"
+            if run.checkpoint_path.is_file()
+            else "no checkpoint was written"
+        )
+        print(f"r2ac train: error: {exc}; {where}", file=sys.stderr)
+        return 1
     except ActorError as exc:  # the learner is whole: its last update is checkpointed
         if exc.traceback:
             print(exc.traceback.rstrip(), file=sys.stderr)
@@ -226,12 +250,12 @@ def _train(cfg: TrainConfig, run: RunDir, runtime) -> int:
             file=sys.stderr,
         )
         return 1
-    except KeyboardInterrupt:  # a second Ctrl-C: stopped mid-update
+    except KeyboardInterrupt as exc:  # a second Ctrl-C, or a signal outside the loop's guard
         if run.checkpoint_path.is_file():
             where = f"the last checkpoint is in {run.path} (`r2ac train --resume {run.path}`"
             where += " continues from it)"
         else:
             where = f"no checkpoint yet (`r2ac train --restart {run.path}` starts it again)"
-        print(f"r2ac train: interrupted; {where}", file=sys.stderr)
-        return 130
+        print(f"r2ac train: stopped by {signal_name(exc)}; {where}", file=sys.stderr)
+        return exit_code(exc)
     return 0

@@ -43,6 +43,7 @@ import torch
 
 from r2ac.errors import ConfigError
 from r2ac.flat import FlatTensors
+from r2ac.runs import schema
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,9 @@ TAG = "__r2ac_encoded__"
 ALLOWED_MODULE_PREFIX = "r2ac."
 CONVERT_HINT = "python -m r2ac.runs.checkpoint convert"
 TEMP_SUFFIX = ".tmp"
+GIB = 2**30
+MIN_LIMIT = 1 * GIB  # the smallest size limit, however little memory is free
+DEFAULT_LIMIT = 64 * GIB  # where the memory available cannot be read
 # Modules that moved: the class names stored in files written before the move still load.
 MOVED_MODULES = {
     "r2ac.rtrl.elstm_math": "r2ac.rtrl.elstm.math",
@@ -137,18 +141,11 @@ def _allowed_namedtuple(name: str, base: type = tuple) -> type:
 
 
 def decode(obj: Any) -> Any:
-    """Inverse of ``encode``."""
+    """Inverse of ``encode``; CheckpointError for a tagged entry that is malformed."""
     if isinstance(obj, dict):
         kind = obj.get(TAG) if all(isinstance(k, str) for k in obj) else None
-        if kind == "ndarray":
-            return obj["data"].numpy()
-        if kind == "npscalar":
-            return obj["data"].numpy()[()]
-        if kind == "namedtuple":
-            return _allowed_namedtuple(obj["type"])(*(decode(v) for v in obj["fields"]))
-        if kind == "carried":
-            cls = _allowed_namedtuple(obj["type"], base=FlatTensors)
-            return cls.from_tensors(*(decode(v) for v in obj["fields"]))
+        if kind is not None:
+            return _decode_tagged(kind, obj)
         out = OrderedDict() if isinstance(obj, OrderedDict) else {}
         for key, value in obj.items():
             out[key] = decode(value)
@@ -158,6 +155,34 @@ def decode(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Size):
         return type(obj)(decode(v) for v in obj)
     return obj
+
+
+def _decode_tagged(kind: Any, obj: dict) -> Any:
+    """A numpy value or a NamedTuple from its tagged dict (see ``encode``)."""
+    if kind in ("ndarray", "npscalar"):
+        data = obj.get("data")
+        if not isinstance(data, torch.Tensor):
+            raise CheckpointError(f"malformed {kind} entry: its data is {type(data).__name__}")
+        try:
+            array = data.numpy()
+        except (TypeError, RuntimeError) as exc:  # e.g. a dtype numpy lacks
+            raise CheckpointError(f"malformed {kind} entry: {exc}") from exc
+        return array if kind == "ndarray" else array[()]
+    if kind not in ("namedtuple", "carried"):
+        raise CheckpointError(f"unknown tag {str(kind)[:40]!r}")
+    name, fields = obj.get("type"), obj.get("fields")
+    if not isinstance(name, str) or not isinstance(fields, list):
+        raise CheckpointError(
+            f"malformed {kind} entry: type {type(name).__name__}, fields "
+            f"{type(fields).__name__} (expected a string and a list)"
+        )
+    values = [decode(v) for v in fields]
+    try:
+        if kind == "carried":
+            return _allowed_namedtuple(name, base=FlatTensors).from_tensors(*values)
+        return _allowed_namedtuple(name)(*values)
+    except (TypeError, ValueError, AttributeError, IndexError, RuntimeError) as exc:
+        raise CheckpointError(f"malformed {name} entry: {exc}") from exc
 
 
 # --- file format -------------------------------------------------------------------------------
@@ -173,20 +198,52 @@ def to_parts(obj: Any) -> tuple[bytes, memoryview]:
     return MAGIC + f"sha256 {digest} {len(body)}\n".encode(), body
 
 
-def _read_checked(f, path: Path) -> bytes:
+def size_limit() -> int:
+    """The largest checkpoint `load` reads: R2AC_MAX_CHECKPOINT_GIB if set, else half the
+    memory available now (a file is read whole and then unpickled: about twice its size),
+    at least MIN_LIMIT. Real checkpoints are far smaller (an agent.pt of the largest preset
+    is a few MB, its latest.pt tens of MB)."""
+    given = os.environ.get("R2AC_MAX_CHECKPOINT_GIB")
+    if given:
+        try:
+            return int(float(given) * GIB)
+        except ValueError:
+            raise ConfigError(f"R2AC_MAX_CHECKPOINT_GIB={given!r} is not a number") from None
+    from r2ac.perf import available_bytes
+
+    available = available_bytes()
+    return max(MIN_LIMIT, available // 2) if available else DEFAULT_LIMIT
+
+
+def _check_size(path: Path, size: int) -> None:
+    limit = size_limit()
+    if size > limit:
+        how = (
+            "R2AC_MAX_CHECKPOINT_GIB"
+            if os.environ.get("R2AC_MAX_CHECKPOINT_GIB")
+            else ("half the memory available now; R2AC_MAX_CHECKPOINT_GIB raises it")
+        )
+        raise CheckpointError(
+            f"{path}: {size / GIB:.1f} GiB is more than a checkpoint may be (limit "
+            f"{limit / GIB:.1f} GiB: {how}); refused without reading it"
+        )
+
+
+def _read_checked(f, path: Path, size: int) -> bytes:
     """The body of a file in the checksummed format (`f` after MAGIC), after checking its
-    length and digest."""
+    length (before reading it) and digest."""
     fields = f.readline(200).split()
     if len(fields) != 3 or fields[0] != b"sha256" or not fields[2].isdigit():
         raise CheckpointError(f"{path}: damaged checkpoint header; the file cannot be used")
-    body = f.read()
-    if len(body) != int(fields[2]):
-        what = "truncated" if len(body) < int(fields[2]) else "damaged"
+    stated, actual = int(fields[2]), size - f.tell()
+    if actual != stated:
+        what = "truncated" if actual < stated else "damaged"
         raise CheckpointError(
-            f"{path}: {what} checkpoint ({len(body)} bytes, the header says "
-            f"{int(fields[2])}); the file cannot be used"
+            f"{path}: {what} checkpoint ({actual} bytes, the header says {stated}); "
+            "the file cannot be used"
         )
-    if hashlib.sha256(body).hexdigest() != fields[1].decode():
+    body = f.read()
+    if hashlib.sha256(body).hexdigest() != fields[1].decode(errors="replace"):
         raise CheckpointError(f"{path}: checksum mismatch (the file is corrupted); refusing it")
     return body
 
@@ -195,6 +252,8 @@ def _unpickle(source, path: Path, map_location, legacy: bool) -> Any:
     try:
         return torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
+        if not _names_an_object(str(exc)):  # garbled bytes, not a pickle at all
+            raise CheckpointError(f"{path}: {_not_a_checkpoint(legacy, _reason(exc))}") from exc
         if legacy:
             raise CheckpointError(
                 f"{path}: refused: the file holds objects other than data (an old checkpoint of "
@@ -204,34 +263,100 @@ def _unpickle(source, path: Path, map_location, legacy: bool) -> Any:
         raise CheckpointError(
             f"{path}: refused: the checkpoint holds objects other than data (it could run code)"
         ) from exc
+    except RecursionError as exc:
+        raise CheckpointError(f"{path}: refused: nested too deeply to be a checkpoint") from exc
     except Exception as exc:  # noqa: BLE001  (torch raises many kinds for a foreign file)
+        raise CheckpointError(f"{path}: {_not_a_checkpoint(legacy, _reason(exc))}") from exc
+
+
+def _names_an_object(message: str) -> bool:
+    """Whether torch's weights-only refusal is about a class or function the file names (a
+    pickle that could run code), not about bytes that are no pickle."""
+    return any(s in message for s in ("GLOBAL", "Can only create", "Can only build"))
+
+
+def _reason(exc: BaseException) -> str:
+    """The line of torch's message that says what was wrong (its advice left out)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    after = [ln for i, ln in enumerate(lines) if i and "WeightsUnpickler error" in lines[i - 1]]
+    text = (after or lines or [type(exc).__name__])[0]
+    return "empty file" if isinstance(exc, EOFError) and not str(exc) else text[:120]
+
+
+def _not_a_checkpoint(legacy: bool, reason: str) -> str:
+    if legacy:
+        return f"not a checkpoint (neither the {MAGIC.decode().strip()} format nor a torch.save file: {reason})"
+    return f"the checkpoint body cannot be read ({reason})"
+
+
+def _check_magic(head: bytes, path: Path) -> None:
+    """A file that starts like the checkpoint format but not with its exact first line."""
+    if head[:8] == MAGIC[:8] and head != MAGIC:
+        first = head.split(b"\n")[0].decode(errors="replace")
         raise CheckpointError(
-            f"{path}: not a checkpoint, or a truncated one "
-            f"({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})"
-        ) from exc
+            f"{path}: damaged checkpoint header (first line {first!r}, expected "
+            f"{MAGIC.decode().strip()!r}); the file cannot be used"
+        )
 
 
-def load(path: str | os.PathLike, map_location: str | torch.device | None = "cpu") -> Any:
-    """A checkpoint written by ``save_atomic``: digest checked, weights-only, decoded.
+def _open(path: Path):
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file")
+    try:
+        return path.open("rb")
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read it ({exc.strerror})") from exc
+
+
+def _read(path: Path, map_location) -> tuple[Any, bool]:
+    """The decoded content of `path`, and whether it had a checksum."""
+    with _open(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        _check_size(path, size)
+        head = f.read(len(MAGIC))
+        if head == MAGIC:
+            body = _read_checked(f, path, size)
+            return _unpickle(io.BytesIO(body), path, map_location, False), True
+        _check_magic(head, path)
+        f.seek(0)
+        return _unpickle(f, path, map_location, True), False  # torch reads what it needs
+
+
+def load(
+    path: str | os.PathLike,
+    map_location: str | torch.device | None = "cpu",
+    expect: Any = object,
+    what: str = "checkpoint",
+) -> Any:
+    """A checkpoint written by ``save_atomic``: size, digest checked, weights-only, decoded,
+    and checked against `expect` (a spec of r2ac.runs.schema: the structure the caller needs;
+    `what` names the kind of file in the refusal).
 
     Raises FileNotFoundError for a missing file and CheckpointError (a ConfigError) for a
-    corrupted, truncated, foreign or code-carrying one. A bare ``torch.save`` file of data
-    only (an old ``agent.pt``, a pre-trained state_dict) loads without a checksum.
+    folder, a file too large, a corrupted, truncated, foreign, code-carrying or malformed
+    one. A bare ``torch.save`` file of data only (an old ``agent.pt``, a pre-trained
+    state_dict) loads without a checksum, with a warning.
     """
     path = Path(path)
-    with path.open("rb") as f:
-        if f.read(len(MAGIC)) == MAGIC:
-            body = _read_checked(f, path)
-            return decode(_unpickle(io.BytesIO(body), path, map_location, False))
-        f.seek(0)
-        data = f.read()
-    obj = _unpickle(io.BytesIO(data), path, map_location, True)
-    log.warning(
-        "%s has no checksum (written by an older version); `%s %s` adds one",
-        path,
-        CONVERT_HINT,
-        path,
-    )
+    raw, checked = _read(path, map_location)
+    try:
+        obj = decode(raw) if checked else raw
+        found = schema.problem(obj, expect)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+    except RecursionError as exc:
+        raise CheckpointError(f"{path}: refused: nested too deeply to be a checkpoint") from exc
+    if found:
+        raise CheckpointError(f"{path}: not a {what}: {found}")
+    if not checked:
+        log.warning(
+            "%s has no checksum (written by an older version); `%s %s` adds one",
+            path,
+            CONVERT_HINT,
+            path,
+        )
     return obj
 
 

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from r2ac.errors import ConfigError
 from r2ac.runs import checkpoint
 
 
@@ -35,6 +36,28 @@ def write_json(path: str | Path, obj: Any) -> Path:
     """Write `obj` as indented JSON atomically (temp file, fsync, rename): a kill never leaves
     half a file, and a reader never sees one."""
     return checkpoint.write_atomic((json.dumps(obj, indent=2) + "\n").encode(), path)
+
+
+MAX_JSON_BYTES = 16 * 2**20  # a config.json is a few kB
+
+
+def read_json(path: str | Path) -> Any:
+    """A JSON file a run wrote (config.json): ConfigError naming the file for one that is
+    too large, not UTF-8, not JSON or nested too deeply."""
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_JSON_BYTES:
+            raise ConfigError(f"{p}: {p.stat().st_size} bytes is too large for a config file")
+        text = p.read_bytes().decode("utf-8")
+        return json.loads(text)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}); restore the file") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{p}: not valid JSON ({exc}); restore the file") from exc
+    except RecursionError as exc:
+        raise ConfigError(f"{p}: nested too deeply to be a config file") from exc
+    except IsADirectoryError as exc:
+        raise ConfigError(f"{p} is a folder, not a file") from exc
 
 
 def holds_nothing(path: str | Path) -> bool:

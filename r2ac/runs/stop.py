@@ -18,6 +18,65 @@ from contextlib import contextmanager
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM outside a StopRequest (start-up, loading, evaluation): it unwinds as Ctrl-C
+    does, so every `except KeyboardInterrupt` and cleanup on the way runs; exit 143."""
+
+    signum = signal.SIGTERM
+
+
+class Interrupted(KeyboardInterrupt):  # noqa: N818  (Ctrl-C, as KeyboardInterrupt is)
+    """SIGINT outside a StopRequest. A subclass, not KeyboardInterrupt itself: CPython kills
+    its own process with SIGINT at exit (status -2, whatever `main` returned) when a bare
+    KeyboardInterrupt ever left code it ran through its eval entry points (e.g. a
+    KeyboardInterrupt raised inside code run by `exec` during an import), and it tests for
+    that type exactly."""
+
+    signum = signal.SIGINT
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+def _raise_interrupted(signum, frame) -> None:
+    raise Interrupted()
+
+
+def exit_code(exc: BaseException) -> int:
+    """130 for Ctrl-C (KeyboardInterrupt), 143 for SIGTERM (Terminated)."""
+    return 128 + int(getattr(exc, "signum", signal.SIGINT))
+
+
+def signal_name(exc: BaseException) -> str:
+    return signal.Signals(int(getattr(exc, "signum", signal.SIGINT))).name
+
+
+def install_handlers() -> dict[int, object]:
+    """The handlers of a command from its first line: SIGINT raises Interrupted and SIGTERM
+    Terminated (both KeyboardInterrupts) (StopRequest and raise_on_signal replace them while they are inside,
+    and put them back). Returns the handlers they replaced (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {
+        signal.SIGINT: signal.signal(signal.SIGINT, _raise_interrupted),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_terminated),
+    }
+
+
+def ignore_signals() -> None:
+    """After a command has finished and written everything: a late signal changes nothing,
+    the process exits with the command's code."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+
+
+def restore_handlers(previous: dict[int, object]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
 class TrainingInterrupted(Exception):  # noqa: N818  (a stop, not an error)
     """Training stopped on a signal after `update` updates, with a checkpoint written."""
 
@@ -40,7 +99,7 @@ class StopRequest:
     def _handle(self, signum, frame) -> None:
         self.signum = signum
         if signum == signal.SIGINT:  # the next Ctrl-C stops at once; SIGTERM stays handled
-            signal.signal(signum, signal.default_int_handler)
+            signal.signal(signum, _raise_interrupted)
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():  # signals only go there

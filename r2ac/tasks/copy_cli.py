@@ -11,7 +11,6 @@ exit 130 / 143; the same command with `--resume` continues bit-identically.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shlex
@@ -24,11 +23,12 @@ import torch
 import tyro
 
 from r2ac.errors import ConfigError, check_writable
-from r2ac.perf import keep_freed_memory
+from r2ac.perf import check_memory, keep_freed_memory
 from r2ac.runs.checkpoint import LOCK_NAME
-from r2ac.runs.run_dir import LockedDir, git_revision, write_json
-from r2ac.runs.stop import TrainingInterrupted, raise_on_signal
+from r2ac.runs.run_dir import LockedDir, git_revision, read_json, write_json
+from r2ac.runs.stop import TrainingInterrupted, exit_code, raise_on_signal, signal_name
 from r2ac.tasks.copy import CHECKPOINT_NAME, CopyConfig, curve, metrics, resume, training
+from r2ac.tasks.copy.config import DTYPES
 from r2ac.tasks.copy.data import make_test_set
 
 PROG = "r2ac copy"
@@ -57,47 +57,55 @@ def write_config(cfg: CopyConfig) -> dict:
     }
     path = os.path.join(cfg.out, "config.json")
     if cfg.resume and os.path.exists(path):
-        with open(path) as fh:
-            before = json.load(fh)
-        meta["earlier_invocations"] = [*before.pop("earlier_invocations", []), before]
+        before = read_json(path)
+        earlier = before.pop("earlier_invocations", []) if isinstance(before, dict) else []
+        meta["earlier_invocations"] = [*(earlier if isinstance(earlier, list) else []), before]
     write_json(path, meta)
     return meta
 
 
-def _progress(cfg: CopyConfig):
-    """A progress bar and the two callbacks of `training.train` that feed it; on_eval also
-    rewrites curve.csv, so that the file follows the checkpoint."""
-    from tqdm import tqdm
+class _Progress:
+    """A progress bar (shown from `start`, once the checkpoint has been read back) and the two
+    callbacks of `training.train` that feed it; on_eval also rewrites curve.csv, so that the
+    file follows the checkpoint."""
 
-    bar = tqdm(
-        total=cfg.train_steps,
-        desc=f"copy l={cfg.length} {cfg.core}-{cfg.rule} {cfg.schedule}",
-        unit="batch",
-        dynamic_ncols=True,
-        mininterval=2.0,
-    )
-    last = {}
+    def __init__(self, cfg: CopyConfig):
+        self.cfg, self.bar, self.seq = cfg, None, "-"
 
-    def on_batch(step, stats):
-        bar.update(step - bar.n)  # step counts from the checkpoint when resuming
-        bar.set_postfix(
+    def start(self) -> None:
+        from tqdm import tqdm
+
+        cfg = self.cfg
+        self.bar = tqdm(
+            total=cfg.train_steps,
+            desc=f"copy l={cfg.length} {cfg.core}-{cfg.rule} {cfg.schedule}",
+            unit="batch",
+            dynamic_ncols=True,
+            mininterval=2.0,
+        )
+
+    def on_batch(self, step, stats) -> None:
+        self.bar.update(step - self.bar.n)  # step counts from the checkpoint when resuming
+        self.bar.set_postfix(
             loss=f"{stats.loss:.3f}",
             train_bits=f"{stats.bit_accuracy:.3f}",
-            test_seq=last.get("seq", "-"),
+            test_seq=self.seq,
             refresh=False,
         )
 
-    def on_eval(rows):
+    def on_eval(self, rows) -> None:
         row = rows[-1]
-        curve.write_curve_csv(rows, os.path.join(cfg.out, "curve.csv"))
-        last["seq"] = f"{row['test_sequence_accuracy']:.3f}"
-        bar.write(
+        curve.write_curve_csv(rows, os.path.join(self.cfg.out, "curve.csv"))
+        self.seq = f"{row['test_sequence_accuracy']:.3f}"
+        self.bar.write(
             f"step {int(row['step']):>6}  {row['seconds']:8.1f}s  test bits "
             f"{row['test_bit_accuracy']:.4f}  sequences {row['test_sequence_accuracy']:.4f}  "
             f"loss {row['test_loss']:.4f}"
         )
 
-    return bar, on_batch, on_eval
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def final_results(cfg: CopyConfig, model, result: training.RunResult) -> dict:
@@ -131,14 +139,21 @@ def run(cfg: CopyConfig) -> dict:
     """
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    meta = write_config(cfg)
-    bar, on_batch, on_eval = _progress(cfg)
+    meta: dict = {}
+    progress = _Progress(cfg)
+
+    def start() -> None:  # once the checkpoint (if any) has been read back whole
+        meta.update(write_config(cfg))
+        progress.start()
+
     wall0 = time.perf_counter()
     checkpoint = os.path.join(cfg.out, CHECKPOINT_NAME)
     try:
-        model, result = training.train(cfg, on_batch, on_eval, checkpoint=checkpoint)
+        model, result = training.train(
+            cfg, progress.on_batch, progress.on_eval, checkpoint, on_start=start
+        )
     finally:
-        bar.close()
+        progress.close()
     with raise_on_signal(result.steps):  # the checkpoint is complete: a signal stops at once
         results = final_results(cfg, model, result)
         results["wall_seconds"] = round(time.perf_counter() - wall0, 2)
@@ -155,9 +170,15 @@ def run(cfg: CopyConfig) -> dict:
 
 
 def check_new_out(cfg: CopyConfig) -> None:
-    """ConfigError unless --out can be written and, without --resume, holds nothing: an
-    earlier run's checkpoint and results are never overwritten."""
+    """ConfigError unless --out can be written and, without --resume, holds nothing (an
+    earlier run's checkpoint and results are never overwritten); with --resume it must
+    exist."""
     check_writable(cfg.out, "--out")
+    if cfg.resume and not os.path.isdir(cfg.out):
+        raise ConfigError(
+            f"--resume: --out {cfg.out} does not exist, so there is no run to continue; "
+            "drop --resume to start a new one"
+        )
     if not cfg.resume and os.path.isdir(cfg.out) and set(os.listdir(cfg.out)) - {LOCK_NAME}:
         raise ConfigError(
             f"--out {cfg.out} is not empty; add --resume to continue the run there, "
@@ -165,13 +186,33 @@ def check_new_out(cfg: CopyConfig) -> None:
         )
 
 
+def memory_parts(cfg: CopyConfig) -> dict[str, tuple[int, str]]:
+    """Rough bytes of what a copy run holds (within a few x): sequences of 2*length steps
+    (one-hot inputs, targets, masks and their generation's temporaries, ~48 bytes a step),
+    the core's activations kept for the backward pass and the RTRL sensitivities."""
+    steps, n = 2 * cfg.length, cfg.hidden
+    chunk = min(cfg.segment or steps, steps)
+    item = DTYPES[cfg.dtype].itemsize
+    sens = cfg.batch_size * 3 * n * (n + 8) * item if cfg.rule == "rtrl" else 0
+    return {
+        "test set": (cfg.test_size * steps * 48, "--length or --test-size"),
+        "training batch": (cfg.batch_size * steps * 48, "--length or --batch-size"),
+        "activations": (16 * cfg.batch_size * chunk * n * item, "--length, --segment or --hidden"),
+        "evaluation": (min(cfg.test_size, 500) * steps * 4 * n * item, "--length or --hidden"),
+        "sensitivities": (sens, "--hidden or --batch-size"),
+    }
+
+
 def prepare(cfg: CopyConfig) -> LockedDir:
     """Every check on bad input, before anything in cfg.out is written; the locked --out."""
     cfg.validate()
     check_new_out(cfg)
+    check_memory(memory_parts(cfg), "this copy run", cfg.device)
     checkpoint = os.path.join(cfg.out, CHECKPOINT_NAME)
     if cfg.resume and os.path.exists(checkpoint):
         resume.check_resumable(resume.checkpoint_config(checkpoint), cfg, checkpoint)
+    elif cfg.resume:
+        print(f"{PROG}: no {CHECKPOINT_NAME} in {cfg.out}: starting from the beginning")
     os.makedirs(cfg.out, exist_ok=True)
     return LockedDir(cfg.out).acquire()  # a second process on --out: refused
 
@@ -202,13 +243,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return stop.exit_code
-    except KeyboardInterrupt:  # a second Ctrl-C, or one before training started
+    except KeyboardInterrupt as exc:  # a second Ctrl-C, or a signal before training started
         print(
-            f"{PROG}: interrupted; the last checkpoint (if any) is in {cfg.out}; "
-            f"`{_continue_command(argv)}` continues from it",
+            f"{PROG}: stopped by {signal_name(exc)}; the last checkpoint (if any) is in "
+            f"{cfg.out}; `{_continue_command(argv)}` continues from it",
             file=sys.stderr,
         )
-        return 130
+        return exit_code(exc)
     finally:
         run_dir.release()
     print(

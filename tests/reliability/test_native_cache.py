@@ -108,9 +108,26 @@ def test_a_link_is_refused(loads, tmp_path):
     assert loads == []
 
 
-def test_an_own_readable_folder_is_tightened_to_0700(tmp_path):
+def test_a_folder_r2ac_created_is_tightened_to_0700(tmp_path):
     cache = tmp_path / "cache"
-    cache.mkdir()
+    assert native.secure_dir(cache) == cache  # created: marked as r2ac's
     os.chmod(cache, 0o755)
     assert native.secure_dir(cache) == cache
     assert cache.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_folder_r2ac_did_not_create_is_never_changed(loads, tmp_path):
+    """R2AC_NATIVE_CACHE naming an existing folder of the user's: refused in one line; its
+    mode and its files (even ones named like r2ac's builds) are left as they were."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    os.chmod(cache, 0o755)
+    (cache / "elstm_carry-0000000000000000.so").write_bytes(b"the user's own file")
+    with pytest.warns(RuntimeWarning) as caught:
+        assert native.load() is None
+    [warning] = caught
+    message = str(warning.message)
+    assert "r2ac did not create" in message and "\n" not in message
+    assert loads == []
+    assert cache.stat().st_mode & 0o777 == 0o755
+    assert [p.name for p in cache.iterdir()] == ["elstm_carry-0000000000000000.so"]

@@ -62,6 +62,7 @@ any) and the line, and exits 1.
 from __future__ import annotations
 
 import copy
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -88,6 +89,11 @@ class ActorError(RuntimeError):
     def __init__(self, message: str, traceback: str | None = None):
         super().__init__(message)
         self.traceback = traceback
+
+
+class TrainingDiverged(RuntimeError):  # noqa: N818  (a stop of the run, like ActorError)
+    """An update left the agent's weights (or its loss) non-finite: nothing of it is published
+    or checkpointed; the last checkpoint holds the weights before it."""
 
 
 @dataclass(frozen=True)
@@ -256,6 +262,18 @@ class Runtime:
         if stop.requested:
             raise TrainingInterrupted(stop.signum, tracker.update, self.run is not None)
 
+    def _check_finite(self, metrics: dict[str, float], update: int) -> None:
+        """TrainingDiverged if update `update` left a non-finite loss or weights (their norm
+        overflowing float32 counts), before the actors or a checkpoint see them."""
+        norms = torch.stack([p.detach().float().norm() for p in self.learner.params])
+        if math.isfinite(metrics["loss"]) and bool(torch.isfinite(norms).all()):
+            return
+        raise TrainingDiverged(
+            f"training diverged at update {update}: loss {metrics['loss']:g}, weights "
+            f"{'finite' if bool(torch.isfinite(norms).all()) else 'no longer finite'} "
+            f"(is --learning-rate {self.cfg.optim.learning_rate:g} too large?)"
+        )
+
     def _update(self, tracker: Tracker) -> None:
         """One batch, one learner update, the new weights published, one metrics record."""
         batch = self.next_batch()
@@ -265,6 +283,7 @@ class Runtime:
         metrics["learner_ms"] = 1e3 * (time.perf_counter() - started)
         if self.device.type == "cuda":
             metrics["learner_cuda_peak_mib"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        self._check_finite(metrics, tracker.update + 1)
         self.version += 1
         self.publish_weights()
         metrics.update(self.extra_metrics())

@@ -14,10 +14,27 @@ import torch
 
 from r2ac.errors import ConfigError
 from r2ac.runs import checkpoint
+from r2ac.runs.schema import NUMBER, OPTIMIZER, STATE_DICT, ListOf, Opt
 from r2ac.tasks.copy.config import CopyConfig
 from r2ac.tasks.copy.schedules import UpdateStats
 
 CHECKPOINT_NAME = "checkpoint.pt"
+# What `--resume` needs of the file (r2ac.runs.schema), checked before anything is used
+COPY_CHECKPOINT = {
+    "config": Opt((dict, type(None))),
+    "model": STATE_DICT,
+    "optimizer": OPTIMIZER,
+    "generator": torch.Tensor,
+    "progress": {
+        "curve": ListOf(dict),
+        "step": int,
+        "updates": int,
+        "seconds": NUMBER,
+        "solved": Opt((int, type(None))),
+        "window": Opt(ListOf(ListOf(NUMBER))),
+    },
+}
+LOAD_ERRORS = (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError)
 
 # Options a resumed run may change: how long and how fast it trains, and where it runs. Every
 # other option defines the model, its gradient, the data stream or the test set, so changing
@@ -75,15 +92,19 @@ def resume_mismatch(saved: dict, cfg: CopyConfig) -> list[str]:
     ]
 
 
-def checkpoint_config(path: str) -> dict | None:
-    """The config dict stored in a copy-task checkpoint (None if it predates storing it)."""
+def read(path: str, map_location=None) -> dict:
+    """A copy-task checkpoint, its structure checked (ConfigError for anything else)."""
     try:
-        saved = checkpoint.load(path)
+        return checkpoint.load(
+            path, map_location=map_location, expect=COPY_CHECKPOINT, what="copy-task checkpoint"
+        )
     except FileNotFoundError as exc:
         raise ConfigError(f"cannot read checkpoint {path}: {exc}") from exc
-    if not isinstance(saved, dict):
-        raise ConfigError(f"{path}: not a copy-task checkpoint")
-    return saved.get("config")
+
+
+def checkpoint_config(path: str) -> dict | None:
+    """The config dict stored in a copy-task checkpoint (None if it predates storing it)."""
+    return read(path).get("config")
 
 
 def check_resumable(saved: dict | None, cfg: CopyConfig, path: str) -> None:
@@ -114,14 +135,18 @@ def save(
 def load(path: str, cfg: CopyConfig, model, optimizer, gen: torch.Generator, device) -> Progress:
     """Restore model, optimiser and generator from `path` (checked against `cfg`); the run's
     Progress. ConfigError for a foreign, damaged or code-carrying file."""
-    ck = checkpoint.load(path, map_location=device)  # weights-only, checksum checked
-    if not isinstance(ck, dict) or not {"model", "optimizer", "generator", "progress"} <= set(ck):
-        raise ConfigError(f"{path}: not a copy-task checkpoint")
+    ck = read(path, map_location=device)  # weights-only, checksum and structure checked
     check_resumable(ck.get("config"), cfg, path)
     try:
         model.load_state_dict(ck["model"])
     except RuntimeError as exc:  # a checkpoint from before the config was stored in it
         raise ConfigError(f"--resume: {path} holds another model: {exc}") from exc
-    optimizer.load_state_dict(ck["optimizer"])
-    gen.set_state(ck["generator"])
-    return Progress.from_dict(ck["progress"])
+    try:
+        optimizer.load_state_dict(ck["optimizer"])
+        gen.set_state(ck["generator"])
+        return Progress.from_dict(ck["progress"])
+    except LOAD_ERRORS as exc:
+        detail = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise ConfigError(
+            f"{path}: malformed copy-task checkpoint ({type(exc).__name__}: {detail})"
+        ) from exc

@@ -114,16 +114,20 @@ def train(
     on_batch: Callable[[int, UpdateStats], None] | None = None,
     on_eval: Callable[[list[dict[str, float]]], None] | None = None,
     checkpoint: str | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> tuple[CopyModel, RunResult]:
     """Train per `cfg`, evaluating on the fixed test set every `eval_every` batches.
 
     `on_eval` gets the curve after each evaluation (the new row last), once its checkpoint is
     written. `seconds` in the curve counts training time only. With `checkpoint` (a path) the
     run is saved there at every evaluation and on SIGINT / SIGTERM (then TrainingInterrupted
-    is raised), and with `cfg.resume` it continues from it when the file exists.
+    is raised), and with `cfg.resume` it continues from it when the file exists. `on_start`
+    is called once the checkpoint has been read back (a bad one raised ConfigError before).
     """
     cfg.validate()
     run = Trainer(cfg, checkpoint)
+    if on_start:
+        on_start()
     final: dict[str, float] = {}
     with StopRequest() as stop:
         if not run.progress.curve:

@@ -86,9 +86,16 @@ def _cpu_identity() -> str:
     return platform.machine() + "".join(dict.fromkeys(lines))  # first occurrence of each line
 
 
-def secure_dir(path: Path) -> Path:
+MARKER = ".r2ac-native-cache"  # written into a cache folder r2ac created (or named itself)
+
+
+def secure_dir(path: Path, own_name: bool = False) -> Path:
     """`path`, created with mode 0700 if absent; UnsafeCacheError unless it is a real folder
-    of this user that nobody else can write to (then it is tightened to 0700)."""
+    of this user that nobody else can write to, and one r2ac created (it holds MARKER) or
+    whose name is r2ac's own (`own_name`: the default cache folders). Only such a folder is
+    tightened to 0700 and has its stale builds deleted: a folder of the user's, named by
+    R2AC_NATIVE_CACHE, is never changed."""
+    created = not os.path.lexists(path)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
@@ -100,6 +107,14 @@ def secure_dir(path: Path) -> Path:
             f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); "
             f"remove it or run `chmod 700 {path}`"
         )
+    marker = path / MARKER
+    if not (created or own_name or marker.is_file()):
+        raise UnsafeCacheError(
+            f"R2AC_NATIVE_CACHE={path} is a folder r2ac did not create, and r2ac changes no "
+            "folder of yours; name a folder that does not exist yet (r2ac creates it)"
+        )
+    if not marker.is_file():
+        _write_private(marker, b"r2ac native kernel cache: r2ac may delete its old builds here\n")
     if stat.S_IMODE(st.st_mode) != 0o700:
         os.chmod(path, 0o700)
     return path
@@ -198,7 +213,8 @@ def load() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux") or compiler is None:
         return None  # silent: the PyTorch path is the documented default there
     try:
-        library = verify(build(compiler, secure_dir(cache_dir())))
+        own = "R2AC_NATIVE_CACHE" not in os.environ  # the default folders are r2ac's own
+        library = verify(build(compiler, secure_dir(cache_dir(), own_name=own)))
         _lib = _declare(ctypes.CDLL(str(library)))
     except UnsafeCacheError as err:
         warnings.warn(
