@@ -106,8 +106,8 @@ def box_to_env(actions: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.nda
     """Normalised actions (B, D) -> env units: clip to [-1, 1], map affinely to [low, high];
     dimensions with an infinite bound pass through as they are."""
     finite = np.isfinite(low) & np.isfinite(high)  # (D,)
-    clipped = np.clip(actions, -1.0, 1.0)
-    scaled = low + (clipped + 1.0) * 0.5 * (high - low)
+    lo, hi = np.where(finite, low, -1.0), np.where(finite, high, 1.0)  # no inf arithmetic
+    scaled = lo + (np.clip(actions, -1.0, 1.0) + 1.0) * 0.5 * (hi - lo)  # (B, D)
     return np.where(finite, scaled, actions)
 
 
