@@ -1,7 +1,9 @@
 """The batched environment protocol every backend implements.
 
-A `BatchedEnv` runs `num_envs` independent streams in lock-step. Actions are discrete
-(one int per stream); continuous action spaces are not supported yet.
+A `BatchedEnv` runs `num_envs` independent streams in lock-step. Its `action_space`
+(r2ac/envs/spaces.py) says what one stream's action is: one int for a Discrete space (the
+default, from `num_actions`), a vector of ints for MultiDiscrete/MultiBinary, a float vector
+in normalised units for a Box (the env clips and scales it to its bounds).
 
 Auto-reset (same-step, as in IMPALA/torchbeast). `step(actions)` returns, per stream,
 
@@ -40,6 +42,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from r2ac.envs.spaces import ActionSpace
 from r2ac.errors import ConfigError
 
 
@@ -72,6 +75,11 @@ class BatchedEnv(abc.ABC):
     observation_spec: ArraySpec
     num_actions: int
 
+    @property
+    def action_space(self) -> ActionSpace:
+        """Discrete(num_actions) unless a backend says otherwise."""
+        return ActionSpace.discrete(self.num_actions)
+
     @abc.abstractmethod
     def reset(self, seed: int | None = None) -> np.ndarray:
         """Start a new episode in every stream; returns obs (B, *obs_shape).
@@ -82,7 +90,8 @@ class BatchedEnv(abc.ABC):
 
     @abc.abstractmethod
     def step(self, actions: np.ndarray) -> StepResult:
-        """Apply actions (B,) int; see the module docstring for the reset semantics."""
+        """Apply actions (B, *action_space.action_shape); see the module docstring for the
+        reset semantics."""
 
     def get_state(self) -> dict[str, Any]:
         """A picklable snapshot from which `set_state` resumes bit-exactly."""

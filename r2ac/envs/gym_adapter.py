@@ -1,4 +1,4 @@
-"""Gymnasium: any registered env with a discrete action space, one instance per stream.
+"""Gymnasium: any registered env, one instance per stream.
 
 `gym/<id>`, e.g. `gym/popgym-RepeatPreviousEasy-v0` (POPGym's memory tasks; `import popgym`
 is done for ids starting with "popgym-", `import minigrid` for "MiniGrid-") or
@@ -9,6 +9,11 @@ their ids when asked: `minatar.gym.register_envs()` is called for ids starting w
 Observations: a uint8 Box of rank 3 is an image and becomes (C, H, W) (Gymnasium images are
 (H, W, C)); any other space is flattened to a float32 vector (Discrete and MultiDiscrete
 become one-hot codes). `obs_key` picks one entry of a Dict space (MiniGrid: "image").
+Dict and Tuple spaces are flattened the same way (a space `gymnasium.spaces.flatten`
+cannot flatten is refused at build time).
+Actions (r2ac/envs/spaces.py `from_gym`): Discrete (with its `start` added back),
+MultiDiscrete, MultiBinary and float Box spaces; a Box action arrives in normalised units and
+is clipped and scaled to the bounds here. Any other action space is refused at build time.
 Streams are stepped in a Python loop and reset in the same step they finish (the protocol
 of `r2ac.envs.base`); stream b is seeded once with the b-th SeedSequence-derived seed and
 then continues its own random sequence. `get_state`/`set_state` are not supported.
@@ -31,6 +36,7 @@ from r2ac.envs.base import (
     merge_final_obs,
     stream_seeds,
 )
+from r2ac.envs.spaces import ActionSpace, box_to_env, check_actions, from_gym
 from r2ac.errors import ConfigError, require
 
 # Env id prefix -> (module to import so that it registers its envs, pip package, extra)
@@ -116,7 +122,10 @@ class _ObsConverter:
             h, w, c = self.space.shape
             self.spec = ArraySpec((c, h, w), np.dtype(np.uint8))
         else:
-            size = gym.spaces.flatdim(self.space)
+            try:
+                size = gym.spaces.flatdim(self.space)
+            except (NotImplementedError, ValueError, TypeError) as exc:
+                raise ConfigError(f"observation space {self.space} cannot be flattened") from exc
             self.spec = ArraySpec((size,), np.dtype(np.float32))
 
     def __call__(self, obs) -> np.ndarray:
@@ -140,16 +149,30 @@ class GymEnv(BatchedEnv):
     ):
         self.env_id, self.num_envs = env_id, num_envs
         self.envs = [_make_one(env_id, **make_kwargs) for _ in range(num_envs)]
-        action_space = self.envs[0].action_space
-        if not hasattr(action_space, "n"):
-            raise ConfigError(
-                f"{env_id}: only discrete action spaces are supported, got {action_space}"
-            )
-        self.num_actions = int(action_space.n)
+        space = self.envs[0].action_space
+        self._action_space, self._action_shape, self._start = from_gym(space, env_id)
+        self.num_actions = self._action_space.head_size
+        if self._action_space.is_float:
+            self._low, self._high = (np.asarray(b) for b in (space.low, space.high))
+            self._low, self._high = self._low.ravel(), self._high.ravel()
+            self._action_dtype = space.dtype
         self._convert = _ObsConverter(self.envs[0].observation_space, obs_key)
         self.observation_spec = self._convert.spec
         self.stats = EpisodeStats(num_envs)
         self._unused_seed: int | None = seed  # applied by the first reset
+
+    @property
+    def action_space(self) -> ActionSpace:
+        return self._action_space
+
+    def _env_actions(self, actions: np.ndarray) -> list:
+        """(B, *action_shape) protocol actions -> one Gymnasium action per stream."""
+        actions = check_actions(self._action_space, actions, self.num_envs)
+        if self._action_space.kind == "discrete":
+            return [int(a) + self._start for a in actions]
+        if self._action_space.is_float:
+            actions = box_to_env(actions, self._low, self._high).astype(self._action_dtype)
+        return [a.reshape(self._action_shape) for a in actions]
 
     def _stack(self, observations: list) -> np.ndarray:
         return np.stack([self._convert(o) for o in observations])
@@ -166,8 +189,8 @@ class GymEnv(BatchedEnv):
         return self._stack(observations)
 
     def step(self, actions: np.ndarray) -> StepResult:
-        actions = self._check_actions(actions)
-        results = [env.step(int(a)) for env, a in zip(self.envs, actions, strict=True)]
+        actions = self._env_actions(actions)
+        results = [env.step(a) for env, a in zip(self.envs, actions, strict=True)]
         obs = self._stack([r[0] for r in results])
         reward = np.array([r[1] for r in results], dtype=np.float32)
         terminated = np.array([r[2] for r in results], dtype=bool)

@@ -4,13 +4,15 @@ Segment layout (time-major, M steps, B streams; see docs/rl.md):
 
     obs              (M+1, B, ...)  obs[t] is what action t was taken on; obs[M] bootstraps
     last_reward      (M+1, B)       raw reward received before obs[t]; 0 where reset[t]
-    last_action      (M+1, B) int64 action taken before obs[t]; 0 where reset[t]
+    last_action      (M+1, B, *S)   action taken before obs[t]; 0 where reset[t]
     reset            (M+1, B) bool  obs[t] is the first observation of an episode
-    actions          (M, B) int64
+    actions          (M, B, *S)     S = action_space.action_shape: () for Discrete; int64,
+                                    or the agent's float dtype for a Box (unclipped samples)
     rewards          (M, B)         raw (the learner clips)
     terminated       (M, B) bool
     truncated        (M, B) bool    time-limit ends (bootstrapped, not terminal)
-    behaviour_logits (M, B, A)
+    behaviour_logits (M, B, P)      the acting policy's distribution parameters (logits;
+                                    a Gaussian's means and log-stds), r2ac/rl/distributions.py
     final_values     (M, B)         V(final_obs) at truncation steps, 0 elsewhere
     state                           the core state of the B streams before obs[0]
 
@@ -35,6 +37,7 @@ import torch
 
 from r2ac.envs.base import BatchedEnv
 from r2ac.rl.agent import Agent
+from r2ac.rl.distributions import action_dtype, zero_where
 from r2ac.rtrl.state import cat_streams
 
 
@@ -86,28 +89,31 @@ class Actor:
         self.agent, self.env, self.unroll_length = agent, env, unroll_length
         self.dtype = next(agent.parameters()).dtype
         self.generator = torch.Generator().manual_seed(seed)
-        B = env.num_envs
+        B, self.space = env.num_envs, agent.action_space
+        self.action_dtype = action_dtype(self.space, self.dtype)
         self.obs = torch.from_numpy(env.reset(seed=seed))  # (B, ...)
         self.last_reward = torch.zeros(B, dtype=self.dtype)  # (B,)
-        self.last_action = torch.zeros(B, dtype=torch.int64)  # (B,)
+        self.last_action = torch.zeros(
+            (B, *self.space.action_shape), dtype=self.action_dtype
+        )  # (B, *S)
         self.reset = torch.ones(B, dtype=torch.bool)  # (B,)
         self.state = agent.initial_state(B, None if sensitivities else False)
 
     def segment_buffers(self) -> dict[str, torch.Tensor]:
         """Empty tensors of one segment's fields (M+1 inputs, M actions and outcomes): what
         `collect` fills, and what a runtime sizes its shared slots by."""
-        M, B, A = self.unroll_length, self.env.num_envs, self.env.num_actions
-        f = {"dtype": self.dtype}
+        M, B, P = self.unroll_length, self.env.num_envs, self.space.param_size
+        f, S = {"dtype": self.dtype}, self.space.action_shape
         return {
             "obs": torch.empty((M + 1, *self.obs.shape), dtype=self.obs.dtype),
             "last_reward": torch.empty(M + 1, B, **f),
-            "last_action": torch.empty(M + 1, B, dtype=torch.int64),
+            "last_action": torch.empty(M + 1, B, *S, dtype=self.action_dtype),
             "reset": torch.empty(M + 1, B, dtype=torch.bool),
-            "actions": torch.empty(M, B, dtype=torch.int64),
+            "actions": torch.empty(M, B, *S, dtype=self.action_dtype),
             "rewards": torch.empty(M, B, **f),
             "terminated": torch.empty(M, B, dtype=torch.bool),
             "truncated": torch.empty(M, B, dtype=torch.bool),
-            "behaviour_logits": torch.empty(M, B, A, **f),
+            "behaviour_logits": torch.empty(M, B, P, **f),
             "final_values": torch.zeros(M, B, **f),
         }
 
@@ -137,9 +143,8 @@ class Actor:
             )
             h, state, trace = agent.core.act(x, state, reset=reset)
             traces.append(trace)
-            logits = agent.heads(h)[0][0]  # (B, A)
-            probs = torch.softmax(logits, dim=-1)
-            action = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)  # (B,)
+            logits = agent.heads(h)[0][0]  # (B, P)
+            action = agent.distribution(logits).sample(self.generator)  # (B, *S)
             result = self.env.step(action.numpy())
             reward = torch.from_numpy(np.asarray(result.reward)).to(self.dtype)
             terminated = torch.from_numpy(np.asarray(result.terminated, dtype=bool))
@@ -158,7 +163,7 @@ class Actor:
             done = terminated | truncated
             self.obs = torch.from_numpy(np.asarray(result.obs))
             self.last_reward = reward.masked_fill(done, 0.0)
-            self.last_action = action.masked_fill(done, 0)
+            self.last_action = zero_where(action, done)
             self.reset = done
         self._record_input(buf, self.unroll_length)
         self.state = agent.core.carry_traces(start, traces)  # the segment-wise carry

@@ -1,8 +1,9 @@
 """The R2AC agent: stem -> core([features, last reward, previous action]) -> policy and value heads.
 
 The core input per step is the stem's features, the clipped last reward (times the reward
-scale) and, with ``prev_action``, a one-hot code of the previous action (zeros at an
-episode start), as POPGym's baselines feed it. With ``value_norm`` the value head is
+scale) and, with ``prev_action``, a code of the previous action (zeros at an episode start),
+as POPGym's baselines feed it: one-hot per categorical, the normalised action clipped to
+[-1, 1] for a Box (``r2ac.rl.distributions.action_code``). With ``value_norm`` the value head is
 PopArt-normalised (``r2ac.rl.nets.PolicyValueHeads``).
 """
 
@@ -13,10 +14,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from r2ac.envs.spaces import ActionSpace, as_action_space
 from r2ac.errors import ConfigError
+from r2ac.rl.distributions import action_code, distribution
 from r2ac.rl.nets import PolicyValueHeads
 from r2ac.rtrl import RecurrentCore
 from r2ac.runs import checkpoint
@@ -25,9 +27,9 @@ from r2ac.runs.schema import WEIGHTS_FILE
 STEM_PREFIX = "stem."
 
 
-def core_input_size(stem_features: int, num_actions: int, prev_action: bool) -> int:
+def core_input_size(stem_features: int, actions: ActionSpace | int, prev_action: bool) -> int:
     """Width of the core input: features, the last reward, the previous action's code."""
-    return stem_features + 1 + (num_actions if prev_action else 0)
+    return stem_features + 1 + (as_action_space(actions).code_size if prev_action else 0)
 
 
 class Agent(nn.Module):
@@ -38,13 +40,15 @@ class Agent(nn.Module):
     the stem gets no gradients (its parameters are frozen and it runs under ``no_grad``).
     ``reward_scale`` multiplies the clipped last reward of the input (the losses see the
     same scale). ``head_hidden`` > 0 puts a shared ReLU layer between core and heads.
+    ``num_actions`` is an `ActionSpace` (an int: Discrete with that many actions); the policy
+    head outputs its distribution's parameters (`distribution`).
     """
 
     def __init__(
         self,
         stem: nn.Module,
         core: RecurrentCore,
-        num_actions: int,
+        num_actions: ActionSpace | int,
         freeze_stem: bool = False,
         prev_action: bool = False,
         value_norm: bool = False,
@@ -55,19 +59,25 @@ class Agent(nn.Module):
         if not isinstance(core, RecurrentCore):
             raise ConfigError(f"core {type(core).__name__} is not an r2ac.rtrl.RecurrentCore")
         hidden_size, input_size = core.hidden_size, core.input_size
-        expected = core_input_size(stem.out_features, num_actions, prev_action)
+        space = as_action_space(num_actions)
+        expected = core_input_size(stem.out_features, space, prev_action)
         if input_size != expected:
             raise ConfigError(
                 f"core input_size {input_size} != {expected} (stem features "
                 f"{stem.out_features} + 1 last reward"
-                + (f" + {num_actions} previous-action codes)" if prev_action else ")")
+                + (f" + {space.code_size} previous-action codes)" if prev_action else ")")
             )
         self.stem = stem
         self.core = core
         self.heads = PolicyValueHeads(
-            hidden_size, num_actions, value_norm=value_norm, hidden=head_hidden
+            hidden_size,
+            space.head_size,
+            value_norm=value_norm,
+            hidden=head_hidden,
+            log_std=space.dims if space.is_float else 0,
         )
-        self.num_actions = num_actions
+        self.action_space = space
+        self.num_actions = space.head_size
         self.prev_action = prev_action
         self.reward_scale = reward_scale
         self.freeze_stem = freeze_stem
@@ -87,9 +97,10 @@ class Agent(nn.Module):
         last_action: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """obs ``(T, B, *obs_shape)``, last_reward ``(T, B)``, reset ``(T, B)`` bool or None,
-        last_action ``(T, B)`` int64 (the action taken before obs[t]; needed with prev_action).
+        last_action ``(T, B, *action_shape)`` (the action taken before obs[t]; needed with
+        prev_action).
 
-        Returns logits ``(T, B, A)``, values ``(T, B)`` and the core's new state. The last
+        Returns the policy's distribution parameters ("logits") ``(T, B, P)``, values ``(T, B)`` and the core's new state. The last
         reward and action are zeroed where ``reset`` is set (a new episode has neither), so a
         reset stream sees exactly what a fresh stream sees.
         `carry=False` tells the core the returned state will not be used (cores that can,
@@ -108,7 +119,7 @@ class Agent(nn.Module):
         last_action: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The core's input ``(T, B, D)``: stem features, the clipped and scaled last reward
-        and, with prev_action, the previous action's one-hot code (D = F + 1 [+ A]).
+        and, with prev_action, the previous action's code (D = F + 1 [+ code_size]).
 
         Actors compute it step by step and pass it to `core.act`.
         """
@@ -119,8 +130,12 @@ class Agent(nn.Module):
             )
         if reset is not None and reset.shape != last_reward.shape:
             raise ValueError(f"reset must be (T, B); got {tuple(reset.shape)}")
-        if last_action is not None and last_action.shape != last_reward.shape:
-            raise ValueError(f"last_action must be (T, B); got {tuple(last_action.shape)}")
+        expected = (*last_reward.shape, *self.action_space.action_shape)
+        if last_action is not None and tuple(last_action.shape) != expected:
+            dims = "".join(f", {n}" for n in self.action_space.action_shape)
+            raise ValueError(
+                f"last_action must be (T, B{dims}) = {expected}; got {tuple(last_action.shape)}"
+            )
         n_steps, batch_size = last_reward.shape
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze_stem):
             features = self.stem(obs.flatten(0, 1))  # (T * B, F)
@@ -136,14 +151,17 @@ class Agent(nn.Module):
     def _action_code(
         self, last_action: torch.Tensor | None, reset: torch.Tensor | None, dtype
     ) -> torch.Tensor:
-        """One-hot ``(T, B, A)`` of the previous action, zeros where an episode starts."""
+        """The previous action's code ``(T, B, C)``, zeros where an episode starts."""
         if last_action is None:
-            raise ValueError("this agent feeds the previous action: pass last_action (T, B)")
-        code = F.one_hot(last_action.long().clamp(0, self.num_actions - 1), self.num_actions)
-        code = code.to(dtype)  # (T, B, A)
+            raise ValueError("this agent feeds the previous action: pass last_action (T, B, ...)")
+        code = action_code(self.action_space, last_action, dtype)  # (T, B, C)
         if reset is not None:
             code = code.masked_fill(reset.bool().unsqueeze(-1), 0.0)
         return code
+
+    def distribution(self, params: torch.Tensor):
+        """The action distribution of the policy outputs ``(..., P)``."""
+        return distribution(self.action_space, params)
 
     def load_stem(self, path: str | os.PathLike) -> None:
         """Load the stem's weights from a checkpoint of an agent (e.g. a pre-trained one).

@@ -9,6 +9,7 @@ import torch
 
 from r2ac import envs
 from r2ac.envs.base import BatchedEnv
+from r2ac.envs.spaces import ActionSpace
 from r2ac.rl.agent import Agent, core_input_size
 from r2ac.rl.config import TrainConfig
 from r2ac.rl.nets import make_stem
@@ -47,11 +48,12 @@ def make_agent(
     cfg: TrainConfig,
     observation_shape,
     observation_dtype,
-    num_actions: int,
+    num_actions: ActionSpace | int,
     dtype: torch.dtype = torch.float32,
     load_stem: bool = True,
 ) -> Agent:
-    """The agent of `cfg`, initialised from torch's global RNG (seed it first)."""
+    """The agent of `cfg`, initialised from torch's global RNG (seed it first);
+    `num_actions` is the env's action space (an int: Discrete)."""
     stem = make_stem(
         observation_shape,
         observation_dtype,
@@ -82,4 +84,4 @@ def make_agent(
 
 def agent_for_env(cfg: TrainConfig, env: BatchedEnv, dtype=torch.float32, load_stem=True) -> Agent:
     spec = env.observation_spec
-    return make_agent(cfg, spec.shape, spec.dtype, env.num_actions, dtype, load_stem)
+    return make_agent(cfg, spec.shape, spec.dtype, env.action_space, dtype, load_stem)

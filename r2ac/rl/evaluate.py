@@ -21,6 +21,7 @@ from r2ac.errors import ConfigError, MissingDependencyError, check_writable
 from r2ac.rl.agent import Agent
 from r2ac.rl.build import agent_for_env, eval_seed, make_env
 from r2ac.rl.config import MAX_EVAL_EPISODES, MAX_EVAL_SETS, TrainConfig, validate
+from r2ac.rl.distributions import action_dtype, zero_where
 from r2ac.rl.run_dir import RunDir, agent_weights
 from r2ac.rl.runtimes.base import load_agent_weights
 from r2ac.runs.run_dir import write_json
@@ -38,7 +39,8 @@ def play_episodes(agent: Agent, env, episodes: int, greedy: bool, seed: int) -> 
     obs = torch.from_numpy(env.reset(seed=seed))
     dtype = next(agent.parameters()).dtype
     last_reward, reset = torch.zeros(n, dtype=dtype), torch.ones(n, dtype=torch.bool)
-    last_action = torch.zeros(n, dtype=torch.int64)
+    space = agent.action_space
+    last_action = torch.zeros((n, *space.action_shape), dtype=action_dtype(space, dtype))
     full = agent.initial_state(n)
     state = agent.core.light_state(full)
     steps = 0
@@ -46,11 +48,8 @@ def play_episodes(agent: Agent, env, episodes: int, greedy: bool, seed: int) -> 
         logits, _, state = agent(
             obs[None], last_reward[None], reset[None], state, last_action=last_action[None]
         )
-        logits = logits[0]
-        if greedy:
-            action = logits.argmax(-1)
-        else:
-            action = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen).squeeze(1)
+        dist = agent.distribution(logits[0])  # over (n, P)
+        action = dist.mode() if greedy else dist.sample(gen)  # (n, *S); a Gaussian's mode: the mean
         res = env.step(action.numpy())
         steps += n
         done = torch.from_numpy(np.asarray(res.terminated | res.truncated, dtype=bool))
@@ -59,7 +58,7 @@ def play_episodes(agent: Agent, env, episodes: int, greedy: bool, seed: int) -> 
                 returns[b].append(float(res.info["episode_return"][b]))
         obs = torch.from_numpy(np.asarray(res.obs))
         last_reward = torch.from_numpy(np.asarray(res.reward)).to(dtype).masked_fill(done, 0.0)
-        last_action = action.masked_fill(done, 0)
+        last_action = zero_where(action, done)
         reset = done
     return [x for r in returns for x in r], steps
 

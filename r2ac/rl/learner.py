@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from r2ac.envs.spaces import ActionSpace
 from r2ac.rl.actor import Segment
 from r2ac.rl.agent import Agent
 from r2ac.rl.config import LossConfig, TrainConfig
@@ -24,11 +25,15 @@ from r2ac.rl.vtrace import VTraceReturns, bootstrap_truncation, discounts_from, 
 
 
 def segment_returns(
-    logits: torch.Tensor, values: torch.Tensor, seg: Segment, loss: LossConfig
+    logits: torch.Tensor,
+    values: torch.Tensor,
+    seg: Segment,
+    loss: LossConfig,
+    space: ActionSpace | None = None,
 ) -> VTraceReturns:
     """V-trace targets and advantages of a segment (no gradients).
 
-    logits ``(M+1, B, A)``, values ``(M+1, B)``. Rewards are clipped to [-1, 1], then
+    logits ``(M+1, B, P)`` (the distribution of `space`; None: Discrete), values ``(M+1, B)``. Rewards are clipped to [-1, 1], then
     multiplied by `loss.reward_scale` (values learn the scaled returns); episode ends cut the
     bootstrap (`discounts_from`) and time-limit ends add gamma V(final_obs) back
     (`bootstrap_truncation`), so truncation is not treated as termination.
@@ -37,8 +42,9 @@ def segment_returns(
     if logits.shape[0] != M + 1 or values.shape[0] != M + 1:
         raise ValueError(f"expected outputs over M+1={M + 1} steps, got {tuple(logits.shape)}")
     rewards, discounts = scaled_rewards_and_discounts(seg, loss, values.dtype)  # (M, B) each
-    target_log_pi = action_log_probs(logits[:M], seg.actions)  # (M, B)
-    behaviour_log_pi = action_log_probs(seg.behaviour_logits.to(logits.dtype), seg.actions)
+    target_log_pi = action_log_probs(logits[:M], seg.actions, space)  # (M, B)
+    behaviour = seg.behaviour_logits.to(logits.dtype)  # (M, B, P)
+    behaviour_log_pi = action_log_probs(behaviour, seg.actions, space)  # (M, B)
     return vtrace(
         (target_log_pi - behaviour_log_pi).detach(),
         discounts,
@@ -67,6 +73,7 @@ def segment_losses(
     loss: LossConfig,
     value_scale: float | torch.Tensor = 1.0,
     returns: VTraceReturns | None = None,
+    space: ActionSpace | None = None,
 ) -> dict[str, torch.Tensor]:
     """IMPALA losses of a segment from the agent's outputs on its M+1 steps.
 
@@ -81,7 +88,7 @@ def segment_losses(
     """
     M = seg.actions.shape[0]
     if returns is None:
-        returns = segment_returns(logits, values, seg, loss)
+        returns = segment_returns(logits, values, seg, loss, space)
     advantage_scale = value_scale if loss.popart_advantages else 1.0
     if loss.popart_sigma_floor:
         advantage_scale = torch.as_tensor(advantage_scale).clamp(min=loss.popart_sigma_floor)
@@ -96,6 +103,7 @@ def segment_losses(
         advantages,
         baseline_cost=loss.baseline_cost,
         entropy_cost=loss.entropy_cost,
+        space=space,
     )
 
 
@@ -137,15 +145,20 @@ def multi_pass(cfg: TrainConfig) -> bool:
 
 @torch.no_grad()
 def batch_targets(
-    logits: torch.Tensor, values: torch.Tensor, seg: Segment, cfg: TrainConfig
+    logits: torch.Tensor,
+    values: torch.Tensor,
+    seg: Segment,
+    cfg: TrainConfig,
+    space: ActionSpace | None = None,
 ) -> BatchTargets:
     """PPO's per-batch constants from a forward on all M+1 steps before the passes: logits
     ``(M+1, B, A)``, values ``(M+1, B)``; GAE or V-trace targets (rewards clipped and
     scaled, time-limit ends bootstrapped, as for IMPALA)."""
     M = seg.actions.shape[0]
-    behaviour = action_log_probs(seg.behaviour_logits.to(logits.dtype), seg.actions)  # (M, B)
+    behaviour_params = seg.behaviour_logits.to(logits.dtype)  # (M, B, P)
+    behaviour = action_log_probs(behaviour_params, seg.actions, space)  # (M, B)
     if cfg.loss.targets == "vtrace":
-        ret = segment_returns(logits, values, seg, cfg.loss)
+        ret = segment_returns(logits, values, seg, cfg.loss, space)
         return BatchTargets(ret.pg_advantages, ret.vs, values[:M], behaviour)
     rewards, discounts = scaled_rewards_and_discounts(seg, cfg.loss, values.dtype)  # (M, B)
     advantages, returns = gae(rewards, discounts, values[:M], values[M], cfg.loss.gae_lambda)
@@ -177,9 +190,10 @@ class Learner:
         logits, values, _ = self.agent(
             seg.obs, seg.last_reward, seg.reset, seg.state, carry=False, last_action=seg.last_action
         )
-        returns = segment_returns(logits, values, seg, self.cfg.loss)
+        space = self.agent.action_space
+        returns = segment_returns(logits, values, seg, self.cfg.loss, space)
         scale = self.agent.heads.value_scale().detach()
-        losses = segment_losses(logits, values, seg, self.cfg.loss, scale, returns)
+        losses = segment_losses(logits, values, seg, self.cfg.loss, scale, returns, space)
         losses["loss"].backward()
         return losses, returns.vs
 
@@ -206,6 +220,7 @@ class Learner:
         return ppo_losses(
             logits, values, seg.actions, targets, cfg.loss.clip_coef, cfg.loss.value_clip,
             cfg.loss.baseline_cost, cfg.loss.entropy_cost, value_scale=scale,
+            space=self.agent.action_space,
         )  # fmt: skip
 
     def prepare(self, seg: Segment) -> BatchTargets | None:
@@ -217,7 +232,7 @@ class Learner:
                 seg.obs, seg.last_reward, seg.reset, seg.state, carry=False,
                 last_action=seg.last_action,
             )  # fmt: skip
-        return batch_targets(logits, values, seg, self.cfg)
+        return batch_targets(logits, values, seg, self.cfg, self.agent.action_space)
 
     def _step(self) -> float:
         """Clip the global gradient norm and step the optimiser; the norm before clipping."""

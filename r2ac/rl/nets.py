@@ -196,12 +196,21 @@ class PolicyValueHeads(nn.Module):
     ``update_value_stats`` moves the statistics and rescales the layer so that V is unchanged
     ("preserving outputs precisely"); the learner divides the value error and the advantages
     by ``value_scale()``, which makes the losses invariant to the reward scale.
+
+    ``log_std`` > 0 (a Box action space of that many dimensions) adds a state-independent
+    log-std parameter (initialised to 0) that ``forward`` appends to the policy outputs, so
+    that they are the whole Gaussian's parameters (r2ac/rl/distributions.py).
     """
 
     SIGMA_RANGE = (1e-4, 1e6)
 
     def __init__(
-        self, in_features: int, num_actions: int, value_norm: bool = False, hidden: int = 0
+        self,
+        in_features: int,
+        num_actions: int,
+        value_norm: bool = False,
+        hidden: int = 0,
+        log_std: int = 0,
     ):
         super().__init__()
         self.torso = (
@@ -210,6 +219,8 @@ class PolicyValueHeads(nn.Module):
         width = hidden or in_features
         self.policy = nn.Linear(width, num_actions)
         self.baseline = nn.Linear(width, 1)
+        if log_std:
+            self.log_std = nn.Parameter(torch.zeros(log_std))
         self.value_norm = value_norm
         if value_norm:
             self.register_buffer("value_mean", torch.zeros(()))  # mu: E[target]
@@ -223,12 +234,16 @@ class PolicyValueHeads(nn.Module):
         return variance.clamp(min=self.SIGMA_RANGE[0] ** 2).sqrt().clamp(*self.SIGMA_RANGE)
 
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns logits ``(..., num_actions)`` and values ``(...)`` (unnormalised)."""
+        """Returns logits ``(..., num_actions)`` (with the log-stds appended: ``(..., 2D)``)
+        and values ``(...)`` (unnormalised)."""
         h = self.torso(h)  # (..., width)
         values = self.baseline(h).squeeze(-1)  # (...)
         if self.value_norm:
             values = values * self.value_scale() + self.value_mean
-        return self.policy(h), values
+        params = self.policy(h)  # (..., A)
+        if hasattr(self, "log_std"):
+            params = torch.cat([params, self.log_std.expand_as(params)], dim=-1)  # (..., 2D)
+        return params, values
 
     @torch.no_grad()
     def update_value_stats(self, targets: torch.Tensor, beta: float) -> None:

@@ -14,9 +14,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
+from r2ac.envs.spaces import ActionSpace
 from r2ac.rl.actor import Segment
+from r2ac.rl.distributions import distribution
 from r2ac.rl.losses import action_log_probs
 from r2ac.rtrl.state import select_streams
 
@@ -117,20 +118,21 @@ def ppo_losses(
     baseline_cost: float,
     entropy_cost: float,
     value_scale: float | torch.Tensor = 1.0,
+    space: ActionSpace | None = None,
 ) -> dict[str, torch.Tensor]:
-    """PPO's losses of one minibatch: logits ``(M, B, A)``, values/actions ``(M, B)``.
+    """PPO's losses of one minibatch: logits ``(M, B, P)`` (the distribution of `space`;
+    None: Discrete), actions ``(M, B, *S)``, values ``(M, B)``.
 
     The advantages are standardised over the minibatch; `value_scale` (PopArt's sigma)
     divides values, returns and old values, so the critic learns normalised returns.
     ``loss = policy + baseline_cost * value + entropy_cost * (-entropy)``, all means.
     """
-    log_pi = action_log_probs(logits, actions)  # (M, B)
+    log_pi = action_log_probs(logits, actions, space)  # (M, B)
     advantages = standardise(targets.advantages)
     policy, clipped = clipped_policy_loss(log_pi, targets.behaviour_log_pi, advantages, clip_coef)
     scaled = [v / value_scale for v in (values, targets.returns, targets.old_values)]
     baseline = baseline_cost * value_loss(*scaled, clip=value_clip)
-    log_p = F.log_softmax(logits, dim=-1)  # (M, B, A)
-    neg_entropy = (log_p.exp() * log_p).sum(-1).mean()
+    neg_entropy = -distribution(space, logits).entropy().mean()
     entropy = entropy_cost * neg_entropy
     return {
         "loss": policy + baseline + entropy,

@@ -33,7 +33,7 @@ class Sizes:
     obs_values: int  # values in one observation
     obs_bytes: int  # bytes of one observation
     image_pixels: int  # pixels of an image observation (a conv stem), 0 for vectors
-    num_actions: int
+    num_actions: int  # the policy's parameters per step (logits; a Gaussian's 2D)
     param_bytes: int  # the agent's parameters
     state_bytes: int  # one stream's full core state (with sensitivities)
 
@@ -89,10 +89,10 @@ def measure(cfg: TrainConfig) -> Sizes:
     from r2ac.rl.build import make_agent, make_env
 
     env = make_env(cfg, 1, 0)
-    spec, num_actions = env.observation_spec, env.num_actions
+    spec, actions = env.observation_spec, env.action_space
     env.close()
     with torch.device("meta"):
-        agent = make_agent(cfg, spec.shape, spec.dtype, num_actions, load_stem=False)
+        agent = make_agent(cfg, spec.shape, spec.dtype, actions, load_stem=False)
         state = agent.initial_state(1)
     leaves = [t for t in pytree.tree_leaves(state) if isinstance(t, torch.Tensor)]
     values = math.prod(spec.shape)
@@ -100,7 +100,7 @@ def measure(cfg: TrainConfig) -> Sizes:
         values,
         values * spec.dtype.itemsize,
         len(spec.shape) == 3,
-        num_actions,
+        actions.param_size,
         sum(p.numel() * p.element_size() for p in agent.parameters()),
         sum(t.numel() * t.element_size() for t in leaves),
     )
