@@ -6,7 +6,11 @@ of r2ac: it lives in its own virtual environment outside the project's .venv, wh
 script creates (CPU torch first, so that nothing pulls the CUDA build), and no SF code is
 copied into the project: the SF side is this file run by the peer venv's python, calling SF's
 public entry points (`register_env`, `parse_sf_args`/`parse_full_cfg`, `run_rl`,
-`create_actor_critic`, `Learner.load_checkpoint`).
+`create_actor_critic`, `Learner.get_checkpoints`; the checkpoint itself is read with
+`torch.load(..., weights_only=False)`, since SF's `Learner.load_checkpoint` fails quietly
+under torch >= 2.6 on the numpy scalars SF stores in it). Pins of the peer venv:
+torch 2.13.0 (CPU wheel), sample-factory 2.1.1, popgym 1.0.7, gymnasium 0.29.1 (SF 2.1.1
+wants gymnasium < 1.0; r2ac's venv has 1.4.0), numpy < 2.
 
 Command (from the repository root; set-up on first use takes a few minutes and ~1 GB)::
 
@@ -61,14 +65,23 @@ repeats and seeds; the ratio is r2ac/SF of the steady medians (of the e2e median
 "(e2e)", where a run is too short to have a steady figure, e.g. SF below ~30 k frames).
 On a busy box frames/s are indicative only; load averages are recorded in the JSON.
 
-Output: one Markdown table on stdout, then the JSON path if `--json-out`::
+Output: progress lines on stderr, one Markdown table on stdout, then the JSON path if
+`--json-out`; exit status 1 if any run failed (its row then says "failed"). E.g. (2 repeats,
+1 M frames, 2-core box under load ~4, 2026-11-26; docs/log/peer.md)::
 
     | system | env | seed(s) | frames/s (median) | ratio r2ac/peer | greedy eval |
     |---|---|---|---|---|---|
-    | r2ac gru-bptt M=4 | RepeatPreviousEasy | 0 | 3210 (e2e 2950) | 1.25x | 0: -0.501 +- 0.003 |
-    | Sample Factory 2.1.1 APPO GRU 128 | RepeatPreviousEasy | 0 | 2570 (e2e 2100) | 1.00x | 0: ... |
+    | r2ac --preset popgym gru-bptt M=4 | RepeatPreviousEasy | 0 | 7551 (e2e 7368) [n=2] \
+        | 1.57x | 0: 1.000 (1.000 +- 0.000, 1.000 +- 0.000) |
+    | Sample Factory 2.1.1 APPO GRU 128 | RepeatPreviousEasy | 0 | 4811 (e2e 4796) [n=2] \
+        | 1.00x | 0: 0.870 (0.810 +- 0.006, 0.931 +- 0.001) |
 
-greedy eval: per seed, "seed: mean +- std" (the median over repeats if more than one).
+(one line per row in the real output). frames/s: the steady median, then the e2e median, and
+[n=] the runs that gave a figure.
+greedy eval: per seed, "seed: mean +- std" (the mean of the 3 set means and their std); with
+several repeats "seed: median (each repeat's mean +- std, in run order)". SF's runs of
+one seed differ from each other here (why was not looked into), so repeat them; r2ac's
+serial runtime is deterministic.
 `--json-out` holds every run (commands, run dirs, wall times, frames/s, eval, load average).
 """
 
@@ -314,10 +327,11 @@ def table(records: list[dict], envs: list[str], seeds: list[int], preset: str) -
             evals = []
             for s in seeds:
                 ev = [r["eval"] for r in runs if r["seed"] == s and "eval" in r]
-                if ev:
-                    ev.sort(key=lambda x: x["mean"])
-                    mid = ev[(len(ev) - 1) // 2]
-                    evals.append(f"{s}: {mid['mean']:.3f} +- {mid['std']:.3f}")
+                if len(ev) == 1:
+                    evals.append(f"{s}: {ev[0]['mean']:.3f} +- {ev[0]['std']:.3f}")
+                elif ev:  # the median over repeats, then each repeat's figure
+                    each = ", ".join(f"{x['mean']:.3f} +- {x['std']:.3f}" for x in ev)
+                    evals.append(f"{s}: {median([x['mean'] for x in ev]):.3f} ({each})")
                 else:
                     evals.append(f"{s}: failed")
             n = len([r for r in runs if r.get("fps_steady") or r.get("fps_e2e")])
