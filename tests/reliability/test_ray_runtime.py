@@ -205,8 +205,8 @@ def test_sigterm_at_random_times_in_ray_start_up(tmp_path):
 def sigkill_learner(tmp_path: Path, past: int) -> float:
     out, mark = tmp_path / uuid.uuid4().hex[:8], uuid.uuid4().hex
     proc = _start(_train_args(out), out, mark, past=past)
-    running = " ".join(_marked(mark))
-    assert "ray::DashboardAgent" in running and "ray::RayActor" in running, running
+    running = _marked(mark)  # the learner, the reaper, GCS, raylet, agents, actors ...
+    assert len(running) >= 6 and "ray::RayActor" in " ".join(running), running
     sent = time.monotonic()
     proc.kill()  # SIGKILL: no cleanup runs in the learner
     proc.communicate(timeout=TIMEOUT_S)
