@@ -49,6 +49,7 @@ COLUMNS = (
     "value_mean",
     "value_scale",
     "actor_restarts",
+    "actors_missing",  # ray: actors seen dead whose restart has not delivered yet
     "learner_ms",  # wall time of the last update (host-to-device copy included)
     "learner_cuda_peak_mib",  # peak CUDA memory allocated by torch so far; blank on the CPU
 )

@@ -35,29 +35,47 @@ class Interrupted(KeyboardInterrupt):  # noqa: N818  (Ctrl-C, as KeyboardInterru
     signum = signal.SIGINT
 
 
+# The signal the handlers below last raised for. Some libraries turn the exception into a
+# bare KeyboardInterrupt on its way through them (Ray's `ray.get`: a SIGTERM while the
+# actors started said "stopped by SIGINT", exit 130); that one is then named by this.
+_last_signum: int | None = None
+
+
 def _raise_terminated(signum, frame) -> None:
+    global _last_signum
+    _last_signum = signal.SIGTERM
     raise Terminated()
 
 
 def _raise_interrupted(signum, frame) -> None:
+    global _last_signum
+    _last_signum = signal.SIGINT
     raise Interrupted()
+
+
+def _signum(exc: BaseException) -> int:
+    """The signal behind a KeyboardInterrupt: its own, else the last one the handlers saw
+    (a bare KeyboardInterrupt made of ours by a library), else SIGINT."""
+    return int(getattr(exc, "signum", None) or _last_signum or signal.SIGINT)
 
 
 def exit_code(exc: BaseException) -> int:
     """130 for Ctrl-C (KeyboardInterrupt), 143 for SIGTERM (Terminated)."""
-    return 128 + int(getattr(exc, "signum", signal.SIGINT))
+    return 128 + _signum(exc)
 
 
 def signal_name(exc: BaseException) -> str:
-    return signal.Signals(int(getattr(exc, "signum", signal.SIGINT))).name
+    return signal.Signals(_signum(exc)).name
 
 
 def install_handlers() -> dict[int, object]:
     """The handlers of a command from its first line: SIGINT raises Interrupted and SIGTERM
     Terminated (both KeyboardInterrupts) (StopRequest and raise_on_signal replace them while they are inside,
     and put them back). Returns the handlers they replaced (main thread only)."""
+    global _last_signum
     if threading.current_thread() is not threading.main_thread():
         return {}
+    _last_signum = None
     return {
         signal.SIGINT: signal.signal(signal.SIGINT, _raise_interrupted),
         signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_terminated),

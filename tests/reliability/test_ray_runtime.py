@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
 import signal
 import subprocess
 import time
@@ -128,6 +129,111 @@ def test_ray_sigterm_checkpoints_leaves_no_process_and_resumes(tmp_path):
     rows = read_metrics(out / "metrics.csv")
     assert [int(r["update"]) for r in rows] == list(range(1, UPDATES + 1))
     assert _none_left(mark) == []
+
+
+def _popen(args: list[str], mark: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        r2ac_command(*args),
+        env={**subprocess_env(), "R2AC_TEST_MARK": mark},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+# Phases of Ray's start-up, by the processes of the run there are: `ray.init` has begun
+# once a process other than the learner exists (the reaper, then Ray's own, tens of ms
+# apart); the actors are being made once a Ray worker exists (`ray::IDLE` until its
+# RayActor is built: an interpreter, torch, the env, seconds).
+PHASES = {"ray.init": ("",), "actors": ("ray::IDLE", "ray::RayActor")}
+
+
+def _ray_starting(proc: subprocess.Popen, mark: str, phase: str = "ray.init") -> None:
+    """Returns once the run's start-up is in `phase` (PHASES)."""
+    deadline, starts = time.monotonic() + TIMEOUT_S, PHASES[phase]
+    while time.monotonic() < deadline and proc.poll() is None:
+        others = [ln.split(" ", 1) for ln in _marked(mark) if int(ln.split()[0]) != proc.pid]
+        if any(cmd.startswith(starts) for _, cmd in others):
+            return
+        time.sleep(0.01)
+    proc.kill()
+    pytest.fail(f"start-up never reached {phase} (rc {proc.poll()}): {proc.communicate()[1]}")
+
+
+def _seconds_to_clean(mark: str, since: float, limit: float = 10.0) -> float:
+    """Seconds from `since` until no process of the run is left; fails past `limit`."""
+    left = _none_left(mark, seconds=limit - (time.monotonic() - since))
+    assert left == [], f"left {limit:g} s after the signal: {left}"
+    return time.monotonic() - since
+
+
+def sigterm_in_start_up(tmp_path: Path, phase: str, span: float, rng: random.Random) -> str:
+    """SIGTERM to the learner 0..span s into `phase` of Ray's start-up."""
+    out, mark = tmp_path / uuid.uuid4().hex[:8], uuid.uuid4().hex
+    proc = _popen(_train_args(out), mark)
+    _ray_starting(proc, mark, phase)
+    delay = rng.uniform(0.0, span)
+    time.sleep(delay)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=TIMEOUT_S)
+    said = f"SIGTERM {delay:.2f} s into {phase}: rc {proc.returncode}\n{err}"
+    assert proc.returncode == 143 and "Traceback" not in err, said
+    lines = [ln for ln in err.splitlines() if ln.startswith("r2ac train:")]
+    assert len(lines) == 1 and "stopped by SIGTERM" in lines[0], said
+    return f"{said.splitlines()[0]}, clean after {_seconds_to_clean(mark, sent):.1f} s"
+
+
+@needs_ray
+@pytest.mark.parametrize("phase", list(PHASES))
+def test_sigterm_during_ray_start_up_is_one_line_and_leaves_no_process(tmp_path, phase):
+    """In `ray.init` Ray's handlers (sys.exit(15)) stay out; while the actors start, the
+    bare KeyboardInterrupt `ray.get` makes of the CLI's Terminated is still SIGTERM: exit
+    143, one line; the half-started Ray (agents included) is gone within 10 s. (`ray.init`
+    takes 1.5-9 s on a loaded 2-core box, the actors seconds more.)"""
+    sigterm_in_start_up(tmp_path, phase, 1.0, random.Random())
+
+
+@needs_ray
+@pytest.mark.slow
+def test_sigterm_at_random_times_in_ray_start_up(tmp_path):
+    for trial in range(8):
+        sigterm_in_start_up(tmp_path, "ray.init", 12.0, random.Random(trial))
+
+
+def sigkill_learner(tmp_path: Path, past: int) -> float:
+    out, mark = tmp_path / uuid.uuid4().hex[:8], uuid.uuid4().hex
+    proc = _start(_train_args(out), out, mark, past=past)
+    running = _marked(mark)  # the learner, the reaper, GCS, raylet, agents, actors ...
+    assert len(running) >= 6 and "ray::RayActor" in " ".join(running), running
+    sent = time.monotonic()
+    proc.kill()  # SIGKILL: no cleanup runs in the learner
+    proc.communicate(timeout=TIMEOUT_S)
+    return _seconds_to_clean(mark, sent)
+
+
+@needs_ray
+def test_a_sigkilled_learner_takes_every_ray_process_with_it(tmp_path):
+    """Ray's agents, raylet, GCS and the actors (workers re-parented to 1 included) are gone
+    within 10 s of a SIGKILL of the learner (they stayed 60-90 s before the reaper)."""
+    sigkill_learner(tmp_path, past=5)
+
+
+@needs_ray
+@pytest.mark.slow
+def test_a_sigkill_at_random_times_leaves_no_ray_process(tmp_path):
+    """SIGKILL of the learner at a random time of its start-up or training."""
+    rng = random.Random(38)
+    for _ in range(5):
+        out, mark = tmp_path / uuid.uuid4().hex[:8], uuid.uuid4().hex
+        proc = _popen(_train_args(out), mark)
+        _ray_starting(proc, mark)
+        time.sleep(rng.uniform(0.0, 12.0))
+        sent = time.monotonic()
+        proc.kill()
+        proc.communicate(timeout=TIMEOUT_S)
+        _seconds_to_clean(mark, sent)
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ reaches the learner with its traceback."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
@@ -22,7 +23,7 @@ from r2ac.rl.runtimes.ray import (  # noqa: E402
     IN_FLIGHT,
     RayRuntime,
     init_local_ray,
-    keep_sigterm_handler,
+    sigterm_stays_ours,
 )
 
 from .rl_helpers import record_gradients, segments_wanted, serial_grads, tiny  # noqa: E402
@@ -32,7 +33,7 @@ K = 2  # actors
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_session():
-    with keep_sigterm_handler():  # the other tests expect the default SIGTERM handler
+    with sigterm_stays_ours():  # the other tests expect the default SIGTERM handler
         init_local_ray(K)
     yield
     ray.shutdown()
@@ -167,6 +168,50 @@ def test_sigkilled_actor_is_restarted_counted_and_the_run_goes_on(tmp_path):
     first_new = next(s for s in victim_segments if s[3] == instances[1])
     assert first_new[2] == 1  # ... whose streams started over (its segment 1)
     assert runtime.carry is not None and runtime.carry.gaps == 0  # the learner's carry (auto)
+
+
+def _gone(pid: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} still there after {timeout} s")
+
+
+def test_an_actor_whose_restart_did_not_come_is_reported_at_the_end(tmp_path, caplog):
+    """Actor 0 SIGKILLed 4 updates before the end of a run whose updates take milliseconds:
+    its new process (an interpreter, torch, the env: seconds) cannot deliver before the end.
+    Its requests were answered before it died, so none fails: Ray's actor table says it is
+    restarting. The run ends normally; the last row says `actors_missing` 1, and the end
+    says so in one line."""
+    updates = 12
+    cfg = _cfg(total_frames=3 * 4 * updates, max_actor_restarts=2)
+    run = RunDir.create(tmp_path / "run", cfg)
+    runtime = RayRuntime(cfg, run)
+    taken, _ = _record(runtime)
+    victim = runtime.actor_places()[0].pid
+    real_next_batch = runtime.next_batch
+
+    def next_batch():
+        if runtime.version == updates - 4:
+            os.kill(victim, signal.SIGKILL)
+            _gone(victim)
+        return real_next_batch()
+
+    runtime.next_batch = next_batch
+    with caplog.at_level(logging.WARNING, logger=runtime_ray.__name__):
+        tracker = runtime.train()
+    assert tracker.update == updates
+    assert len({s[3] for group in taken for s in group if s[0] == 0}) == 1  # no new process
+    rows = read_metrics(run.metrics_path)
+    assert [r["actors_missing"] for r in rows[: updates - 4]] == [0] * (updates - 4)
+    assert rows[-1]["actors_missing"] == 1 and rows[-1]["actor_restarts"] == 0
+    said = [r.getMessage() for r in caplog.records if "before the end of the run" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0], said
+    assert said[0].startswith("ray: actor 0 died ") and "ended with 1 of 2 actors" in said[0]
 
 
 def test_a_death_past_the_restart_limit_stops_the_run_with_one_line(tmp_path):

@@ -13,7 +13,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from r2ac.rl.run_dir import RunDir, read_metrics  # noqa: E402
-from r2ac.rl.runtimes.ray import RayRuntime, keep_sigterm_handler  # noqa: E402
+from r2ac.rl.runtimes.ray import RayRuntime, sigterm_stays_ours  # noqa: E402
 
 from .rl_helpers import tiny  # noqa: E402
 
@@ -53,7 +53,7 @@ def test_run_on_two_nodes_finishes(tmp_path, two_nodes):
     assert all(r["actor_restarts"] == 0 for r in rows)
     assert not ray.is_initialized()  # the runtime disconnected ...
     assert signal.getsignal(signal.SIGTERM) is sigterm  # and left no handler of Ray's
-    with keep_sigterm_handler():
+    with sigterm_stays_ours():
         ray.init(address=two_nodes.address)
     try:  # ... and left the cluster up, with both nodes and no actor of the run alive
         assert len([n for n in ray.nodes() if n["Alive"]]) == 2

@@ -50,6 +50,8 @@ The interface of a subclass
     extra_metrics() -> dict           optional: extra metrics.csv columns (e.g.
                                       {"actor_restarts": n}; a new column also goes into
                                       run_dir.COLUMNS)
+    end_of_run() -> None              optional: called after the last update, before its
+                                      metrics row (ray: takes stock of missing actors)
     close() -> None                   optional: stop every actor and free what they hold;
                                       must be idempotent and must not wait without a timeout
 
@@ -197,6 +199,9 @@ class Runtime:
     def extra_metrics(self) -> dict[str, float]:
         return {}
 
+    def end_of_run(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -286,6 +291,8 @@ class Runtime:
         self._check_finite(metrics, tracker.update + 1)
         self.version += 1
         self.publish_weights()
+        if tracker.update + 1 >= self.cfg.updates_total:
+            self.end_of_run()  # the last row says how the run ended
         metrics.update(self.extra_metrics())
         frames = self.cfg.loss.unroll_length * self.cfg.runtime.batch_size
         tracker.record(frames, batch.episodes, metrics, policy_lag=batch.policy_lag)

@@ -27,7 +27,11 @@ segments arrive through Ray's object store and weights leave by `ray.put`. Proce
   leaves an actor before it is complete). The learner sees a restart as a new `instance` in
   an actor's segments and counts it in metrics.csv (`actor_restarts`); more than
   `max_actor_restarts` in all stop the run with an ActorError, and so does an exception
-  inside an actor (with the actor's traceback).
+  inside an actor (with the actor's traceback). An actor seen dead (a failed request, or
+  Ray's actor table) is missing until a segment of its new process comes: `actors_missing`
+  in metrics.csv, and one line at the end of a run that ended without it.
+- A local Ray dies with the learner, even a SIGKILLed one: its processes carry a token that
+  a reaper process (ray_reaper.py) looks for when the learner is gone.
 
 Not deterministic (which actor's segment comes first is up to the scheduler). Checkpoints
 hold weights, optimiser, scheduler, counters and the restart count; on resume the actors
@@ -65,6 +69,7 @@ from r2ac.rl.run_dir import RunDir
 from r2ac.rl.runtimes import wire
 from r2ac.rl.runtimes.base import ActorError, Batch, Runtime
 from r2ac.rl.runtimes.learner_carry import LearnerCarry
+from r2ac.rl.runtimes.ray_reaper import TOKEN_VAR, Reaper
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +83,7 @@ INLINE_WEIGHTS_BYTES = 90 * 1024
 WAIT_S = 0.2  # a wait for segments wakes up this often (to check actor_timeout_s)
 START_S = 300.0  # actors not all constructed after this long: stop with an error
 KILL_S = 30.0  # killed actors of a Ray left running must stop answering within this long
+STOCK_S = 1.0  # Ray's view of the actors (dead, restarting) is read this often, and at the end
 
 
 # --- messages (frozen: what crosses a process boundary is never modified) --------------------
@@ -221,18 +227,19 @@ class RayActor:
 # --- connecting to Ray -------------------------------------------------------------------------
 
 
-def connect(cfg: TrainConfig) -> bool:
-    """Start a local Ray (no address) or join a cluster; True if this call connected this
-    process (so close() disconnects it, which stops a Ray it started)."""
+def connect(cfg: TrainConfig) -> tuple[bool, Reaper | None]:
+    """Start a local Ray (no address) or join a cluster. Returns whether this call connected
+    this process (so close() disconnects it, which stops a Ray it started) and, for a local
+    Ray, the reaper that kills what is left of it when this process ends (ray_reaper.py)."""
     if ray.is_initialized():  # e.g. tests sharing one session: not ours to shut down
-        return False
-    with keep_sigterm_handler():
+        return False, None
+    with sigterm_stays_ours():
         if cfg.runtime.ray_address is None:
             t0 = time.perf_counter()
-            init_local_ray(cfg.actors)
+            reaper = init_local_ray(cfg.actors)
             seconds = time.perf_counter() - t0
             log.info("ray: local Ray with %d CPUs started in %.1f s", cfg.actors, seconds)
-            return True
+            return True, reaper
         check_reachable(cfg.runtime.ray_address)
         try:
             ray.init(address=cfg.runtime.ray_address, **RAY_OPTIONS)
@@ -241,18 +248,30 @@ def connect(cfg: TrainConfig) -> bool:
             raise ConfigError(
                 f"--ray-address {cfg.runtime.ray_address}: cannot join Ray: {first}"
             ) from exc
-    return True
+    return True, None
 
 
-def init_local_ray(num_cpus: int) -> None:
-    """Start a local Ray whose workers run at this process's niceness. Ray's raylet starts
-    workers at nice 15 by default (its `worker_niceness`), which suits helper tasks but not
-    actors that do most of a run's work: beside anything at nice 0 (the learner, another
-    job) they get a few percent of a core (measured: `import torch` 47 s instead of 1 s, an
-    actor at 1.3 k instead of 18 k frames/s on a box with two other jobs). A value the user
-    set in RAY_worker_niceness is kept."""
-    with environ(RAY_worker_niceness=os.environ.get("RAY_worker_niceness", str(os.nice(0)))):
-        ray.init(address="local", num_cpus=num_cpus, **RAY_OPTIONS)
+def init_local_ray(num_cpus: int) -> Reaper | None:
+    """Start a local Ray whose processes carry a reaper's token (they die with this
+    process: ray_reaper.py) and whose workers run at this process's niceness. Ray's raylet
+    starts workers at nice 15 by default (its `worker_niceness`), which suits helper tasks
+    but not actors that do most of a run's work: beside anything at nice 0 (the learner,
+    another job) they get a few percent of a core (measured: `import torch` 47 s instead of
+    1 s, an actor at 1.3 k instead of 18 k frames/s on a box with two other jobs). A value
+    the user set in RAY_worker_niceness is kept. A Ray half started when a signal or an
+    error ends `ray.init` is left to the reaper, which this process's exit wakes."""
+    reaper = Reaper.start()
+    values = {"RAY_worker_niceness": os.environ.get("RAY_worker_niceness", str(os.nice(0)))}
+    if reaper is not None:
+        values[TOKEN_VAR] = reaper.token
+    with environ(**values):
+        try:
+            ray.init(address="local", num_cpus=num_cpus, **RAY_OPTIONS)
+        except BaseException:
+            if reaper is not None:
+                reaper.close()
+            raise
+    return reaper
 
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:
@@ -271,13 +290,22 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
 
 
 @contextmanager
-def keep_sigterm_handler() -> Iterator[None]:
-    """`ray.init` installs a SIGTERM handler (sys.exit) and leaves it after shutdown; the
-    process's own (r2ac.runs.stop's clean stop, or the default) is put back."""
+def sigterm_stays_ours() -> Iterator[None]:
+    """`ray.init` installs SIGTERM handlers (`sys.exit(15)` while it starts, then its node's:
+    stop Ray, `sys.exit(1)`), so a SIGTERM during start-up ended r2ac with status 15 and no
+    line (issue 38). Inside, Ray's way of installing them does nothing, so the process's
+    own handler (the CLI's: Terminated, one line, exit 143) stays; and whatever handler is
+    there at the end is replaced by the one found at the start."""
     previous = signal.getsignal(signal.SIGTERM)
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    install = getattr(utils, "set_sigterm_handler", None)
+    if install is not None:
+        utils.set_sigterm_handler = lambda handler: None
     try:
         yield
     finally:
+        if install is not None:
+            utils.set_sigterm_handler = install
         if previous is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, previous)
 
@@ -320,7 +348,9 @@ class RayRuntime(Runtime):
         self.pending: dict[Any, _Request] = {}  # ObjectRef -> request, oldest first
         self.deaths = [0] * cfg.actors  # restarts seen per actor: the epoch of its streams
         self.instances: list[int | None] = [None] * cfg.actors
-        self.connected = connect(cfg)
+        self.missing: dict[int, int] = {}  # actor -> version when its death was seen
+        self.stock_taken = time.monotonic()
+        self.connected, self.reaper = connect(cfg)
         try:
             check_cpus(cfg.actors)
             self._make_actors()
@@ -447,7 +477,11 @@ class RayRuntime(Runtime):
                 f"actor {k} died and Ray will not restart it (--max-actor-restarts "
                 f"{self.cfg.runtime.max_actor_restarts}): {type(exc).__name__}"
             ) from None
-        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+        except ray.exceptions.RayActorError as exc:  # dead: Ray restarts it
+            log.warning("ray: actor %d lost a segment (%s)", k, type(exc).__name__)
+            self.missing.setdefault(k, self.version)
+            ready = None
+        except ray.exceptions.ObjectLostError as exc:
             log.warning("ray: actor %d lost a segment (%s)", k, type(exc).__name__)
             ready = None
         if ready is not None and ready.instance != self.instances[k]:
@@ -457,6 +491,7 @@ class RayRuntime(Runtime):
 
     def _restarted(self, k: int, instance: int) -> None:
         """A new process behind actor k: after the first, a restart (its streams began anew)."""
+        self.missing.pop(k, None)
         if self.instances[k] is not None:
             self.deaths[k] += 1
             self.restarts += 1
@@ -478,14 +513,37 @@ class RayRuntime(Runtime):
         log.warning("ray runtime: resumed actors restart their episodes")
 
     def extra_metrics(self) -> dict[str, float]:
-        return {"actor_restarts": self.restarts}
+        if time.monotonic() - self.stock_taken >= STOCK_S:
+            self._take_stock()
+        return {"actor_restarts": self.restarts, "actors_missing": len(self.missing)}
+
+    def end_of_run(self) -> None:
+        self._take_stock()  # the last row says which actors the run ended without
+
+    def _take_stock(self) -> None:
+        """Actors Ray is restarting (or gave up on) are missing from now on, until a segment
+        of a new process comes: a death with no request in flight (the requests already
+        answered, the next ones queued by Ray for the new process) fails no request."""
+        self.stock_taken = time.monotonic()
+        for k, state in enumerate(actor_states(self.actors)):
+            if state is not None and state != "ALIVE":
+                self.missing.setdefault(k, self.version)
+
+    def report_missing(self) -> None:
+        """One line at the end of a run for the actors that died and were not back."""
+        self._take_stock()
+        if self.missing:
+            log.warning(missing_line(self.missing, self.version, len(self.actors)))
 
     def actor_places(self) -> list[ActorPlace]:
         """Where every actor runs now (a restarted actor has a new process)."""
         return ray.get([a.where.remote() for a in self.actors], timeout=START_S)
 
     def close(self) -> None:
-        """Stop every actor; disconnect from Ray, which stops a Ray this runtime started."""
+        """Say which actors were missing at the end; stop every actor; disconnect from Ray,
+        which stops a Ray this runtime started."""
+        if self.actors:
+            self.report_missing()
         for a in self.actors:
             ray.kill(a, no_restart=True)
         if not self.connected:  # a Ray we leave running: return once its actors are gone
@@ -493,7 +551,36 @@ class RayRuntime(Runtime):
         self.actors, self.pending, self.weights = [], {}, None
         if self.connected and ray.is_initialized():
             ray.shutdown()
-        self.connected = False
+        if self.reaper is not None:  # it kills what Ray left of itself (ray_reaper.py)
+            self.reaper.close()
+        self.connected, self.reaper = False, None
+
+
+def actor_states(actors: list) -> list[str | None]:
+    """Ray's state of each actor ('ALIVE', 'RESTARTING', 'DEAD', ...; 0.4 ms an actor), None
+    where unknown. Ray's public state API (ray.util.state) needs the dashboard, which r2ac
+    does not start; this reads the GCS's actor table through ray._private.state, and gives
+    None if that fails (then only deaths that failed a request in flight are seen)."""
+    try:
+        from ray._private import state
+
+        return [state.actors(actor_id=a._actor_id.hex()).get("State") for a in actors]
+    except Exception:  # noqa: BLE001  (a private API: any change of it means "unknown")
+        return [None] * len(actors)
+
+
+def missing_line(missing: dict[int, int], version: int, actors: int) -> str:
+    """'ray: actor 1 died 3 updates before the end ...' (one line)."""
+    which = sorted(missing)
+    names = ", ".join(str(k) for k in which)
+    ago = ", ".join(str(version - missing[k]) for k in which)
+    one = len(which) == 1
+    return (
+        f"ray: actor{'' if one else 's'} {names} died {ago} update{'' if ago == '1' else 's'} "
+        f"before the end of the run and {'its restart' if one else 'their restarts'} had not "
+        f"come: the run ended with {actors - len(which)} of {actors} actors "
+        "(actors_missing in metrics.csv)"
+    )
 
 
 def _wait_until_dead(actors: list, timeout_s: float) -> None:

@@ -1,0 +1,109 @@
+"""Reaper of a local Ray: its processes die with the learner that started it, however it ends.
+
+Ray ties the processes its driver starts (gcs_server, raylet, monitors) to the driver with
+PR_SET_PDEATHSIG, but not the raylet's own children: `ray::DashboardAgent` and
+`ray::RuntimeEnvAgent` notice their raylet's death and then wait to report it to a GCS that
+died too, re-parented to 1 for 60-90 s (issue 38: 2 of 4 SIGTERMs during start-up, 1 of 2
+SIGKILLs of the learner; measured again: 60 s after a SIGKILL).
+
+`Reaper.start` runs this file as a script (the standard library only: no torch, no Ray) in a
+session of its own, so that a signal to the learner's process group does not reach it. It
+reads its stdin, a pipe whose only writer is the learner (the write end is not inheritable,
+and Ray starts its processes without inherited descriptors), until end of file: the learner
+closed it after `ray.shutdown()`, or died, even by SIGKILL. Then it kills, with SIGKILL,
+every process whose environment holds R2AC_RAY_RUN=<token>: `init_local_ray` sets it for
+`ray.init`, and Ray hands it to every process of that Ray (its workers and agents too). It
+repeats that until two sweeps 0.1 s apart find none (at most SWEEP_S), then exits.
+Linux only (/proc); elsewhere no reaper is started.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TOKEN_VAR = "R2AC_RAY_RUN"
+SWEEP_S = 10.0  # a sweep gives up after this long (processes that will not die: not ours)
+CLOSE_S = 15.0  # the learner waits this long for the reaper's sweep after a clean close
+
+
+def marked_pids(token: str, skip: frozenset[int] = frozenset()) -> list[int]:
+    """Processes whose environment holds TOKEN_VAR=token (those readable: this user's)."""
+    needle = f"{TOKEN_VAR}={token}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in skip:
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:  # gone, or another user's
+            continue
+    return found
+
+
+def sweep(token: str, seconds: float = SWEEP_S) -> int:
+    """SIGKILL every marked process until two sweeps in a row find none; how many were
+    killed. A killed process is a zombie until reaped, and a zombie's environ is empty."""
+    skip = frozenset({os.getpid(), os.getppid()})
+    deadline, killed, quiet = time.monotonic() + seconds, 0, 0
+    while quiet < 2 and time.monotonic() < deadline:
+        pids = marked_pids(token, skip)
+        quiet = 0 if pids else quiet + 1
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+        time.sleep(0.1)
+    return killed
+
+
+class Reaper:
+    """The learner's side: a reaper process and the write end of its pipe."""
+
+    def __init__(self, proc: subprocess.Popen, token: str):
+        self.proc, self.token = proc, token
+
+    @classmethod
+    def start(cls) -> Reaper | None:
+        """A reaper with a new token (None where /proc is missing: not Linux)."""
+        if not sys.platform.startswith("linux"):
+            return None
+        token = secrets.token_hex(16)
+        env = {k: v for k, v in os.environ.items() if k != TOKEN_VAR}
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", __file__, token],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+        return cls(proc, token)
+
+    def close(self, timeout: float = CLOSE_S) -> None:
+        """End the reaper's wait: it kills what is left of the Ray and exits; wait for it."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass  # it goes on alone, and exits by SWEEP_S
+
+
+def main(token: str) -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)  # only the end of its stdin starts the sweep
+    while sys.stdin.buffer.read(4096):
+        pass
+    sweep(token)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
