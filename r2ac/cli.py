@@ -9,6 +9,7 @@ most of them build their CLI from a typed dataclass config with tyro.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from r2ac.runs import stop
@@ -45,6 +46,20 @@ def _usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command (`_main`). A process that started a local Ray ends with os._exit once
+    its command has returned and its output is flushed: a SIGTERM while Ray's core worker
+    was still connecting otherwise made the interpreter's teardown abort (exit -6 after the
+    one line, 1 in 14 trials at load 7); the Ray processes die with this one (ray_reaper)."""
+    code = _main(argv)
+    ray_runtime = sys.modules.get("r2ac.rl.runtimes.ray")
+    if argv is None and getattr(ray_runtime, "LOCAL_RAY_STARTED", False):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _main(argv: list[str] | None = None) -> int:
     """Run a command. SIGINT / SIGTERM are handled from this first line to the exit: one line
     and exit 130 / 143 (a command's own handling stops cleanly, r2ac.runs.stop); once the
     command has returned (everything written), a late signal leaves its exit code."""

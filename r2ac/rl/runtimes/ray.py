@@ -71,6 +71,8 @@ from r2ac.rl.runtimes.base import ActorError, Batch, Runtime
 from r2ac.rl.runtimes.learner_carry import LearnerCarry
 from r2ac.rl.runtimes.ray_reaper import TOKEN_VAR, Reaper
 
+LOCAL_RAY_STARTED = False  # whether this process started a local Ray (init_local_ray)
+
 log = logging.getLogger(__name__)
 
 RAY_OPTIONS = {"include_dashboard": False, "logging_level": logging.WARNING}
@@ -260,6 +262,8 @@ def init_local_ray(num_cpus: int) -> Reaper | None:
     1 s, an actor at 1.3 k instead of 18 k frames/s on a box with two other jobs). A value
     the user set in RAY_worker_niceness is kept. A Ray half started when a signal or an
     error ends `ray.init` is left to the reaper, which this process's exit wakes."""
+    global LOCAL_RAY_STARTED
+    LOCAL_RAY_STARTED = True  # r2ac.cli ends such a process with os._exit (see there)
     reaper = Reaper.start()
     values = {"RAY_worker_niceness": os.environ.get("RAY_worker_niceness", str(os.nice(0)))}
     if reaper is not None:

@@ -13,7 +13,7 @@ and Ray starts its processes without inherited descriptors), until end of file: 
 closed it after `ray.shutdown()`, or died, even by SIGKILL. Then it kills, with SIGKILL,
 every process whose environment holds R2AC_RAY_RUN=<token>: `init_local_ray` sets it for
 `ray.init`, and Ray hands it to every process of that Ray (its workers and agents too). It
-repeats that until two sweeps 0.1 s apart find none (at most SWEEP_S), then exits.
+repeats that until none was found for QUIET_S (at most SWEEP_S), then exits.
 Linux only (/proc); elsewhere no reaper is started.
 """
 
@@ -29,6 +29,7 @@ from pathlib import Path
 
 TOKEN_VAR = "R2AC_RAY_RUN"
 SWEEP_S = 10.0  # a sweep gives up after this long (processes that will not die: not ours)
+QUIET_S = 2.0  # and ends once none was found for this long (a loaded box forks slowly)
 CLOSE_S = 15.0  # the learner waits this long for the reaper's sweep after a clean close
 
 
@@ -48,13 +49,15 @@ def marked_pids(token: str, skip: frozenset[int] = frozenset()) -> list[int]:
 
 
 def sweep(token: str, seconds: float = SWEEP_S) -> int:
-    """SIGKILL every marked process until two sweeps in a row find none; how many were
-    killed. A killed process is a zombie until reaped, and a zombie's environ is empty."""
+    """SIGKILL every marked process until none was found for QUIET_S (an agent the dying
+    raylet was still starting appears late: seen once at load 7 with a 0.2 s quiet spell);
+    how many were killed. A killed process is a zombie until reaped, and a zombie's environ
+    is empty."""
     skip = frozenset({os.getpid(), os.getppid()})
-    deadline, killed, quiet = time.monotonic() + seconds, 0, 0
-    while quiet < 2 and time.monotonic() < deadline:
+    deadline, killed, last_seen = time.monotonic() + seconds, 0, time.monotonic()
+    while time.monotonic() - last_seen < QUIET_S and time.monotonic() < deadline:
         pids = marked_pids(token, skip)
-        quiet = 0 if pids else quiet + 1
+        last_seen = time.monotonic() if pids else last_seen
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
