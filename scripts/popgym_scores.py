@@ -19,7 +19,7 @@ from r2ac.experiments.grids import POPGYM_TASKS
 
 def scores(env_name: str, streams: int, episodes: int, seed: int) -> tuple[str, str]:
     env = make(env_name, streams, seed)
-    mean, err = evaluate(env, random_policy(env.num_actions, seed), episodes, seed)
+    mean, err = evaluate(env, random_policy(env.action_space, seed), episodes, seed)
     random_cell = f"{mean:.3f} ± {err:.3f}"
     oracle_cell = "-"
     if any(f"popgym-{game}" in env_name for game in POPGYM_ORACLES):

@@ -14,7 +14,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--ids",
         action="store_true",
-        help="also list every POPGym and MinAtar env id (when installed)",
+        help="also list every POPGym, MinAtar and masked MuJoCo env id (when installed)",
     )
     return parser
 
@@ -34,6 +34,19 @@ def _print_ids() -> None:
         print(f"\n{suite} ({len(ids)} ids; use as gym/<id>):")
         for env_id in ids:
             print(f"  gym/{env_id}")
+    _print_masked_ids()
+
+
+def _print_masked_ids() -> None:
+    from r2ac.envs.masked_mujoco import MASKS, masked_ids
+    from r2ac.envs.registry import _import_error
+
+    kinds = ", ".join(f"-{k}: {v} only" for k, v in MASKS.items())
+    missing = _import_error("mujoco")
+    state = "not installed (pip install -e '.[mujoco]')" if missing else f"{len(masked_ids())} ids"
+    print(f"\nMasked MuJoCo ({state}; {kinds}):")
+    for task in masked_ids():
+        print(f"  masked/{task}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +63,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.ids:
         _print_ids()
     else:
-        print("\n`r2ac envs --ids` lists every POPGym and MinAtar id.")
+        print("\n`r2ac envs --ids` lists every POPGym, MinAtar and masked MuJoCo id.")
     print(f"\ndefault env of `r2ac train`: {DEFAULT_ENV} (see docs/envs.md)")
     return 0

@@ -1,7 +1,8 @@
 """`make(name, num_envs, seed, **options)` and `available()`.
 
 Names are "<family>/<task>": builtin/delayed-cue, builtin/watermaze, atari/Breakout,
-procgen/chaser, minigrid/MemoryS13Random, envpool/<task id>, gym/<id>, dmlab/<level>.
+procgen/chaser, minigrid/MemoryS13Random, envpool/<task id>, gym/<id>, dmlab/<level>,
+masked/<Env>-<P|V> (MuJoCo seeing positions or velocities only).
 Backends are imported only when their family is used.
 """
 
@@ -31,6 +32,11 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
         "r2ac.envs.gym_adapter",
         "make_gym",
         "gym/popgym-RepeatPreviousEasy-v0, gym/MinAtar/Breakout-v1",
+    ),
+    "masked": (
+        "r2ac.envs.masked_mujoco",
+        "make_masked",
+        "masked/HalfCheetah-P, masked/Hopper-V, ... (MuJoCo, positions or velocities only)",
     ),
     "dmlab": (
         "r2ac.envs.dmlab",
@@ -140,6 +146,11 @@ def _probe(family: str) -> tuple[bool, str]:
             )
         ]
         return True, f"gymnasium; {', '.join(extras)}"
+    if family == "masked":
+        missing = _import_error("gymnasium") or _import_error("mujoco")
+        if missing:
+            return False, f"{missing}: pip install -e '.[mujoco]'"
+        return True, "gymnasium's MuJoCo v5 tasks (mujoco package, CPU)"
     return _probe_envpool_family(family)
 
 

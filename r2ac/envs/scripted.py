@@ -13,13 +13,20 @@ import numpy as np
 
 from r2ac.envs.base import BatchedEnv
 from r2ac.envs.builtin import MOVES, DelayedCue, Watermaze
+from r2ac.envs.spaces import ActionSpace, as_action_space
 
 Policy = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (obs (B, D), done (B,)) -> (B,)
 
 
-def random_policy(num_actions: int, seed: int) -> Policy:
-    rng = np.random.default_rng(seed)
-    return lambda obs, done: rng.integers(0, num_actions, size=len(obs))
+def random_policy(space: ActionSpace | int, seed: int) -> Policy:
+    """Uniform actions of `space` (an int: Discrete with that many); a Box's are uniform in
+    the normalised [-1, 1], i.e. uniform between the env's bounds."""
+    rng, space = np.random.default_rng(seed), as_action_space(space)
+    if space.is_float:
+        return lambda obs, done: rng.uniform(-1.0, 1.0, size=(len(obs), space.dims))
+    if space.kind == "discrete":
+        return lambda obs, done: rng.integers(0, space.nvec[0], size=len(obs))
+    return lambda obs, done: rng.integers(0, space.nvec, size=(len(obs), space.dims))
 
 
 def delayed_cue_memory_policy(env: DelayedCue) -> Policy:

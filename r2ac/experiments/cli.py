@@ -1,5 +1,5 @@
 """`r2ac experiment NAME [--seeds K] [--jobs J] [--out DIR] [--tasks ...] [--unroll-lengths M ...]
-[--total-frames F]`.
+[--difficulty easy|medium|hard] [--total-frames F]`.
 
 Runs a named grid (r2ac.experiments.grids: memory-m, ablation, reactive) with the trainer,
 evaluates every run with the paper's protocol, and writes OUT/results.md (table: mean +- std
@@ -21,6 +21,7 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -45,6 +46,9 @@ class ExperimentConfig:
     """Only the rows (variants) with these segment lengths M (default: all)."""
     cores: tuple[str, ...] = ()
     """Only the rows (variants) with these cores, e.g. elstm-rtrl elstm-bptt (default: all)."""
+    difficulty: Literal["easy", "medium", "hard"] | None = None
+    """Difficulty of the grid's envs (popgym: POPGym's Easy, Medium or Hard ids; default easy).
+    Task names get a -medium / -hard suffix, so the levels' runs never share a directory."""
     total_frames: int | None = None
     """Override every run's training frames (e.g. a short slice); saved in experiment.json."""
     dry_run: bool = False
@@ -113,6 +117,7 @@ def _save_meta(out: Path, name: str, cfg: ExperimentConfig, seeds: int, argv: li
         "tasks": list(cfg.tasks),
         "unroll_lengths": list(cfg.unroll_lengths),
         "cores": list(cfg.cores),
+        "difficulty": cfg.difficulty,
         "total_frames": cfg.total_frames,
         "argv": argv,
     }
@@ -128,7 +133,8 @@ def _save_meta(out: Path, name: str, cfg: ExperimentConfig, seeds: int, argv: li
 
 
 def run_experiment(name: str, cfg: ExperimentConfig, argv: list[str]) -> int:
-    g = grids.select_unroll_lengths(grids.grid(name), cfg.unroll_lengths)
+    g = grids.select_difficulty(grids.grid(name), cfg.difficulty)
+    g = grids.select_unroll_lengths(g, cfg.unroll_lengths)
     g = grids.select_cores(g, cfg.cores)
     seeds = cfg.seeds if cfg.seeds is not None else g.default_seeds
     tasks = grids.select_tasks(g, cfg.tasks)

@@ -64,6 +64,8 @@ class Grid:
     suite_score: Callable[[float], float] | None = None
     """Maps a task's score onto a common scale; set, the tables get a "suite" column: the
     mean over tasks of the mapped per-task means (a row with a task missing shows "-")."""
+    tasks_at: Callable[[str], tuple[Task, ...]] | None = None
+    """The grid's tasks at a difficulty (easy, medium, hard); None: the grid has one."""
 
 
 @dataclass(frozen=True)
@@ -222,66 +224,151 @@ SEAQUEST_CPU = Task(
 _MEMORY_M = (5, 10, 50, 100)
 
 
-def _popgym(name: str, env_id: str, episode_steps: int, note: str) -> Task:
-    """A POPGym Easy env on the popgym preset. Every POPGym return lies in [-1, 1] with the
-    optimum at +1 (Morad et al. 2023); random scores: `python scripts/popgym_scores.py`."""
+DIFFICULTIES = ("easy", "medium", "hard")
+
+
+@dataclass(frozen=True)
+class PopgymFamily:
+    """One of the 14 families popgym 1.0.7 registers (Easy, Medium and Hard ids each)."""
+
+    name: str
+    """Task name (table column) on Easy; `<name>-medium` / `<name>-hard` otherwise."""
+    env: str
+    """The family in popgym's ids: `gym/popgym-<env><Difficulty>-v0`."""
+    episode_steps: tuple[int, int, int]
+    """Longest episode (steps) on Easy, Medium, Hard (popgym's max_episode_length)."""
+    about: str
+    """What the task asks, printed under the table."""
+    easy_scores: str = ""
+    """Reference scores measured on Easy (`python scripts/popgym_scores.py`)."""
+
+
+POPGYM_FAMILIES = (
+    PopgymFamily(
+        "repeat-first",
+        "RepeatFirst",
+        (51, 415, 831),
+        "RepeatFirst (say the first card's suit at every step; span: the episode)",
+        "random -0.50, oracle 1.00",
+    ),
+    PopgymFamily(
+        "repeat-previous",
+        "RepeatPrevious",
+        (51, 103, 155),
+        "RepeatPrevious (say the suit of the 4th card back, the current one counted; span 4 "
+        "on Easy)",
+        "random -0.50, oracle 1.00",
+    ),
+    PopgymFamily(
+        "count-recall",
+        "CountRecall",
+        (51, 103, 207),
+        "CountRecall (how often was this card's value seen; span: the episode)",
+        "random -0.93",
+    ),
+    PopgymFamily(
+        "autoencode",
+        "Autoencode",
+        (103, 207, 311),
+        "Autoencode (watch the suits, then say them back; span: the episode)",
+        "random -0.52",
+    ),
+    PopgymFamily(
+        "higher-lower",
+        "HigherLower",
+        (51, 103, 155),
+        "HigherLower (will the next card be higher; card counting helps)",
+        "random 0.01",
+    ),
+    PopgymFamily(
+        "concentration",
+        "Concentration",
+        (104, 208, 104),
+        "Concentration (flip matching pairs)",
+        "random -0.21",
+    ),
+    PopgymFamily(
+        "position-cartpole",
+        "PositionOnlyCartPole",
+        (200, 400, 600),
+        "CartPole seeing positions only (velocities must be inferred; span 2+)",
+        "random 0.11",
+    ),
+    PopgymFamily(
+        "velocity-cartpole",
+        "VelocityOnlyCartpole",
+        (200, 400, 600),
+        "CartPole seeing velocities only (positions must be integrated)",
+        "random 0.11",
+    ),
+    PopgymFamily(
+        "noisy-position-cartpole",
+        "NoisyPositionOnlyCartPole",
+        (200, 200, 200),
+        "CartPole seeing noisy positions only (velocities inferred through the noise)",
+    ),
+    PopgymFamily(
+        "position-pendulum",
+        "PositionOnlyPendulum",
+        (200, 150, 100),
+        "Pendulum seeing the angle only, Box(1) torque (velocity must be inferred)",
+    ),
+    PopgymFamily(
+        "noisy-position-pendulum",
+        "NoisyPositionOnlyPendulum",
+        (200, 200, 200),
+        "Pendulum seeing a noisy angle only, Box(1) torque",
+    ),
+    PopgymFamily(
+        "multiarmed-bandit",
+        "MultiarmedBandit",
+        (200, 400, 600),
+        "MultiarmedBandit (find the best arm from past rewards; span: the episode)",
+    ),
+    PopgymFamily(
+        "battleship",
+        "Battleship",
+        (64, 100, 144),
+        "Battleship (MultiDiscrete cell; remember where one has fired and hit)",
+    ),
+    PopgymFamily(
+        "minesweeper",
+        "MineSweeper",
+        (14, 30, 54),
+        "MineSweeper (MultiDiscrete cell; remember the revealed counts)",
+    ),
+)
+
+
+def popgym_task(family: PopgymFamily, difficulty: str = "easy") -> Task:
+    """A POPGym env of `family` at `difficulty` on the popgym preset. Every POPGym return lies
+    in [-1, 1] with the optimum at +1 (Morad et al. 2023)."""
+    level = DIFFICULTIES.index(difficulty)
+    easy = difficulty == "easy"
+    scores = f": {family.easy_scores}" if easy and family.easy_scores else ""
     return Task(
-        name, "popgym", {"env": f"gym/popgym-{env_id}-v0"}, note=note, episode_steps=episode_steps
+        family.name if easy else f"{family.name}-{difficulty}",
+        "popgym",
+        {"env": f"gym/popgym-{family.env}{difficulty.capitalize()}-v0"},
+        note=f"{family.about}{'' if easy else f' ({difficulty})'}{scores}",
+        episode_steps=family.episode_steps[level],
     )
 
 
-POPGYM_TASKS = (
-    _popgym(
-        "repeat-first",
-        "RepeatFirstEasy",
-        51,
-        "RepeatFirst (say the first card's suit at every step; span 51): random -0.50, oracle 1.00",
-    ),
-    _popgym(
-        "repeat-previous",
-        "RepeatPreviousEasy",
-        51,
-        "RepeatPrevious (say the suit of the 4th card back, the current one counted; span 4): "
-        "random -0.50, oracle 1.00",
-    ),
-    _popgym(
-        "count-recall",
-        "CountRecallEasy",
-        51,
-        "CountRecall (how often was this card's value seen; span 51): random -0.93",
-    ),
-    _popgym(
-        "autoencode",
-        "AutoencodeEasy",
-        103,
-        "Autoencode (watch 52 suits, then say them back; span 103): random -0.52",
-    ),
-    _popgym(
-        "higher-lower",
-        "HigherLowerEasy",
-        51,
-        "HigherLower (will the next card be higher; card counting helps; span 51): random 0.01",
-    ),
-    _popgym(
-        "concentration",
-        "ConcentrationEasy",
-        104,
-        "Concentration (flip matching pairs; span 104): random -0.21",
-    ),
-    _popgym(
-        "position-cartpole",
-        "PositionOnlyCartPoleEasy",
-        200,
-        "CartPole seeing positions only (velocities must be inferred; span 2+): random 0.11",
-    ),
-    _popgym(
-        "velocity-cartpole",
-        "VelocityOnlyCartpoleEasy",
-        200,
-        "CartPole seeing velocities only (positions must be integrated; span up to 200): "
-        "random 0.11",
-    ),
-)
+def popgym_tasks(difficulty: str = "easy") -> tuple[Task, ...]:
+    """Every registered POPGym family at one difficulty (the columns of the popgym grid)."""
+    check_difficulty(difficulty)
+    return tuple(popgym_task(f, difficulty) for f in POPGYM_FAMILIES)
+
+
+def check_difficulty(difficulty: str) -> None:
+    if difficulty not in DIFFICULTIES:
+        raise ConfigError(
+            f"unknown difficulty {difficulty!r}; choose one of {', '.join(DIFFICULTIES)}"
+        )
+
+
+POPGYM_TASKS = popgym_tasks("easy")
 
 GRIDS: dict[str, Grid] = {
     "memory-m": Grid(
@@ -339,6 +426,7 @@ GRIDS["popgym"] = Grid(
         Variant("rtu-bptt", 4),
     ),
     suite_score=popgym_normalised,
+    tasks_at=popgym_tasks,
 )
 
 # Studies that are measurements, not grids of training runs (r2ac.experiments.cli dispatches).
@@ -350,6 +438,16 @@ def grid(name: str) -> Grid:
         known = ", ".join([*GRIDS, *STUDIES])
         raise ConfigError(f"unknown experiment {name!r}; choose one of {known}")
     return GRIDS[name]
+
+
+def select_difficulty(g: Grid, difficulty: str | None) -> Grid:
+    """The grid with its tasks at `difficulty` (None: as defined, POPGym's Easy)."""
+    if difficulty is None:
+        return g
+    check_difficulty(difficulty)
+    if g.tasks_at is None:
+        raise ConfigError(f"grid {g.name!r} has no difficulty levels; leave --difficulty out")
+    return dataclasses.replace(g, tasks=g.tasks_at(difficulty))
 
 
 def select_tasks(g: Grid, names: tuple[str, ...] | None) -> tuple[Task, ...]:

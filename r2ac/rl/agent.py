@@ -1,8 +1,8 @@
 """The R2AC agent: stem -> core([features, last reward, previous action]) -> policy and value heads.
 
-The core input per step is the stem's features, the clipped last reward (times the reward
-scale) and, with ``prev_action``, a code of the previous action (zeros at an episode start),
-as POPGym's baselines feed it: one-hot per categorical, the normalised action clipped to
+The core input per step is the stem's features, the clipped last reward (``reward_clip``,
+times the reward scale) and, with ``prev_action``, a code of the previous action (zeros at
+an episode start), as POPGym's baselines feed it: one-hot per categorical, the normalised action clipped to
 [-1, 1] for a Box (``r2ac.rl.distributions.action_code``). With ``value_norm`` the value head is
 PopArt-normalised (``r2ac.rl.nets.PolicyValueHeads``).
 """
@@ -27,6 +27,11 @@ from r2ac.runs.schema import WEIGHTS_FILE
 STEM_PREFIX = "stem."
 
 
+def clip_rewards(rewards: torch.Tensor, clip: float) -> torch.Tensor:
+    """Rewards clipped to [-clip, clip]; ``clip`` 0: unclipped (same shape)."""
+    return rewards.clamp(-clip, clip) if clip > 0 else rewards
+
+
 def core_input_size(stem_features: int, actions: ActionSpace | int, prev_action: bool) -> int:
     """Width of the core input: features, the last reward, the previous action's code."""
     return stem_features + 1 + (as_action_space(actions).code_size if prev_action else 0)
@@ -38,8 +43,9 @@ class Agent(nn.Module):
     ``stem`` maps ``(N, *obs_shape)`` to ``(N, stem.out_features)``; ``core`` maps
     ``(T, B, core_input_size(...))`` to ``(T, B, core.hidden_size)``. With ``freeze_stem``
     the stem gets no gradients (its parameters are frozen and it runs under ``no_grad``).
-    ``reward_scale`` multiplies the clipped last reward of the input (the losses see the
-    same scale). ``head_hidden`` > 0 puts a shared ReLU layer between core and heads.
+    ``reward_scale`` multiplies the last reward of the input, clipped to
+    [-reward_clip, reward_clip] (0: unclipped; the losses see the same clip and scale).
+    ``head_hidden`` > 0 puts a shared ReLU layer between core and heads.
     ``num_actions`` is an `ActionSpace` (an int: Discrete with that many actions); the policy
     head outputs its distribution's parameters (`distribution`).
     """
@@ -54,6 +60,7 @@ class Agent(nn.Module):
         value_norm: bool = False,
         reward_scale: float = 1.0,
         head_hidden: int = 0,
+        reward_clip: float = 1.0,
     ):
         super().__init__()
         if not isinstance(core, RecurrentCore):
@@ -80,6 +87,7 @@ class Agent(nn.Module):
         self.num_actions = space.head_size
         self.prev_action = prev_action
         self.reward_scale = reward_scale
+        self.reward_clip = reward_clip
         self.freeze_stem = freeze_stem
         if freeze_stem:
             self.stem.requires_grad_(False)
@@ -140,7 +148,8 @@ class Agent(nn.Module):
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze_stem):
             features = self.stem(obs.flatten(0, 1))  # (T * B, F)
         features = features.reshape(n_steps, batch_size, -1)  # (T, B, F)
-        r_tm1 = last_reward.to(features.dtype).clamp(-1.0, 1.0) * self.reward_scale  # (T, B)
+        r_tm1 = clip_rewards(last_reward.to(features.dtype), self.reward_clip)  # (T, B)
+        r_tm1 = r_tm1 * self.reward_scale  # (T, B)
         if reset is not None:
             r_tm1 = r_tm1.masked_fill(reset.bool(), 0.0)
         parts = [features, r_tm1.unsqueeze(-1)]

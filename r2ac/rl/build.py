@@ -76,6 +76,7 @@ def make_agent(
         value_norm=cfg.loss.popart,
         head_hidden=cfg.model.head_hidden,
         reward_scale=cfg.loss.reward_scale,
+        reward_clip=cfg.loss.reward_clip,
     ).to(dtype)
     if load_stem and cfg.model.load_stem:
         agent.load_stem(cfg.model.load_stem)

@@ -79,6 +79,10 @@ class LossConfig:
     """Segment length M: steps per segment, TD horizon, update period, TBPTT span."""
     discount: float = 0.99
     """Discount gamma."""
+    reward_clip: float = 1.0
+    """Clip the rewards to [-reward_clip, reward_clip] before scaling them, in the losses and
+    in the core's last-reward input (1: IMPALA's [-1, 1]; 0: no clipping, e.g. for
+    continuous control, whose rewards are then scaled with reward_scale)."""
     reward_scale: float = 1.0
     """Multiply the clipped rewards by this, in the losses (the value targets scale with it)
     and in the core's last-reward input."""
@@ -345,6 +349,7 @@ _FINITE = (
     "rms_eps",
     "discount",
     "reward_scale",
+    "reward_clip",
     "baseline_cost",
     "entropy_cost",
     "grad_clip",
@@ -366,6 +371,7 @@ _RANGES = (
     ("discount", lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("grad_clip", lambda v: v > 0, "> 0"),
     ("reward_scale", lambda v: v > 0, "> 0"),
+    ("reward_clip", lambda v: v >= 0, ">= 0 (0: no clipping)"),
     ("baseline_cost", lambda v: v >= 0, ">= 0"),
     ("entropy_cost", lambda v: v >= 0, ">= 0"),
     ("seed", lambda v: 0 <= v < 2**63, ">= 0"),

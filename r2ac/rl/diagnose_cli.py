@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from r2ac.rl.agent import clip_rewards
 from r2ac.rl.config import from_dict
 from r2ac.rl.diagnostics import LOSS_TERMS, gradient_split, monte_carlo_returns, steps_to_end
 from r2ac.rl.runtimes.serial import SerialRuntime
@@ -55,7 +56,7 @@ def critic_report(runtime: SerialRuntime, batches: int) -> list[str]:
             last_action=seg.last_action,
         )
         values.append(v[:-1])
-        rewards.append(seg.rewards.clamp(-1.0, 1.0) * cfg.loss.reward_scale)
+        rewards.append(clip_rewards(seg.rewards, cfg.loss.reward_clip) * cfg.loss.reward_scale)
         terminated.append(seg.terminated)
     v, r, d = torch.cat(values), torch.cat(rewards), torch.cat(terminated)  # (T, B)
     returns, complete = monte_carlo_returns(r, d, cfg.loss.discount)

@@ -17,7 +17,7 @@ import torch
 
 from r2ac.envs.spaces import ActionSpace
 from r2ac.rl.actor import Segment
-from r2ac.rl.agent import Agent
+from r2ac.rl.agent import Agent, clip_rewards
 from r2ac.rl.config import LossConfig, TrainConfig
 from r2ac.rl.losses import action_log_probs, compute_loss
 from r2ac.rl.ppo import BatchTargets, gae, ppo_losses, select_segment, stream_minibatches
@@ -33,9 +33,10 @@ def segment_returns(
 ) -> VTraceReturns:
     """V-trace targets and advantages of a segment (no gradients).
 
-    logits ``(M+1, B, P)`` (the distribution of `space`; None: Discrete), values ``(M+1, B)``. Rewards are clipped to [-1, 1], then
-    multiplied by `loss.reward_scale` (values learn the scaled returns); episode ends cut the
-    bootstrap (`discounts_from`) and time-limit ends add gamma V(final_obs) back
+    logits ``(M+1, B, P)`` (the distribution of `space`; None: Discrete), values ``(M+1, B)``.
+    Rewards are clipped to [-reward_clip, reward_clip] (0: not clipped), then multiplied by
+    `loss.reward_scale` (values learn the scaled returns); episode ends cut the bootstrap
+    (`discounts_from`) and time-limit ends add gamma V(final_obs) back
     (`bootstrap_truncation`), so truncation is not treated as termination.
     """
     M = seg.actions.shape[0]
@@ -57,9 +58,9 @@ def segment_returns(
 def scaled_rewards_and_discounts(
     seg: Segment, loss: LossConfig, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rewards clipped to [-1, 1] and scaled, with gamma V(final_obs) added at time-limit
-    ends, and the discounts (0 after a termination); ``(M, B)`` each."""
-    rewards = seg.rewards.to(dtype).clamp(-1.0, 1.0) * loss.reward_scale  # (M, B)
+    """Rewards clipped to [-reward_clip, reward_clip] (0: not clipped) and scaled, with
+    gamma V(final_obs) added at time-limit ends, and the discounts (0 after a termination); ``(M, B)`` each."""
+    rewards = clip_rewards(seg.rewards.to(dtype), loss.reward_clip) * loss.reward_scale  # (M, B)
     rewards = bootstrap_truncation(
         rewards, seg.truncated, seg.final_values.to(dtype), loss.discount
     )

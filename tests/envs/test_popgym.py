@@ -77,3 +77,11 @@ def test_popgym_preset_trains_end_to_end(tmp_path):
     assert rc == 0
     rows = (out / "metrics.csv").read_text().splitlines()
     assert len(rows) >= 2 and np.isfinite(float(rows[-1].split(",")[4]))
+
+
+@pytest.mark.parametrize("game", ["Battleship", "MineSweeper", "PositionOnlyPendulum"])
+def test_random_policy_plays_every_action_space(game):
+    """MultiDiscrete cells and Box torques: the reference scores of the new families."""
+    env = make(f"gym/popgym-{game}Easy-v0", 2, seed=0)
+    mean, _ = evaluate(env, random_policy(env.action_space, 0), 1, seed=1)
+    assert -1.0 <= mean <= 1.0

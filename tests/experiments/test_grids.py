@@ -63,7 +63,7 @@ def test_popgym_grid_full_episode_rows_use_each_task_s_episode_length():
     assert len(g.tasks) >= 8
     for spec in grids.runs_of(g, 1):
         if spec.variant.unroll_length == grids.FULL_EPISODE:
-            assert spec.unroll_length == spec.task.episode_steps >= 51
+            assert spec.unroll_length == spec.task.episode_steps >= 14  # MineSweeperEasy: 14
             assert spec.variant.label.endswith("M=episode") and "__Mep__" in spec.run_id
         else:
             assert spec.unroll_length == spec.variant.unroll_length == 4
@@ -285,3 +285,51 @@ def test_suite_column_is_the_mean_of_normalised_task_means():
     )
     assert grids.grid("popgym").suite_score is grids.popgym_normalised
     assert grids.grid("memory-m").suite_score is None
+
+
+def test_popgym_grid_covers_every_family_popgym_registers():
+    g = grids.GRIDS["popgym"]
+    assert len(g.tasks) == 14 == len({t.name for t in g.tasks})
+    assert g.tasks == grids.popgym_tasks("easy") == grids.POPGYM_TASKS
+    assert all(t.overrides["env"].endswith("Easy-v0") for t in g.tasks)
+    gym = pytest.importorskip("gymnasium", reason="gymnasium is not installed")
+    pytest.importorskip("popgym", reason="popgym (the popgym extra) is not installed")
+    registered = {
+        k.removeprefix("popgym-").removesuffix("Easy-v0")
+        for k in gym.registry
+        if k.startswith("popgym-") and k.endswith("Easy-v0")
+    }
+    assert {f.env for f in grids.POPGYM_FAMILIES} == registered
+
+
+@pytest.mark.parametrize("difficulty, level", [("medium", 1), ("hard", 2)])
+def test_difficulty_picks_popgym_s_ids_and_episode_lengths(difficulty, level):
+    g = grids.select_difficulty(grids.GRIDS["popgym"], difficulty)
+    for task, family in zip(g.tasks, grids.POPGYM_FAMILIES, strict=True):
+        assert task.name == f"{family.name}-{difficulty}"
+        assert task.overrides["env"] == f"gym/popgym-{family.env}{difficulty.title()}-v0"
+        assert task.episode_steps == family.episode_steps[level]
+    assert grids.select_difficulty(g, None) is g
+    with pytest.raises(ConfigError, match="unknown difficulty 'extreme'"):
+        grids.select_difficulty(g, "extreme")
+    with pytest.raises(ConfigError, match="no difficulty levels"):
+        grids.select_difficulty(grids.GRIDS["reactive"], difficulty)
+
+
+def test_popgym_dry_run_lists_every_family_at_the_difficulty(tmp_path, capsys):
+    out = tmp_path / "exp"
+    argv = ["popgym", "--out", str(out), "--dry-run", "--seeds", "1", "--cores", "rtu-rtrl"]
+    assert cli.main([*argv, "--difficulty", "hard"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    expected = [f"new {f.name}-hard__rtu-rtrl__M4__s0" for f in grids.POPGYM_FAMILIES]
+    assert [" ".join(ln.split()) for ln in lines] == expected
+    assert cli.main(argv) == 0  # the default: Easy, the names of the runs made before
+    assert "new repeat-first__rtu-rtrl__M4__s0" in " ".join(capsys.readouterr().out.split())
+    assert cli.main(["reactive", "--out", str(out), "--dry-run", "--difficulty", "easy"]) == 2
+    assert not out.exists()
+
+
+def test_popgym_suite_score_averages_all_14_families():
+    per_task = [[1.0]] * 7 + [[-1.0]] * 7  # normalised: seven 1s and seven 0s
+    assert len(grids.GRIDS["popgym"].tasks) == len(per_task)
+    assert report.suite_cell(per_task, grids.popgym_normalised) == "0.500"

@@ -9,7 +9,8 @@ from r2ac.errors import ConfigError
 from r2ac.rl.actor import Actor
 from r2ac.rl.agent import Agent, core_input_size
 from r2ac.rl.build import agent_for_env, make_env
-from r2ac.rl.learner import Learner, segment_losses
+from r2ac.rl.config import validate
+from r2ac.rl.learner import Learner, scaled_rewards_and_discounts, segment_losses
 from r2ac.rl.nets import MLPStem, PolicyValueHeads
 from r2ac.rtrl.feedforward import Feedforward
 
@@ -18,11 +19,18 @@ from .rl_helpers import tiny
 T, B, OBS, FEATURES, HIDDEN, ACTIONS = 5, 4, 3, 6, 7, 3
 
 
-def _agent(prev_action=True, reward_scale=1.0):
+def _agent(prev_action=True, reward_scale=1.0, reward_clip=1.0):
     torch.manual_seed(0)
     stem = MLPStem(OBS, hidden=(5,), out_features=FEATURES)
     core = Feedforward(core_input_size(FEATURES, ACTIONS, prev_action), HIDDEN)
-    return Agent(stem, core, ACTIONS, prev_action=prev_action, reward_scale=reward_scale)
+    return Agent(
+        stem,
+        core,
+        ACTIONS,
+        prev_action=prev_action,
+        reward_scale=reward_scale,
+        reward_clip=reward_clip,
+    )
 
 
 def _float64_segment(seed: int):
@@ -72,6 +80,36 @@ def test_reward_input_is_clipped_then_scaled():
     last_reward = torch.tensor([[0.02, -0.05, 3.0, -3.0]])  # (1, 4)
     x = agent.core_input(torch.zeros(1, 4, OBS), last_reward, None)
     torch.testing.assert_close(x[0, :, FEATURES], torch.tensor([0.4, -1.0, 20.0, -20.0]))
+
+
+@pytest.mark.parametrize(
+    "clip, expected", [(0.0, [0.002, -0.005, 0.3, -1.63]), (0.2, [0.002, -0.005, 0.02, -0.02])]
+)
+def test_reward_input_clip_is_an_option(clip, expected):
+    """--reward-clip 0 feeds the raw reward (times the scale); another value clips there."""
+    agent = _agent(prev_action=False, reward_scale=0.1, reward_clip=clip)
+    last_reward = torch.tensor([[0.02, -0.05, 3.0, -16.3]])  # (1, 4)
+    x = agent.core_input(torch.zeros(1, 4, OBS), last_reward, None)
+    torch.testing.assert_close(x[0, :, FEATURES], torch.tensor(expected))
+
+
+def test_the_learner_clips_rewards_as_configured():
+    """reward_clip 1 (the default) is the old clamp(-1, 1) exactly; 0 leaves rewards raw."""
+    cfg, seg, _, _ = _float64_segment(seed=3)
+    M, B = seg.rewards.shape
+    raw = torch.linspace(-16.3, 2.0, M * B, dtype=torch.float64).reshape(M, B)  # (M, B)
+    seg = seg._replace(rewards=raw, truncated=torch.zeros_like(seg.truncated))
+    for clip, want in [(1.0, raw.clamp(-1.0, 1.0)), (0.0, raw), (0.3, raw.clamp(-0.3, 0.3))]:
+        loss = replace(cfg.loss, reward_clip=clip, reward_scale=0.1)
+        rewards, _ = scaled_rewards_and_discounts(seg, loss, torch.float64)  # (M, B)
+        assert torch.equal(rewards, want * 0.1)
+
+
+def test_reward_clip_is_validated():
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match="reward_clip"):
+            validate(tiny(reward_clip=bad))
+    assert validate(tiny(reward_clip=0.0)).loss.reward_clip == 0.0
 
 
 @pytest.mark.parametrize("head_hidden", [0, 9])
