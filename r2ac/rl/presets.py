@@ -65,8 +65,8 @@ PRESETS: dict[str, TrainConfig] = {
     # 1e-6), 2 epochs x 4 minibatches of 64 whole streams (256 streams = 8 serial actors of
     # 32, 1,024 frames a batch), advantages standardised per minibatch, global clip 4; the lr
     # decayed linearly (greedy 0.962 vs 0.838 constant on gru-bptt seed 10); entropy cost
-    # 0.003 (the peer's default; with 0.01 the GRU's policy stayed near uniform on
-    # CountRecallEasy, greedy -0.92; with 0.003 -0.836 / -0.843 on seeds 10 / 11). Kept from
+    # 0.01 (0.003 won on the tuning seeds but solved RepeatPreviousEasy in 1 of 3 reported
+    # seeds and left CountRecallEasy at -0.92: docs/log/learner.md, exp36b). Kept from
     # popgym-impala: rewards x50 with PopArt on the critic, the previous action as input, a
     # shared 128-wide ReLU layer before the heads, a trainable stem.
     "popgym": TrainConfig.make(
@@ -88,7 +88,7 @@ PRESETS: dict[str, TrainConfig] = {
         epochs=2,
         minibatches=4,
         targets="gae",
-        entropy_cost=0.003,
+        entropy_cost=0.01,
         reward_scale=50.0,
         prev_action=True,
         popart=True,

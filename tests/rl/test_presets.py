@@ -42,7 +42,7 @@ def test_popgym_preset_is_the_measured_recipe():
         "clip_coef": 0.2,
         "reward_scale": 50.0,
         "prev_action": True,
-        "entropy_cost": 0.003,
+        "entropy_cost": 0.01,
         "popart": True,
         "popart_advantages": True,
         "head_hidden": 128,
