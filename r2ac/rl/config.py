@@ -140,6 +140,9 @@ class OptimConfig:
     """Optimiser: rmsprop (IMPALA's; rms_alpha, rms_eps) or adam (default betas, adam_eps)."""
     adam_eps: float = 1e-8
     """Adam's epsilon (with --optimizer adam)."""
+    core_lr_scale: float = 1.0
+    """Multiply the learning rate of the recurrent core's parameters (not the stem's or the
+    heads') by this; 1: one learning rate for all."""
     epochs: int = 1
     """Passes over each batch (each re-runs the core from the segments' start states)."""
     minibatches: int = 1
@@ -354,6 +357,7 @@ _FINITE = (
     "entropy_cost",
     "grad_clip",
     "forget_bias",
+    "core_lr_scale",
     "popart_beta",
     "popart_sigma_floor",
     "progress_every_s",
@@ -370,6 +374,7 @@ _RANGES = (
     ("rms_alpha", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("discount", lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("grad_clip", lambda v: v > 0, "> 0"),
+    ("core_lr_scale", lambda v: v > 0, "> 0"),
     ("reward_scale", lambda v: v > 0, "> 0"),
     ("reward_clip", lambda v: v >= 0, ">= 0 (0: no clipping)"),
     ("baseline_cost", lambda v: v >= 0, ">= 0"),

@@ -113,13 +113,25 @@ def standardise(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     return (x - x.mean()) / (x.std(unbiased=False) + eps)
 
 
+def parameter_groups(agent: Agent, lr: float, core_lr_scale: float) -> list:
+    """The trainable parameters: one list, or with `core_lr_scale` != 1 two groups, the
+    core's at lr * core_lr_scale and the rest (stem, heads) at lr."""
+    params = [p for p in agent.parameters() if p.requires_grad]
+    if core_lr_scale == 1.0:
+        return params
+    core = {id(p) for p in agent.core.parameters()}
+    rest = [p for p in params if id(p) not in core]
+    mine = [p for p in params if id(p) in core]
+    return [{"params": rest}, {"params": mine, "lr": lr * core_lr_scale}]
+
+
 def make_optimizer(agent: Agent, cfg: TrainConfig):
     """RMSProp (momentum 0) or Adam, and a LambdaLR: constant or linear decay to 0 over the
     run, after an optional linear warm-up over `lr_warmup_updates` (RMSProp has no bias
     correction: its first steps are up to 1/sqrt(1 - alpha) = 10x the learning rate, which
     can make a policy deterministic within ten updates). The schedule counts batches, not
     the optimiser steps of several passes."""
-    params = [p for p in agent.parameters() if p.requires_grad]
+    params = parameter_groups(agent, cfg.optim.learning_rate, cfg.optim.core_lr_scale)
     if cfg.optim.optimizer == "adam":
         optimizer = torch.optim.Adam(params, lr=cfg.optim.learning_rate, eps=cfg.optim.adam_eps)
     else:

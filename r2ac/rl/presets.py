@@ -64,7 +64,9 @@ PRESETS: dict[str, TrainConfig] = {
     # tuning seeds 10/11, docs/log/learner.md): PPO-clip with GAE(0.95), Adam 1e-3 (eps
     # 1e-6), 2 epochs x 4 minibatches of 64 whole streams (256 streams = 8 serial actors of
     # 32, 1,024 frames a batch), advantages standardised per minibatch, global clip 4; the lr
-    # decayed linearly (greedy 0.962 vs 0.838 constant on gru-bptt seed 10). Kept from
+    # decayed linearly (greedy 0.962 vs 0.838 constant on gru-bptt seed 10); entropy cost
+    # 0.01 (0.003 won on the tuning seeds but solved RepeatPreviousEasy in 1 of 3 reported
+    # seeds and left CountRecallEasy at -0.92: docs/log/learner.md, exp36b). Kept from
     # popgym-impala: rewards x50 with PopArt on the critic, the previous action as input, a
     # shared 128-wide ReLU layer before the heads, a trainable stem.
     "popgym": TrainConfig.make(

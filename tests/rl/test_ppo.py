@@ -129,6 +129,7 @@ def test_select_segment_copies_the_start_state():
         ({"value_clip": 0.2}, "--value-clip: PPO options"),
         ({"algorithm": "ppo", "gae_lambda": 1.5}, "gae_lambda=1.5"),
         ({"optimizer": "adam", "adam_eps": 0.0}, "adam_eps=0.0"),
+        ({"core_lr_scale": 0.0}, "core_lr_scale"),
     ],
 )
 def test_bad_learner_options_are_one_line_errors(kw, words):
@@ -140,3 +141,26 @@ def test_bad_learner_options_are_one_line_errors(kw, words):
 def test_good_learner_options_validate():
     validate(tiny(algorithm="ppo", targets="gae", epochs=2, minibatches=3, optimizer="adam"))
     validate(tiny(epochs=3))  # IMPALA with several passes
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "rmsprop"])
+def test_core_lr_scale_gives_the_core_its_own_learning_rate(optimizer):
+    """--core-lr-scale s: the core's parameters step at lr * s (the schedule scales both
+    groups alike), the stem's and the heads' at lr; s = 1 keeps one group."""
+    from r2ac.rl.build import agent_for_env, make_env
+    from r2ac.rl.learner import make_optimizer
+
+    cfg = tiny(optimizer=optimizer, learning_rate=1e-3, lr_decay=True, core_lr_scale=3.0)
+    env = make_env(cfg, cfg.runtime.num_envs, 0)
+    agent = agent_for_env(cfg, env, torch.float32)
+    env.close()
+    opt, sched = make_optimizer(agent, cfg)
+    rest, core = opt.param_groups
+    assert {id(p) for p in core["params"]} == {id(p) for p in agent.core.parameters()}
+    assert not {id(p) for p in rest["params"]} & {id(p) for p in core["params"]}
+    assert math.isclose(core["lr"], 3e-3) and math.isclose(rest["lr"], 1e-3)
+    opt.step()  # no gradients: nothing moves
+    sched.step()
+    assert math.isclose(core["lr"] / rest["lr"], 3.0)
+    one, _ = make_optimizer(agent, cfg.updated(core_lr_scale=1.0))
+    assert len(one.param_groups) == 1
