@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import torch
+
+from r2ac.rl.actor import Actor
+from r2ac.rl.build import agent_for_env, make_env
 from r2ac.rl.config import TrainConfig
+from r2ac.rl.learner import Learner
 
 TINY = TrainConfig.make(
     env="builtin/delayed-cue",
@@ -77,3 +82,24 @@ def segments_wanted(taken: list[list[tuple]]) -> dict[int, int]:
         assert epoch == 0
         wanted[actor] = max(wanted.get(actor, 0), seq)
     return wanted
+
+
+def run_learner_lr0(cfg, M: int, B: int, K: int):
+    """K learner updates with lr 0 on B streams of M-step segments (float64); returns the
+    agent, the segments and the gradient summed over the updates. Checks the weights stayed
+    fixed (lr 0), so every segment was collected by one policy."""
+    torch.manual_seed(0)
+    env = make_env(cfg, B, seed=7)
+    agent = agent_for_env(cfg, env, dtype=torch.float64)
+    before = {k: v.clone() for k, v in agent.state_dict().items()}
+    actor, learner = Actor(agent, env, seed=7, unroll_length=M), Learner(agent, cfg)
+    segments, grads = [], {}
+    for _ in range(K):
+        seg, _ = actor.collect()
+        segments.append(seg)
+        learner.update(seg)
+        for name, p in agent.named_parameters():
+            grads[name] = grads.get(name, 0) + p.grad.clone()
+    for k, v in agent.state_dict().items():  # lr = 0: the policy stayed fixed
+        assert torch.equal(v, before[k]), k
+    return agent, segments, grads

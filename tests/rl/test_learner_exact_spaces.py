@@ -11,7 +11,7 @@ from r2ac.rl.actor import Actor
 from r2ac.rl.build import agent_for_env, make_env
 from r2ac.rl.learner import Learner, segment_losses
 
-from .rl_helpers import tiny
+from .rl_helpers import run_learner_lr0, tiny
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 pytest.importorskip("gymnasium")
@@ -24,21 +24,7 @@ ENVS = {  # 6-step episodes: truncations inside segments; MineSweeper: terminati
 
 
 def _run_learner(cfg):
-    torch.manual_seed(0)
-    env = make_env(cfg, B, seed=7)
-    agent = agent_for_env(cfg, env, dtype=torch.float64)
-    before = {k: v.clone() for k, v in agent.state_dict().items()}
-    actor, learner = Actor(agent, env, seed=7, unroll_length=M), Learner(agent, cfg)
-    segments, grads = [], {}
-    for _ in range(K):
-        seg, _ = actor.collect()
-        segments.append(seg)
-        learner.update(seg)
-        for name, p in agent.named_parameters():
-            grads[name] = grads.get(name, 0) + p.grad.clone()
-    for k, v in agent.state_dict().items():  # lr = 0: the policy stayed fixed
-        assert torch.equal(v, before[k]), k
-    return agent, segments, grads
+    return run_learner_lr0(cfg, M, B, K)
 
 
 def _full_bptt(cfg, agent, segments):
