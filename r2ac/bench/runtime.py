@@ -137,6 +137,24 @@ def runtime_of(spec: str) -> str:
     return spec.partition("@")[0].partition(":")[0]
 
 
+def _follow(proc: subprocess.Popen, metrics: Path, seconds: float | None) -> list:
+    """(frames, CPU seconds of the process tree) twice a second until the run ends; with
+    `seconds`, SIGINT once that long after its first metrics row (start-up excluded)."""
+    samples: list[tuple[float, float]] = []
+    seen: dict[int, int] = {}
+    started = None
+    while proc.poll() is None:
+        if seconds is not None and started is not None and time.perf_counter() > started + seconds:
+            proc.send_signal(signal.SIGINT)  # once: the run stops after this update
+            seconds = None
+        cpu, frames = tree_cpu_s(proc.pid, seen), last_frames(metrics)
+        if frames is not None and (not samples or frames > samples[-1][0]):
+            samples.append((frames, cpu))
+            started = started or time.perf_counter()
+        time.sleep(0.5)
+    return samples
+
+
 def run_one(spec: str, options: list[str], out: Path, seconds: float | None = None) -> dict:
     runtime, core = runtime_of(spec), spec.partition("@")[2]
     carry = spec.partition("@")[0].partition(":")[2]
@@ -150,22 +168,12 @@ def run_one(spec: str, options: list[str], out: Path, seconds: float | None = No
     before, t0 = load(), time.perf_counter()
     with tempfile.TemporaryFile("w+") as stderr:
         proc = subprocess.Popen(cmd + options, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
-        samples: list[tuple[float, float]] = []  # (frames, tree CPU seconds)
-        seen: dict[int, int] = {}
-        started = None  # when the first metrics row appeared: --seconds counts from there
-        while proc.poll() is None:
-            if (
-                seconds is not None
-                and started is not None
-                and time.perf_counter() > started + seconds
-            ):
-                proc.send_signal(signal.SIGINT)  # once: the run stops after this update
-                seconds = None
-            cpu, frames = tree_cpu_s(proc.pid, seen), last_frames(out / "metrics.csv")
-            if frames is not None and (not samples or frames > samples[-1][0]):
-                samples.append((frames, cpu))
-                started = started or time.perf_counter()
-            time.sleep(0.5)
+        try:
+            samples = _follow(proc, out / "metrics.csv", seconds)
+        finally:  # this command stopped (Ctrl-C, a timeout): the run must not go on alone
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         wall = time.perf_counter() - t0
         stderr.seek(0)
         err = stderr.read()
