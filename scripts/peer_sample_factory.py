@@ -210,21 +210,8 @@ def run_r2ac(args, env: str, seed: int, out: Path) -> dict:
         *args.r2ac_args,
     ]
     log = out.parent / f"{out.name}.log"
-    load = loadavg()
-    rc, wall = run_logged(cmd, log)
-    rec = {
-        "system": "r2ac",
-        "env": short(env),
-        "seed": seed,
-        "cmd": shlex.join(cmd),
-        "run_dir": str(out),
-        "log": str(log),
-        "rc": rc,
-        "wall_s": round(wall, 1),
-        "loadavg_before": load,
-        "loadavg_after": loadavg(),
-    }
-    if rc != 0:
+    rec = run_record("r2ac", env, seed, cmd, out, log)
+    if rec["rc"] != 0:
         rec["error"] = tail(log)
         return rec
     rows = []
@@ -244,6 +231,24 @@ def run_r2ac(args, env: str, seed: int, out: Path) -> dict:
         for k in ("mean", "std", "set_means", "sets", "episodes_per_set", "actions", "seed")
     }
     return rec
+
+
+def run_record(system: str, env: str, seed: int, cmd: list, out: Path, log: Path, child_env=None):
+    """Run `cmd` (output to `log`) and return the record both systems share."""
+    load = loadavg()
+    rc, wall = run_logged(cmd, log, child_env)
+    return {
+        "system": system,
+        "env": short(env),
+        "seed": seed,
+        "cmd": shlex.join(cmd),
+        "run_dir": str(out),
+        "log": str(log),
+        "rc": rc,
+        "wall_s": round(wall, 1),
+        "loadavg_before": load,
+        "loadavg_after": loadavg(),
+    }
 
 
 def run_sf(args, env: str, seed: int, out: Path) -> dict:
@@ -269,22 +274,9 @@ def run_sf(args, env: str, seed: int, out: Path) -> dict:
         args.sf_args,
     ]
     log = out / "stdout.log"
-    load = loadavg()
     child_env = {**os.environ, "OMP_NUM_THREADS": str(args.peer_threads), "WANDB_MODE": "disabled"}
-    rc, wall = run_logged(cmd, log, child_env)
-    rec = {
-        "system": "sf",
-        "env": short(env),
-        "seed": seed,
-        "cmd": shlex.join(cmd),
-        "run_dir": str(out),
-        "log": str(log),
-        "rc": rc,
-        "wall_s": round(wall, 1),
-        "loadavg_before": load,
-        "loadavg_after": loadavg(),
-    }
-    if rc != 0 or not result.exists():
+    rec = run_record("sf", env, seed, cmd, out, log, child_env)
+    if rec["rc"] != 0 or not result.exists():
         rec["error"] = tail(log)
         return rec
     rec.update(json.loads(result.read_text()))

@@ -34,6 +34,29 @@ def _paper(**kw) -> TrainConfig:
     return TrainConfig.make(**base)
 
 
+POPGYM_IMPALA = TrainConfig.make(  # `popgym-impala`, and the base of `popgym` (below)
+    env="gym/popgym-RepeatFirstEasy-v0",
+    env_options=(),
+    hidden_size=128,
+    forget_bias=None,
+    freeze_stem=False,
+    unroll_length=4,
+    total_frames=1_000_000,
+    learning_rate=2e-3,
+    lr_decay=True,
+    lr_warmup_updates=200,
+    entropy_cost=0.01,
+    reward_scale=50.0,
+    prev_action=True,
+    popart=True,
+    popart_advantages=True,
+    popart_sigma_floor=15.0,
+    head_hidden=128,
+    eval_sets=3,
+    eval_episodes=100,
+)
+
+
 PRESETS: dict[str, TrainConfig] = {
     # The built-in delayed cue (docs/rl.md, "Presets"): a frozen random stem, a forget bias
     # that keeps the cue for the 65-step episode (f = 0.989, f^64 = 0.5), lr 5e-3 decayed.
@@ -69,17 +92,9 @@ PRESETS: dict[str, TrainConfig] = {
     # seeds and left CountRecallEasy at -0.92: docs/log/learner.md, exp36b). Kept from
     # popgym-impala: rewards x50 with PopArt on the critic, the previous action as input, a
     # shared 128-wide ReLU layer before the heads, a trainable stem.
-    "popgym": TrainConfig.make(
-        env="gym/popgym-RepeatFirstEasy-v0",
-        env_options=(),
-        hidden_size=128,
-        forget_bias=None,
-        freeze_stem=False,
-        unroll_length=4,
-        total_frames=1_000_000,
+    "popgym": POPGYM_IMPALA.updated(
         batch_size=256,
         learning_rate=1e-3,
-        lr_decay=True,
         lr_warmup_updates=0,
         grad_clip=4.0,
         optimizer="adam",
@@ -88,15 +103,6 @@ PRESETS: dict[str, TrainConfig] = {
         epochs=2,
         minibatches=4,
         targets="gae",
-        entropy_cost=0.01,
-        reward_scale=50.0,
-        prev_action=True,
-        popart=True,
-        popart_advantages=True,
-        popart_sigma_floor=15.0,
-        head_hidden=128,
-        eval_sets=3,
-        eval_episodes=100,
     ),
     # Continuous control (Box actions; Pendulum-v1 by default): PPO-clip with GAE(0.95) and
     # Adam 3e-4 as cleanrl's and SB3's continuous PPO, 4 epochs x 4 minibatches, no entropy
@@ -140,27 +146,7 @@ PRESETS: dict[str, TrainConfig] = {
     # The sigma floor: RTRL's critic learns the episode clock, so its PopArt sigma stays at
     # 2-8 (TBPTT's 13-22) and the advantages get 3-7x TBPTT's weight; RepeatPrevious then
     # stalled in 1 of 3 seeds. Dividing the advantages by max(sigma, 15) solved 3 of 3.
-    "popgym-impala": TrainConfig.make(
-        env="gym/popgym-RepeatFirstEasy-v0",
-        env_options=(),
-        hidden_size=128,
-        forget_bias=None,
-        freeze_stem=False,
-        unroll_length=4,
-        total_frames=1_000_000,
-        learning_rate=2e-3,
-        lr_decay=True,
-        lr_warmup_updates=200,
-        entropy_cost=0.01,
-        reward_scale=50.0,
-        prev_action=True,
-        popart=True,
-        popart_advantages=True,
-        popart_sigma_floor=15.0,
-        head_hidden=128,
-        eval_sets=3,
-        eval_episodes=100,
-    ),
+    "popgym-impala": POPGYM_IMPALA,
     "dmlab": _paper(
         env="dmlab/rooms_watermaze",
         env_options=(),
