@@ -269,22 +269,22 @@ class Learner:
         return self._move_value_stats(metrics, value_targets)
 
     def _passes(self, seg: Segment) -> dict[str, float]:
-        """`epochs` passes over the batch, each in `minibatches` steps on disjoint sets of
-        whole streams (a fresh shuffle per pass). IMPALA recomputes V-trace in every step (and
-        moves PopArt after every step); PPO fixes its targets once (`prepare`) and moves
-        PopArt once per batch. Each step re-runs its streams from a copy of their start state
-        (`select_segment`), sensitivities included, so no pass sees another's buffers."""
+        """`epochs` passes over the batch, each in `minibatches` steps on disjoint blocks of
+        whole streams (visited in a fresh order per pass). IMPALA recomputes V-trace in every
+        step (and moves PopArt after every step); PPO fixes its targets once (`prepare`) and
+        moves PopArt once per batch. Each step re-runs its streams from their stored start
+        state (`select_segment`: views, sensitivities included), which it only reads."""
         cfg, B = self.cfg, seg.actions.shape[1]
         targets, rows = self.prepare(seg), []
         lr = self.optimizer.param_groups[0]["lr"]
         for _ in range(cfg.optim.epochs):
-            for index in stream_minibatches(B, cfg.optim.minibatches, self.generator):
-                sub = select_segment(seg, index)
+            for block in stream_minibatches(B, cfg.optim.minibatches, self.generator):
+                sub = select_segment(seg, block)
                 self.optimizer.zero_grad(set_to_none=True)
                 if targets is None:
                     losses, value_targets = self.backward(sub)
                 else:
-                    losses = self.ppo_backward(sub, targets.select(index))
+                    losses = self.ppo_backward(sub, targets.select(block))
                 row = {k: float(v.detach()) for k, v in losses.items()}
                 row["grad_norm"] = self._step()
                 if targets is None:

@@ -124,8 +124,31 @@ def cat_streams(states: Sequence[Any]) -> Any:
     leaves = [pytree.tree_flatten(s) for s in states]
     spec = leaves[0][1]
     columns = zip(*[leaf for leaf, _ in leaves])
-    joined = [None if col[0] is None else torch.cat(col, 0) for col in columns]
+    joined = [None if col[0] is None else cat_keeping_layout(col) for col in columns]
     return pytree.tree_unflatten(joined, spec)
+
+
+def cat_keeping_layout(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """torch.cat along dim 0, in the memory layout the parts share.
+
+    torch.cat writes a row-major result, so parts stored in a permuted layout (the eLSTM's
+    sensitivities FZ: (B, 2, N, D) views of (B, D, 2, N) blocks) would be transposed while
+    copied (15x slower for 8 x 32 streams) and leave the kernels that want the layer's
+    layout. Parts whose dims, ordered by stride, agree and start with dim 0 are joined in
+    that order instead (one memcpy), and the result has their layout."""
+    order = _layout_order(parts[0])
+    if order is None or any(_layout_order(t) != order for t in parts[1:]):
+        return torch.cat(parts, 0)
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    return torch.cat([t.permute(order) for t in parts], 0).permute(inverse)
+
+
+def _layout_order(t: torch.Tensor) -> list[int] | None:
+    """The permutation that makes `t` contiguous, if there is one with dim 0 outermost."""
+    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+    if not order or order[0] != 0 or not t.permute(order).is_contiguous():
+        return None
+    return order
 
 
 def detach_state(state: Any) -> Any:

@@ -76,7 +76,12 @@ def _run(cfg, monkeypatch):
         seg, _ = actor.collect()
         segments.append(seg)
         done = len(steps)
+        start = [t.clone() for t in torch.utils._pytree.tree_leaves(seg.state)]
         learner.update(seg)
+        # The passes read the start state through views (select_segment of a block) and
+        # never write it: every leaf, sensitivities included, is as the actor left it.
+        after = torch.utils._pytree.tree_leaves(seg.state)
+        assert all(torch.equal(a, b) for a, b in zip(start, after, strict=True))
         per_segment.append(steps[done:])
     for k, v in agent.state_dict().items():  # lr = 0: the weights stayed fixed
         assert torch.equal(v, before[k]), k

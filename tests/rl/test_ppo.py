@@ -95,14 +95,20 @@ def test_ppo_losses_equal_a_slow_closed_form():
     assert abs(parts - slow) < 1e-12
 
 
-def test_stream_minibatches_partition_the_streams_deterministically():
+def test_stream_minibatches_are_blocks_in_a_deterministic_random_order():
     parts = stream_minibatches(12, 3, torch.Generator().manual_seed(5))
     again = stream_minibatches(12, 3, torch.Generator().manual_seed(5))
-    assert [p.tolist() for p in parts] == [p.tolist() for p in again]
-    assert sorted(torch.cat(parts).tolist()) == list(range(12)) and len(parts) == 3
+    assert parts == again and len(parts) == 3
+    assert sorted((p.start, p.stop) for p in parts) == [(0, 4), (4, 8), (8, 12)]
+    orders = {
+        tuple(p.start for p in stream_minibatches(12, 3, g)) for g in [torch.Generator()] * 20
+    }
+    assert len(orders) > 1  # a fresh order per call (per pass)
+    with pytest.raises(ValueError, match="12 streams do not split into 5"):
+        stream_minibatches(12, 5, None)
 
 
-def test_select_segment_copies_the_start_state():
+def _segment_with_state():
     from r2ac.rl.actor import Actor
     from r2ac.rl.build import agent_for_env, make_env
 
@@ -110,8 +116,24 @@ def test_select_segment_copies_the_start_state():
     env = make_env(cfg, 4, seed=0)
     agent = agent_for_env(cfg, env, dtype=torch.float64)
     seg, _ = Actor(agent, env, seed=0, unroll_length=4).collect()
+    assert any(t.numel() for t in torch.utils._pytree.tree_leaves(seg.state))
+    return seg
+
+
+def test_select_segment_of_a_block_is_a_view_of_the_start_state():
+    seg = _segment_with_state()
+    sub = select_segment(seg, slice(2, 4))
+    assert torch.equal(sub.obs, seg.obs[:, 2:4]) and sub.actions.shape == (4, 2)
+    for whole, part in zip(
+        torch.utils._pytree.tree_leaves(seg.state), torch.utils._pytree.tree_leaves(sub.state)
+    ):
+        assert torch.equal(part, whole[2:4])
+        assert part.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
+
+
+def test_select_segment_of_an_index_tensor_copies_the_start_state():
+    seg = _segment_with_state()
     sub = select_segment(seg, torch.tensor([2, 0]))
-    assert torch.equal(sub.obs, seg.obs[:, [2, 0]]) and sub.actions.shape == (4, 2)
     for whole, part in zip(
         torch.utils._pytree.tree_leaves(seg.state), torch.utils._pytree.tree_leaves(sub.state)
     ):

@@ -18,7 +18,7 @@ from r2ac.rtrl.gradcheck import (
     make_problem,
     reference_gradients,
 )
-from r2ac.rtrl.state import cat_streams, select_streams
+from r2ac.rtrl.state import cat_keeping_layout, cat_streams, select_streams
 
 from .common import ACT_CALLS, ACT_RESETS, act_segment, max_rel_error
 
@@ -143,6 +143,24 @@ def test_state_helpers_select_and_join_streams(name):
     assert [t.shape[0] for t in leaves(picked)] == [2] * len(leaves(state))
     joined = cat_streams([select_streams(state, slice(0, 1)), select_streams(state, slice(1, 3))])
     assert all(torch.equal(a, b) for a, b in zip(leaves(joined), leaves(state)))
+    # Leaves stored batch-outermost in a permuted layout (the eLSTM's FZ blocks) are joined
+    # in that layout, so the kernels that want the layer's layout still take the batch.
+    for a, b in zip(leaves(cat_streams([state, state])), leaves(state)):
+        ordered = sorted(range(b.dim()), key=lambda d: -b.stride(d))
+        if ordered[0] == 0 and b.permute(ordered).is_contiguous():
+            assert a.permute(ordered).is_contiguous()
+
+
+def test_cat_keeping_layout_joins_in_the_parts_layout():
+    blocks = [
+        torch.randn(b, 5, 2, 3, dtype=F64).permute(0, 2, 3, 1) for b in (2, 3)
+    ]  # (b, 2, 3, 5)
+    joined = cat_keeping_layout(blocks)
+    assert torch.equal(joined, torch.cat(blocks)) and joined.permute(0, 3, 1, 2).is_contiguous()
+    mixed = [blocks[0], torch.randn(3, 2, 3, 5, dtype=F64)]  # layouts differ: plain cat
+    assert torch.equal(cat_keeping_layout(mixed), torch.cat(mixed))
+    columns = [torch.randn(4, b, dtype=F64).t() for b in (2, 3)]  # dim 0 innermost: plain cat
+    assert torch.equal(cat_keeping_layout(columns), torch.cat(columns))
 
 
 @pytest.mark.parametrize("name", NAMES)
