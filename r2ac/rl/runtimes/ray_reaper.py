@@ -14,7 +14,8 @@ closed it after `ray.shutdown()`, or died, even by SIGKILL. Then it kills, with 
 every process whose environment holds R2AC_RAY_RUN=<token>: `init_local_ray` sets it for
 `ray.init`, and Ray hands it to every process of that Ray (its workers and agents too). It
 repeats that until none was found for QUIET_S (at most SWEEP_S), then exits.
-Linux only (/proc); elsewhere no reaper is started.
+Linux only (/proc); elsewhere no reaper is started. With R2AC_REAPER_LOG=<file> in the
+learner's environment the reaper appends what it found and killed, with times, to that file.
 """
 
 from __future__ import annotations
@@ -31,6 +32,31 @@ TOKEN_VAR = "R2AC_RAY_RUN"
 SWEEP_S = 10.0  # a sweep gives up after this long (processes that will not die: not ours)
 QUIET_S = 2.0  # and ends once none was found for this long (a loaded box forks slowly)
 CLOSE_S = 15.0  # the learner waits this long for the reaper's sweep after a clean close
+LOG_VAR = "R2AC_REAPER_LOG"
+
+
+def note(message: str) -> None:
+    """Append a line to the file named by LOG_VAR, if set (a diagnosis aid; errors ignored)."""
+    path = os.environ.get(LOG_VAR)
+    if not path:
+        return
+    try:
+        with open(path, "a") as log:
+            log.write(f"{time.time():.3f} reaper {os.getpid()}: {message}\n")
+    except OSError:
+        pass
+
+
+def command_of(pid: int) -> str:
+    try:
+        return (
+            (Path("/proc") / str(pid) / "cmdline")
+            .read_bytes()
+            .replace(b"\0", b" ")[:80]
+            .decode(errors="replace")
+        )
+    except OSError:
+        return "?"
 
 
 def marked_pids(token: str, skip: frozenset[int] = frozenset()) -> list[int]:
@@ -59,12 +85,14 @@ def sweep(token: str, seconds: float = SWEEP_S) -> int:
         pids = marked_pids(token, skip)
         last_seen = time.monotonic() if pids else last_seen
         for pid in pids:
+            note(f"kill {pid} {command_of(pid)}")
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed += 1
-            except OSError:
-                pass
+            except OSError as exc:
+                note(f"kill {pid} failed: {exc}")
         time.sleep(0.1)
+    note(f"sweep over: {killed} killed, none found for {time.monotonic() - last_seen:.1f} s")
     return killed
 
 
@@ -103,8 +131,10 @@ class Reaper:
 def main(token: str) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)  # only the end of its stdin starts the sweep
+    note("waiting")
     while sys.stdin.buffer.read(4096):
         pass
+    note("stdin closed: sweeping")
     sweep(token)
 
 
