@@ -13,6 +13,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -252,3 +253,40 @@ def test_a_sigkill_at_random_times_leaves_no_ray_process(tmp_path):
 def test_bad_ray_options_are_one_line(capsys, tmp_path, args, says):
     code, lines = r2ac_inline(capsys, "train", *args, "--out-dir", str(tmp_path / "run"))
     assert code == 2 and len(lines) == 1 and says in lines[0], lines
+
+
+_SHUTDOWN_PROBE = """
+import signal, sys, ray
+from r2ac.rl.runtimes.ray import shutdown_keeping_sigterm
+
+def caught():
+    mask = next(ln for ln in open("/proc/self/status") if ln.startswith("SigCgt")).split()[1]
+    return bool(int(mask, 16) >> (signal.SIGTERM - 1) & 1)
+
+signal.signal(signal.SIGTERM, lambda *a: None)
+ray.init(address="local", num_cpus=1, include_dashboard=False)
+if sys.argv[1] == "plain":
+    ray.shutdown()
+else:
+    shutdown_keeping_sigterm()
+print("caught" if caught() else "default")
+"""
+
+
+@needs_ray
+def test_sigterm_is_still_caught_after_ray_shutdown():
+    """Ray's shutdown resets SIGTERM to the default action behind Python's back (the plain
+    call shows it: the check has teeth); the runtime's shutdown sets the handler again."""
+    said = {}
+    for how in ("plain", "keeping"):
+        done = subprocess.run(
+            [sys.executable, "-c", _SHUTDOWN_PROBE, how],
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        said[how] = done.stdout.split()[-1]
+    assert said == {"plain": "default", "keeping": "caught"}
