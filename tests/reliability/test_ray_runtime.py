@@ -215,7 +215,6 @@ def sigkill_learner(tmp_path: Path, past: int) -> float:
 
 
 @needs_ray
-@pytest.mark.slow  # 2 of 14 trials at load 5-7 left the two agents past 10 s: not yet found why
 def test_a_sigkilled_learner_takes_every_ray_process_with_it(tmp_path):
     """Ray's agents, raylet, GCS and the actors (workers re-parented to 1 included) are gone
     within 10 s of a SIGKILL of the learner (they stayed 60-90 s before the reaper)."""
