@@ -39,17 +39,22 @@ class Interrupted(KeyboardInterrupt):  # noqa: N818  (Ctrl-C, as KeyboardInterru
 # bare KeyboardInterrupt on its way through them (Ray's `ray.get`: a SIGTERM while the
 # actors started said "stopped by SIGINT", exit 130); that one is then named by this.
 _last_signum: int | None = None
+# The signal the handlers below raised for and nobody has turned into an exit yet. Python
+# drops an exception raised in some places (an at-fork callback: logging's `_releaseLock`
+# as Ray forks, printed as "Exception ignored"), and the command would run on as if no
+# signal had come; the next StopRequest honours such a one (a clean stop at its first check).
+_unhonoured: int | None = None
 
 
 def _raise_terminated(signum, frame) -> None:
-    global _last_signum
-    _last_signum = signal.SIGTERM
+    global _last_signum, _unhonoured
+    _last_signum = _unhonoured = signal.SIGTERM
     raise Terminated()
 
 
 def _raise_interrupted(signum, frame) -> None:
-    global _last_signum
-    _last_signum = signal.SIGINT
+    global _last_signum, _unhonoured
+    _last_signum = _unhonoured = signal.SIGINT
     raise Interrupted()
 
 
@@ -60,7 +65,10 @@ def _signum(exc: BaseException) -> int:
 
 
 def exit_code(exc: BaseException) -> int:
-    """130 for Ctrl-C (KeyboardInterrupt), 143 for SIGTERM (Terminated)."""
+    """130 for Ctrl-C (KeyboardInterrupt), 143 for SIGTERM (Terminated); the signal is then
+    honoured (see `_unhonoured`)."""
+    global _unhonoured
+    _unhonoured = None
     return 128 + _signum(exc)
 
 
@@ -72,10 +80,10 @@ def install_handlers() -> dict[int, object]:
     """The handlers of a command from its first line: SIGINT raises Interrupted and SIGTERM
     Terminated (both KeyboardInterrupts) (StopRequest and raise_on_signal replace them while they are inside,
     and put them back). Returns the handlers they replaced (main thread only)."""
-    global _last_signum
+    global _last_signum, _unhonoured
     if threading.current_thread() is not threading.main_thread():
         return {}
-    _last_signum = None
+    _last_signum = _unhonoured = None
     return {
         signal.SIGINT: signal.signal(signal.SIGINT, _raise_interrupted),
         signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_terminated),
@@ -120,9 +128,12 @@ class StopRequest:
             signal.signal(signum, _raise_interrupted)
 
     def __enter__(self) -> StopRequest:
+        global _unhonoured
         if threading.current_thread() is threading.main_thread():  # signals only go there
             for signum in SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
+        if _unhonoured is not None:  # raised before, and dropped on its way: stop now
+            self.signum, _unhonoured = _unhonoured, None
         return self
 
     def __exit__(self, *exc) -> None:

@@ -19,6 +19,7 @@ import torch
 from r2ac.experiments import cli, grids, runner
 from r2ac.experiments.grids import Grid, RunSpec, Task, Variant
 from r2ac.runs import checkpoint
+from r2ac.runs import stop as stop_module
 from r2ac.runs.stop import StopRequest
 from r2ac.tasks import copy_cli
 from r2ac.tasks.copy import curve, training
@@ -48,6 +49,30 @@ def test_a_repeated_sigterm_only_repeats_the_request_and_a_second_sigint_stops_n
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_a_signal_dropped_on_its_way_is_honoured_by_the_next_stop_request():
+    """Python drops an exception raised in an at-fork callback ("Exception ignored"): a SIGTERM
+    whose Terminated was lost so stops the next training loop at its first check; one that
+    ended a command (its exit code taken) does not."""
+    previous = stop_module.install_handlers()
+    try:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except stop_module.Terminated:
+            pass  # dropped, as Python does in an at-fork callback
+        with StopRequest() as stop:
+            assert stop.requested and stop.signum == signal.SIGTERM
+        with StopRequest() as stop:
+            assert not stop.requested  # honoured once
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except stop_module.Terminated as exc:
+            assert stop_module.exit_code(exc) == 143  # the command ends on it
+        with StopRequest() as stop:
+            assert not stop.requested
+    finally:
+        stop_module.restore_handlers(previous)
 
 
 def _signal_at_batch(monkeypatch, batch: int, signum: int) -> None:
