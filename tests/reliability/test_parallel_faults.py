@@ -18,7 +18,7 @@ import pytest
 from r2ac.rl.run_dir import read_metrics
 from r2ac.runs import checkpoint
 
-from .conftest import TIMEOUT_S, r2ac_command, subprocess_env, tiny_args
+from .conftest import TIMEOUT_S, start_r2ac, tiny_args
 
 SHM = Path("/dev/shm")
 EXIT_S = 10.0  # how long the processes of a stopped run may take to be gone
@@ -40,14 +40,7 @@ def _args(out: Path, updates: int = 400, *extra: str) -> list[str]:
 
 
 def _start(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        r2ac_command(*args),
-        env=subprocess_env(),
-        start_new_session=True,  # a group of its own: a failed test can kill all of it
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_r2ac(*args)  # a session of its own: a failed test can kill all of it
 
 
 def _last_update(run: Path) -> int:

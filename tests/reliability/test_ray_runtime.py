@@ -23,7 +23,7 @@ import pytest
 from r2ac.rl.run_dir import read_metrics
 from r2ac.runs import checkpoint
 
-from .conftest import TIMEOUT_S, r2ac_command, r2ac_inline, subprocess_env, tiny_args
+from .conftest import TIMEOUT_S, r2ac_command, r2ac_inline, start_r2ac, subprocess_env, tiny_args
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
 UPDATES = 100  # a few ms each: a signal after update 5 lands mid-run
@@ -55,14 +55,7 @@ def _none_left(mark: str, seconds: float = 20.0) -> list[str]:
 def _start(args: list[str], out: Path, mark: str, past: int) -> subprocess.Popen:
     """`r2ac ARGS` in a session of its own (as a terminal's foreground job); returns once
     metrics.csv shows an update after `past`."""
-    proc = subprocess.Popen(
-        r2ac_command(*args),
-        env={**subprocess_env(), "R2AC_TEST_MARK": mark},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start_r2ac(*args, mark=mark)
     deadline = time.monotonic() + TIMEOUT_S
     while time.monotonic() < deadline and proc.poll() is None:
         rows = read_metrics(out / "metrics.csv") if (out / "metrics.csv").exists() else []
@@ -133,14 +126,7 @@ def test_ray_sigterm_checkpoints_leaves_no_process_and_resumes(tmp_path):
 
 
 def _popen(args: list[str], mark: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        r2ac_command(*args),
-        env={**subprocess_env(), "R2AC_TEST_MARK": mark},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    return start_r2ac(*args, mark=mark)
 
 
 # Phases of Ray's start-up, by the processes of the run there are: `ray.init` has begun

@@ -15,14 +15,13 @@ import importlib.util
 import os
 import random
 import signal
-import subprocess
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from .conftest import TIMEOUT_S, r2ac_command, subprocess_env, tiny_args
+from .conftest import TIMEOUT_S, start_r2ac, tiny_args
 from .test_ray_runtime import _none_left
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
@@ -45,14 +44,7 @@ def trial(tmp_path: Path, runtime: str, rng: random.Random) -> str:
     out, mark = tmp_path / uuid.uuid4().hex[:8], uuid.uuid4().hex
     extra = [] if runtime == "serial" else ["--runtime", runtime, "--num-actors", "2"]
     args = ["train", *tiny_args(20, checkpoint_every=1000), *extra, "--out-dir", str(out)]
-    proc = subprocess.Popen(
-        r2ac_command(*args),
-        env={**subprocess_env(), "R2AC_TEST_MARK": mark},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start_r2ac(*args, mark=mark)
     while not handler_installed(proc.pid) and proc.poll() is None:
         time.sleep(0.001)
     delay = rng.uniform(0, SPAN_S[runtime])

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -16,7 +15,14 @@ import pytest
 from r2ac.rl.run_dir import read_metrics
 from r2ac.runs import checkpoint
 
-from .conftest import TIMEOUT_S, UPDATES, r2ac, r2ac_command, r2ac_inline, subprocess_env, tiny_args
+from .conftest import (
+    TIMEOUT_S,
+    UPDATES,
+    r2ac,
+    r2ac_inline,
+    start_r2ac,
+    tiny_args,
+)
 
 
 def _args(out: Path, checkpoint_every: int = 1000) -> list[str]:
@@ -46,13 +52,7 @@ def _last_update(run: Path) -> int:
 def _start_and_wait(command: list[str], out: Path, past: int, need_checkpoint: bool = False):
     """Start `r2ac COMMAND`; return once its metrics show an update after `past` (and a
     checkpoint exists if asked): a readiness signal instead of a blind sleep."""
-    proc = subprocess.Popen(
-        r2ac_command(*command),
-        env=subprocess_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_r2ac(*command, own_session=False)
     deadline = time.monotonic() + TIMEOUT_S
     ckpt = out / "checkpoints" / "latest.pt"
     while time.monotonic() < deadline and proc.poll() is None:
@@ -137,14 +137,7 @@ def test_parallel_ctrl_c_to_the_group_checkpoints_and_resumes(tmp_path):
     ignore it, the learner finishes its update, checkpoints, stops them and exits 130."""
     out = tmp_path / "run"
     args = [*_args(out), "--runtime", "parallel", "--num-actors", "2"]
-    proc = subprocess.Popen(
-        r2ac_command(*args),
-        env=subprocess_env(),
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_r2ac(*args)
     deadline = time.monotonic() + TIMEOUT_S
     while _last_update(out) < 3 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
