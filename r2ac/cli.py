@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 
 from r2ac.runs import stop
@@ -68,7 +69,15 @@ def _main(argv: list[str] | None = None) -> int:
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         name = f"r2ac {argv[0]}" if argv and argv[0] in SUBCOMMANDS else name
-        return _dispatch(argv)
+        code = _dispatch(argv)
+        swallowed = stop.take_unhonoured()
+        if code == 0 and swallowed is not None:  # a library swallowed it; the work is done
+            said = signal.Signals(swallowed).name
+            print(
+                f"{name}: stopped by {said} as it ended (everything was written)", file=sys.stderr
+            )
+            return 128 + swallowed
+        return code
     except KeyboardInterrupt as exc:  # outside a command's own handling (Terminated: SIGTERM)
         print(f"{name}: stopped by {stop.signal_name(exc)}", file=sys.stderr)
         return stop.exit_code(exc)

@@ -72,6 +72,15 @@ def exit_code(exc: BaseException) -> int:
     return 128 + _signum(exc)
 
 
+def take_unhonoured() -> int | None:
+    """The signal raised for and never turned into an exit (None if none), cleared: what a
+    command that returned normally must still answer for (a library swallowed the exception,
+    e.g. Ray's shutdown)."""
+    global _unhonoured
+    signum, _unhonoured = _unhonoured, None
+    return signum
+
+
 def signal_name(exc: BaseException) -> str:
     return signal.Signals(_signum(exc)).name
 

@@ -241,37 +241,66 @@ def test_bad_ray_options_are_one_line(capsys, tmp_path, args, says):
 
 
 _SHUTDOWN_PROBE = """
-import signal, sys, ray
-from r2ac.rl.runtimes.ray import shutdown_keeping_sigterm
+import os, signal, sys, time, ray
+from r2ac.rl.runtimes.ray import sigterm_stays_ours
 
 def caught():
     mask = next(ln for ln in open("/proc/self/status") if ln.startswith("SigCgt")).split()[1]
     return bool(int(mask, 16) >> (signal.SIGTERM - 1) & 1)
 
-signal.signal(signal.SIGTERM, lambda *a: None)
-ray.init(address="local", num_cpus=1, include_dashboard=False)
-if sys.argv[1] == "plain":
-    ray.shutdown()
+class Terminated(Exception):
+    pass
+
+def terminated(*args):
+    raise Terminated
+
+signal.signal(signal.SIGTERM, terminated)
+if sys.argv[1] == "plain":  # Ray's failure handler in: set ours again after Ray's init
+    ray.init(address="local", num_cpus=1, include_dashboard=False)
+    signal.signal(signal.SIGTERM, terminated)
 else:
-    shutdown_keeping_sigterm()
+    with sigterm_stays_ours():
+        ray.init(address="local", num_cpus=1, include_dashboard=False)
+if sys.argv[2] == "during":  # a SIGTERM late in the shutdown: the core worker is gone,
+    node = ray._private.worker._global_node  # Ray's processes are stopped next
+    stop_processes = node.kill_all_processes
+
+    def sigterm_first(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return stop_processes(*args, **kwargs)
+
+    node.kill_all_processes = sigterm_first
+try:
+    ray.shutdown()
+    time.sleep(0.5)
+except Terminated:
+    print("raised")
+    os._exit(0)
 print("caught" if caught() else "default")
 """
 
 
+def _shutdown_probe(init: str, signal_when: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", _SHUTDOWN_PROBE, init, signal_when],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    return done.stdout.split()[-1] if done.returncode == 0 else f"rc {done.returncode}"
+
+
 @needs_ray
-def test_sigterm_is_still_caught_after_ray_shutdown():
-    """Ray's shutdown resets SIGTERM to the default action behind Python's back (the plain
-    call shows it: the check has teeth); the runtime's shutdown sets the handler again."""
-    said = {}
-    for how in ("plain", "keeping"):
-        done = subprocess.run(
-            [sys.executable, "-c", _SHUTDOWN_PROBE, how],
-            env=subprocess_env(),
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        said[how] = done.stdout.split()[-1]
-    assert said == {"plain": "default", "keeping": "caught"}
+def test_sigterm_stays_caught_through_ray_shutdown():
+    """Ray's C++ failure-signal handler takes SIGTERM, and `ray.shutdown()` uninstalls it to
+    the default action behind Python's back: a SIGTERM during or after the shutdown killed
+    the process (-15, no line). The plain calls show it (the checks have teeth); started the
+    runtime's way, SIGTERM is Python's throughout: after the shutdown it is still caught, and
+    one late in the shutdown (where Ray has uninstalled its handler) raises the handler's
+    exception."""
+    plain = {when: _shutdown_probe("plain", when) for when in ("after", "during")}
+    ours = {when: _shutdown_probe("ours", when) for when in ("after", "during")}
+    assert plain == {"after": "default", "during": "rc -15"}, plain
+    assert ours == {"after": "caught", "during": "raised"}, ours

@@ -173,3 +173,47 @@ def test_sigterm_during_the_final_evaluation_stops_at_once(tmp_path, capsys, mon
     assert r2ac_inline(capsys, "train", "--resume", str(out))[0] == 0
     assert (out / "eval.json").exists()
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
+
+
+def test_sigterm_while_the_runtime_closes_is_answered(tmp_path, capsys, monkeypatch):
+    """The runtime closes inside the loop's guard (Ray's shutdown takes seconds): a SIGTERM
+    there was recorded and forgotten (exit 0, no line); now it stops the run after its last
+    checkpoint, one line, 143, and `--resume` redoes what was left (the evaluation)."""
+    from r2ac.rl.runtimes import serial
+
+    real_close = serial.SerialRuntime.close
+
+    def close(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        real_close(self)
+
+    monkeypatch.setattr(serial.SerialRuntime, "close", close)
+    out = tmp_path / "run"
+    code, lines = r2ac_inline(capsys, "train", *tiny_args(3), "--out-dir", str(out))
+    assert code == 143 and lines[-1].startswith(
+        "r2ac train: stopped by SIGTERM after update 3 of 3; checkpoint written"
+    ), lines
+    assert not (out / "eval.json").exists()
+    monkeypatch.undo()
+    assert r2ac_inline(capsys, "train", "--resume", str(out))[0] == 0
+    assert (out / "eval.json").exists() and _updates(out) == [1, 2, 3]
+
+
+def test_a_signal_a_command_swallowed_still_sets_its_exit_code(capsys, monkeypatch):
+    """A library that catches the handler's exception (as Ray's shutdown may) and lets the
+    command return 0: the command's exit is still 143, in one line."""
+    from r2ac import cli
+
+    def swallowing(argv):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except KeyboardInterrupt:
+            pass
+        return 0
+
+    monkeypatch.setattr(cli, "_dispatch", swallowing)
+    assert cli._main(["train"]) == 143
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["r2ac train: stopped by SIGTERM as it ended (everything was written)"]
+    monkeypatch.setattr(cli, "_dispatch", lambda argv: 0)
+    assert cli._main(["train"]) == 0  # honoured once

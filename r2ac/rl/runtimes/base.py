@@ -252,6 +252,8 @@ class Runtime:
                     self.close()
                 finally:
                     tracker.close()
+        if stop.requested:  # a signal while closing (Ray's shutdown takes seconds): answer it
+            raise TrainingInterrupted(stop.signum, tracker.update, self.run is not None)
         return tracker
 
     def _step(self, tracker: Tracker, stop: StopRequest) -> None:

@@ -299,7 +299,9 @@ def sigterm_stays_ours() -> Iterator[None]:
     stop Ray, `sys.exit(1)`), so a SIGTERM during start-up ended r2ac with status 15 and no
     line (issue 38). Inside, Ray's way of installing them does nothing, so the process's
     own handler (the CLI's: Terminated, one line, exit 143) stays; and whatever handler is
-    there at the end is replaced by the one found at the start."""
+    there at the end is replaced by the one found at the start. The driver's core worker
+    gets no C++ failure-signal handler either (`keep_ray_failure_handler_out`)."""
+    keep_ray_failure_handler_out()
     previous = signal.getsignal(signal.SIGTERM)
     utils = getattr(getattr(ray, "_private", None), "utils", None)
     install = getattr(utils, "set_sigterm_handler", None)
@@ -314,17 +316,17 @@ def sigterm_stays_ours() -> Iterator[None]:
             signal.signal(signal.SIGTERM, previous)
 
 
-def shutdown_keeping_sigterm() -> None:
-    """`ray.shutdown()`, after which SIGTERM is caught as before. Ray's core worker resets
-    SIGTERM to the default action at the OS level while Python still lists its handler, so a
-    SIGTERM in the last moments of a run (the checkpoint, the evaluation) killed the process
-    (status -15, no line) instead of ending it in one line with 143 (issue 38: 1 of 8 random
-    SIGTERMs, reproduced: /proc/self/status no longer lists SIGTERM as caught). Setting
-    Python's handler again installs it again."""
-    handler = signal.getsignal(signal.SIGTERM)
-    ray.shutdown()
-    if handler is not None and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, handler)
+def keep_ray_failure_handler_out() -> None:
+    """No C++ failure-signal handler (Abseil's, installed by Ray's core worker) in this
+    process. It takes SIGTERM too: while `ray.shutdown()` uninstalls it (about 1.3 s at a
+    run's end) a SIGTERM printed "*** SIGTERM received" and killed the process (status -15,
+    no line), and the uninstall left SIGTERM at the default action behind Python's back
+    (issue 38). Without it SIGTERM stays Python's from `ray.init` to exit. Set on Ray's
+    constant, not in the environment, so the actors' processes keep theirs (their C++
+    crashes are still reported); the driver's Python stack is what a crash here shows."""
+    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    if constants is not None and hasattr(constants, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"):
+        constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
 
 
 def check_cpus(needed: int) -> None:
@@ -567,7 +569,7 @@ class RayRuntime(Runtime):
             _wait_until_dead(self.actors, KILL_S)
         self.actors, self.pending, self.weights = [], {}, None
         if self.connected and ray.is_initialized():
-            shutdown_keeping_sigterm()
+            ray.shutdown()
         if self.reaper is not None:  # it kills what Ray left of itself (ray_reaper.py)
             self.reaper.close()
         self.connected, self.reaper = False, None
