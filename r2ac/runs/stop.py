@@ -11,6 +11,7 @@ process can receive it twice).
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -85,14 +86,30 @@ def signal_name(exc: BaseException) -> str:
     return signal.Signals(_signum(exc)).name
 
 
+def _quiet_unraisable(unraisable) -> None:
+    """sys.unraisablehook: one of our own signal exceptions that Python could not raise (an
+    at-fork callback, a __del__) is not printed as "Exception ignored ... Traceback": it is
+    recorded (`_unhonoured`) and answered in one line later. Anything else goes on to the hook
+    that was there before."""
+    if isinstance(unraisable.exc_value, (Terminated, Interrupted)):
+        return
+    _next_unraisablehook(unraisable)
+
+
+_next_unraisablehook = sys.unraisablehook
+
+
 def install_handlers() -> dict[int, object]:
     """The handlers of a command from its first line: SIGINT raises Interrupted and SIGTERM
     Terminated (both KeyboardInterrupts) (StopRequest and raise_on_signal replace them while they are inside,
-    and put them back). Returns the handlers they replaced (main thread only)."""
-    global _last_signum, _unhonoured
+    and put them back), and `_quiet_unraisable`. Returns the handlers they replaced (main
+    thread only)."""
+    global _last_signum, _unhonoured, _next_unraisablehook
     if threading.current_thread() is not threading.main_thread():
         return {}
     _last_signum = _unhonoured = None
+    if sys.unraisablehook is not _quiet_unraisable:
+        _next_unraisablehook, sys.unraisablehook = sys.unraisablehook, _quiet_unraisable
     return {
         signal.SIGINT: signal.signal(signal.SIGINT, _raise_interrupted),
         signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_terminated),
