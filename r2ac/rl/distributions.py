@@ -52,9 +52,12 @@ class Categorical:
         return -(log_pi.exp() * log_pi).sum(-1)  # (...)
 
     def sample(self, generator: torch.Generator | None) -> torch.Tensor:
-        probs = torch.softmax(self.logits, dim=-1).reshape(-1, self.logits.shape[-1])  # (N, A)
-        drawn = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (N,)
-        return drawn.reshape(self.logits.shape[:-1])  # (...)
+        probs = torch.softmax(self.logits, dim=-1)  # (..., A)
+        if probs.dim() == 2:  # an actor's step (B, A): no reshapes on the hot path
+            return torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
+        flat = probs.reshape(-1, probs.shape[-1])  # (N, A)
+        drawn = torch.multinomial(flat, 1, generator=generator).squeeze(1)  # (N,)
+        return drawn.reshape(probs.shape[:-1])  # (...)
 
     def mode(self) -> torch.Tensor:
         return self.logits.argmax(-1)  # (...)
@@ -175,6 +178,8 @@ def action_code(space: ActionSpace, actions: torch.Tensor, dtype: torch.dtype) -
 
 def zero_where(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """x ``(B, ...)`` with the rows where mask ``(B,)`` is set zeroed (a new episode)."""
+    if x.dim() == mask.dim():  # Discrete actions (B,): the hot path of every actor step
+        return x.masked_fill(mask, 0)
     return x.masked_fill(mask.view(mask.shape + (1,) * (x.dim() - mask.dim())), 0)
 
 

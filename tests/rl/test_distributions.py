@@ -69,6 +69,17 @@ def test_discrete_samples_are_todays_multinomial_draws():
     assert torch.equal(drawn, expected)
 
 
+def test_discrete_draws_of_a_time_batch_equal_those_of_its_rows():
+    """(T, B, A) logits take the flattened path, (B, A) the actor's short one: the same
+    draws from the same generator state."""
+    logits = torch.randn(3, 5, 4, dtype=torch.float64)
+    drawn = distribution(None, logits).sample(torch.Generator().manual_seed(7))  # (T, B)
+    rows = distribution(None, logits.reshape(15, 4)).sample(torch.Generator().manual_seed(7))
+    assert drawn.shape == (3, 5) and torch.equal(drawn.reshape(15), rows)
+    done = torch.tensor([True, False, True, False, False])
+    assert torch.equal(zero_where(drawn[0], done), drawn[0].masked_fill(done, 0))
+
+
 @pytest.mark.parametrize("kind", sorted(SPACES))
 def test_samples_follow_the_distribution_and_the_generator(kind):
     space = SPACES[kind]
