@@ -1,7 +1,7 @@
 """The R2AC agent: stem -> core([features, last reward, previous action]) -> policy and value heads.
 
 The core input per step is the stem's features, the clipped last reward (``reward_clip``,
-times the reward scale) and, with ``prev_action``, a code of the previous action (zeros at
+times the reward scale; left out with ``feed_last_reward=False``) and, with ``prev_action``, a code of the previous action (zeros at
 an episode start), as POPGym's baselines feed it: one-hot per categorical, the normalised action clipped to
 [-1, 1] for a Box (``r2ac.rl.distributions.action_code``). With ``value_norm`` the value head is
 PopArt-normalised (``r2ac.rl.nets.PolicyValueHeads``).
@@ -32,9 +32,12 @@ def clip_rewards(rewards: torch.Tensor, clip: float) -> torch.Tensor:
     return rewards.clamp(-clip, clip) if clip > 0 else rewards
 
 
-def core_input_size(stem_features: int, actions: ActionSpace | int, prev_action: bool) -> int:
+def core_input_size(
+    stem_features: int, actions: ActionSpace | int, prev_action: bool, last_reward: bool = True
+) -> int:
     """Width of the core input: features, the last reward, the previous action's code."""
-    return stem_features + 1 + (as_action_space(actions).code_size if prev_action else 0)
+    code = as_action_space(actions).code_size if prev_action else 0
+    return stem_features + int(last_reward) + code
 
 
 class Agent(nn.Module):
@@ -61,17 +64,19 @@ class Agent(nn.Module):
         reward_scale: float = 1.0,
         head_hidden: int = 0,
         reward_clip: float = 1.0,
+        feed_last_reward: bool = True,
     ):
         super().__init__()
         if not isinstance(core, RecurrentCore):
             raise ConfigError(f"core {type(core).__name__} is not an r2ac.rtrl.RecurrentCore")
         hidden_size, input_size = core.hidden_size, core.input_size
         space = as_action_space(num_actions)
-        expected = core_input_size(stem.out_features, space, prev_action)
+        expected = core_input_size(stem.out_features, space, prev_action, feed_last_reward)
         if input_size != expected:
             raise ConfigError(
                 f"core input_size {input_size} != {expected} (stem features "
-                f"{stem.out_features} + 1 last reward"
+                f"{stem.out_features}"
+                + (" + 1 last reward" if feed_last_reward else "")
                 + (f" + {space.code_size} previous-action codes)" if prev_action else ")")
             )
         self.stem = stem
@@ -86,6 +91,7 @@ class Agent(nn.Module):
         self.action_space = space
         self.num_actions = space.head_size
         self.prev_action = prev_action
+        self.feed_last_reward = feed_last_reward
         self.reward_scale = reward_scale
         self.reward_clip = reward_clip
         self.freeze_stem = freeze_stem
@@ -148,11 +154,13 @@ class Agent(nn.Module):
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze_stem):
             features = self.stem(obs.flatten(0, 1))  # (T * B, F)
         features = features.reshape(n_steps, batch_size, -1)  # (T, B, F)
-        r_tm1 = clip_rewards(last_reward.to(features.dtype), self.reward_clip)  # (T, B)
-        r_tm1 = r_tm1 * self.reward_scale  # (T, B)
-        if reset is not None:
-            r_tm1 = r_tm1.masked_fill(reset.bool(), 0.0)
-        parts = [features, r_tm1.unsqueeze(-1)]
+        parts = [features]
+        if self.feed_last_reward:
+            r_tm1 = clip_rewards(last_reward.to(features.dtype), self.reward_clip)  # (T, B)
+            r_tm1 = r_tm1 * self.reward_scale  # (T, B)
+            if reset is not None:
+                r_tm1 = r_tm1.masked_fill(reset.bool(), 0.0)
+            parts.append(r_tm1.unsqueeze(-1))
         if self.prev_action:
             parts.append(self._action_code(last_action, reset, features.dtype))
         return torch.cat(parts, dim=-1)  # (T, B, D)

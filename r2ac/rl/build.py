@@ -62,7 +62,9 @@ def make_agent(
         mlp_hidden=cfg.model.mlp_hidden,
         image_stem=cfg.model.image_stem,
     )
-    input_size = core_input_size(cfg.model.stem_features, num_actions, cfg.model.prev_action)
+    input_size = core_input_size(
+        cfg.model.stem_features, num_actions, cfg.model.prev_action, cfg.model.last_reward
+    )
     core = make_core(cfg.model.core, input_size, cfg.model.hidden_size)
     if cfg.model.forget_bias is not None and hasattr(core, "b_f"):
         with torch.no_grad():
@@ -77,6 +79,7 @@ def make_agent(
         head_hidden=cfg.model.head_hidden,
         reward_scale=cfg.loss.reward_scale,
         reward_clip=cfg.loss.reward_clip,
+        feed_last_reward=cfg.model.last_reward,
     ).to(dtype)
     if load_stem and cfg.model.load_stem:
         agent.load_stem(cfg.model.load_stem)

@@ -68,6 +68,10 @@ class ModelConfig:
     prev_action: bool = False
     """Feed the previous action (one-hot, zeros at an episode start) to the core with the last
     reward, as POPGym's baselines do."""
+    last_reward: bool = True
+    """Feed the last reward to the core. Off for masked control tasks, whose rewards carry
+    what the mask hides (HalfCheetah's reward is its forward velocity; Pendulum's holds the
+    angular speed): a memoryless agent seeing it is no longer memoryless."""
 
 
 @dataclass(frozen=True)

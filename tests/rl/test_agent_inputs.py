@@ -75,6 +75,41 @@ def test_previous_action_is_required_and_sizes_are_checked():
         Agent(stem, Feedforward(FEATURES + 1, HIDDEN), ACTIONS, prev_action=True)
 
 
+def test_without_the_reward_input_the_reward_cannot_reach_the_policy():
+    """--no-last-reward (the mujoco preset): the core input is the features and the
+    previous action's code only, so two reward streams give the same outputs; with the
+    input (the default) they do not."""
+    stem = MLPStem(OBS, hidden=(5,), out_features=FEATURES)
+    core = Feedforward(core_input_size(FEATURES, ACTIONS, True, last_reward=False), HIDDEN)
+    without = Agent(stem, core, ACTIONS, prev_action=True, feed_last_reward=False)
+    g = torch.Generator().manual_seed(1)
+    obs = torch.randn(T, B, OBS, generator=g)
+    last_action = torch.randint(0, ACTIONS, (T, B), generator=g)
+    rewards = [torch.randn(T, B, generator=g) for _ in range(2)]
+    x = without.core_input(obs, rewards[0], None, last_action)
+    assert x.shape == (T, B, FEATURES + ACTIONS)
+    outs = [without(obs, r, None, None, last_action=last_action)[:2] for r in rewards]
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+    with_reward = _agent()
+    outs = [with_reward(obs, r, None, None, last_action=last_action)[0] for r in rewards]
+    assert not torch.allclose(outs[0], outs[1])
+    with pytest.raises(ConfigError, match=r"input_size 10 != 9 \(stem features 6 \+ 3"):
+        Agent(stem, Feedforward(10, HIDDEN), ACTIONS, prev_action=True, feed_last_reward=False)
+
+
+def test_the_mujoco_preset_builds_an_agent_without_the_reward_input():
+    cfg = tiny(last_reward=False)
+    env = make_env(cfg, cfg.runtime.num_envs, seed=0)
+    agent = agent_for_env(cfg, env)
+    assert not agent.feed_last_reward
+    assert agent.core.input_size == cfg.model.stem_features + (
+        agent.action_space.code_size if cfg.model.prev_action else 0
+    )
+    from r2ac.rl.presets import PRESETS
+
+    assert not PRESETS["mujoco"].model.last_reward and PRESETS["control"].model.last_reward
+
+
 def test_reward_input_is_clipped_then_scaled():
     agent = _agent(prev_action=False, reward_scale=20.0)
     last_reward = torch.tensor([[0.02, -0.05, 3.0, -3.0]])  # (1, 4)

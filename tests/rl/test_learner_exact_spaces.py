@@ -19,6 +19,7 @@ pytest.importorskip("gymnasium")
 M, B, K = 4, 3, 5
 ENVS = {  # 6-step episodes: truncations inside segments; MineSweeper: terminations
     "box": ("gym/Pendulum-v1", ("max_episode_steps=6",)),
+    "box, no reward input": ("gym/Pendulum-v1", ("max_episode_steps=6",)),  # the mujoco preset
     "multi_discrete": ("gym/popgym-MineSweeperEasy-v0", ()),
 }
 
@@ -61,12 +62,13 @@ def test_rtrl_learner_gradient_equals_full_bptt(case):
     cfg = tiny(
         env=env, env_options=options, core="elstm-rtrl", learning_rate=0.0, grad_clip=1e12,
         unroll_length=M, num_envs=B, batch_size=B, prev_action=True,
+        last_reward="no reward input" not in case,
     )  # fmt: skip
     agent, segments, grads = _run_learner(cfg)
     assert torch.stack([s.reset[1:M] for s in segments]).sum() > 0  # episode ends inside
     full = _full_bptt(cfg, agent, segments)
     names = [n for n in full if n.startswith("core.")] + ["heads.policy.weight"]
-    names += ["heads.log_std"] if case == "box" else []
+    names += ["heads.log_std"] if case.startswith("box") else []
     err = max(float((grads[n] - full[n]).norm() / full[n].norm()) for n in names)
     print(f"{case}: max rel error vs full BPTT {err:.2e}")
     assert err < 1e-10, err
