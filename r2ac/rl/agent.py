@@ -1,10 +1,11 @@
 """The R2AC agent: stem -> core([features, last reward, previous action]) -> policy and value heads.
 
 The core input per step is the stem's features, the clipped last reward (``reward_clip``,
-times the reward scale; left out with ``feed_last_reward=False``) and, with ``prev_action``, a code of the previous action (zeros at
-an episode start), as POPGym's baselines feed it: one-hot per categorical, the normalised action clipped to
-[-1, 1] for a Box (``r2ac.rl.distributions.action_code``). With ``value_norm`` the value head is
-PopArt-normalised (``r2ac.rl.nets.PolicyValueHeads``).
+times the reward scale; left out with ``feed_last_reward=False``, as masked control tasks
+need) and, with ``prev_action``, a code of the previous action (zeros at an episode start),
+as POPGym's baselines feed it: one-hot per categorical, the normalised action clipped to
+[-1, 1] for a Box (``r2ac.rl.distributions.action_code``). With ``value_norm`` the value head
+is PopArt-normalised (``r2ac.rl.nets.PolicyValueHeads``).
 """
 
 from __future__ import annotations
