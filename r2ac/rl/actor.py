@@ -38,7 +38,7 @@ import torch
 from r2ac.envs.base import BatchedEnv
 from r2ac.rl.agent import Agent
 from r2ac.rl.distributions import action_dtype, zero_where
-from r2ac.rtrl.state import cat_streams
+from r2ac.rtrl.state import cat_streams, select_streams
 
 
 class Segment(NamedTuple):
@@ -63,12 +63,42 @@ class EpisodeLog:
     lengths: list[int] = field(default_factory=list)
 
 
-def cat_segments(segments: list[Segment]) -> Segment:
-    """Join segments of different streams along the batch dim (dim 1; the state's dim 0)."""
+def cat_segments(segments: list[Segment], state: Any = None) -> Segment:
+    """Join segments of different streams along the batch dim (dim 1; the state's dim 0).
+    `state`: their start states already joined (`StateSlots.joined`), taken as it is."""
     if len(segments) == 1:
         return segments[0]
     tensors = [torch.cat(parts, dim=1) for parts in zip(*[s[:-1] for s in segments])]
-    return Segment(*tensors, cat_streams([s.state for s in segments]))
+    if state is None:
+        state = cat_streams([s.state for s in segments])
+    return Segment(*tensors, state)
+
+
+class StateSlots:
+    """Two batch buffers of core state, each holding the streams of all `num_actors` actors
+    side by side, and every actor's slice of both (its `carry_slots`).
+
+    The actors carry into their slices in turn, so the start states of one batch's segments
+    lie in one buffer: `joined` hands it over whole, instead of a join that copies every
+    stream's state (for the eLSTM's sensitivities, B x 2N x D floats an update). A batch
+    is done with before the actors write into its buffer again: the serial runtime's order
+    (collect, update, collect, ...)."""
+
+    def __init__(self, agent: Agent, streams_per_actor: int, num_actors: int):
+        B = streams_per_actor
+        self.buffers = [agent.initial_state(B * num_actors) for _ in range(2)]
+        self.slots = [
+            tuple(select_streams(buf, slice(i * B, (i + 1) * B)) for buf in self.buffers)
+            for i in range(num_actors)
+        ]
+
+    def joined(self, states: list[Any]) -> Any:
+        """The buffer whose slices `states` are, in order; None if they are not (then the
+        caller joins them: the first batch, and the first after a resume)."""
+        for k, buffer in enumerate(self.buffers):
+            if all(state is slot[k] for state, slot in zip(states, self.slots, strict=True)):
+                return buffer
+        return None
 
 
 class Actor:
@@ -76,7 +106,12 @@ class Actor:
 
     `sensitivities=False`: the actor carries the light state only (no RTRL sensitivities),
     and its segments' start states are light; a learner that carries the sensitivities
-    itself (r2ac/rl/runtimes/learner_carry.py) completes them."""
+    itself (r2ac/rl/runtimes/learner_carry.py) completes them.
+
+    `carry_slots`: two full states of the actor's streams (slices of its runtime's batch
+    buffers, `StateSlots`) that the segment-wise carry writes into in turn, so that the
+    runtime finds the actors' start states already side by side; the state a segment
+    starts from is never written while that segment is in use (until the next collect)."""
 
     def __init__(
         self,
@@ -85,6 +120,7 @@ class Actor:
         seed: int,
         unroll_length: int,
         sensitivities: bool = True,
+        carry_slots: tuple[Any, Any] | None = None,
     ):
         self.agent, self.env, self.unroll_length = agent, env, unroll_length
         self.dtype = next(agent.parameters()).dtype
@@ -98,6 +134,7 @@ class Actor:
         )  # (B, *S)
         self.reset = torch.ones(B, dtype=torch.bool)  # (B,)
         self.state = agent.initial_state(B, None if sensitivities else False)
+        self.carry_slots = carry_slots
 
     def segment_buffers(self) -> dict[str, torch.Tensor]:
         """Empty tensors of one segment's fields (M+1 inputs, M actions and outcomes): what
@@ -166,8 +203,16 @@ class Actor:
             self.last_action = zero_where(action, done)
             self.reset = done
         self._record_input(buf, self.unroll_length)
-        self.state = agent.core.carry_traces(start, traces)  # the segment-wise carry
+        out = self._free_slot(start)
+        self.state = agent.core.carry_traces(start, traces, out=out)  # the segment-wise carry
         return Segment(**buf, state=start), log
+
+    def _free_slot(self, start: Any) -> Any:
+        """The carry slot that does not hold `start` (None without slots)."""
+        if self.carry_slots is None:
+            return None
+        first, second = self.carry_slots
+        return second if start is first else first
 
     def _final_values(
         self, final_obs, reward: torch.Tensor, action: torch.Tensor, state: Any

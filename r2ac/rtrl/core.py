@@ -34,7 +34,13 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from r2ac.rtrl.state import cat_resets, check_rule, check_segment, check_state_tensor
+from r2ac.rtrl.state import (
+    cat_resets,
+    check_rule,
+    check_segment,
+    check_state_tensor,
+    write_state,
+)
 
 # (name, tensor, expected shape): one state tensor as `check_state` checks it
 StateTensor = tuple[str, Tensor, tuple[int, ...]]
@@ -126,15 +132,20 @@ class RecurrentCore(nn.Module, metaclass=abc.ABCMeta):
             y, new = self(x, state, reset=reset)
         return y, new, InputTrace(x, reset, new)
 
-    def carry_traces(self, state: Any, traces: Sequence[Any]) -> Any:
+    def carry_traces(self, state: Any, traces: Sequence[Any], out: Any = None) -> Any:
         """The full state after the steps of `traces` (from `act`, in order, acted from
         `light_state(state)`), from the full state `state` before them, which is left intact:
-        what `advance_state` over the same inputs returns, to rounding."""
+        what `advance_state` over the same inputs returns, to rounding.
+
+        `out`: a full state of the same streams, not sharing memory with `state`, to hold the
+        result (its tensors are overwritten and it is returned): an actor that carries into a
+        slice of its runtime's batch buffer spares the join of the actors' states. A core
+        may write there directly (the eLSTM's native carry); the default copies."""
         if self.light_state(state) is state:  # nothing was dropped: the steps carried it
-            return traces[-1].state
+            return write_state(out, traces[-1].state)
         xs = [t.x for t in traces]
         reset = cat_resets([t.reset for t in traces], xs)  # (T, B) or None
-        return self.advance_state(torch.cat(xs), state, reset=reset)
+        return write_state(out, self.advance_state(torch.cat(xs), state, reset=reset))
 
     # -- shared checks
 

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from r2ac.rtrl import pair_math as pm
 from r2ac.rtrl.core import RecurrentCore, StateTensor
-from r2ac.rtrl.state import cat_resets, keep_mask
+from r2ac.rtrl.state import cat_resets, keep_mask, write_state
 
 
 class PairTrace(NamedTuple):
@@ -120,16 +120,16 @@ class PairCore(RecurrentCore):
         return y, self.State(pairs[-1], None), PairTrace(x, reset, cp, u, a, pairs[-1])
 
     @torch.no_grad()
-    def carry_traces(self, state: Any, traces: Sequence[PairTrace]) -> Any:
+    def carry_traces(self, state: Any, traces: Sequence[PairTrace], out: Any = None) -> Any:
         """The state after the acted steps, with the sensitivities carried from `state`'s over
-        the steps' traces (one segment carry)."""
+        the steps' traces (one segment carry); `out` as in `RecurrentCore.carry_traces`."""
         last = traces[-1].last
         if not (self.carries_sensitivities and state.sens is not None):
-            return self.State(last, None)
+            return write_state(out, self.State(last, None))
         xs = [t.x for t in traces]
         cp, u = (torch.cat([getattr(t, k) for t in traces]) for k in ("cp", "u"))
         a = None if traces[0].a is None else torch.cat([t.a for t in traces])
         x = torch.cat(xs)  # (T, B, D)
         keep = keep_mask(cat_resets([t.reset for t in traces], xs), x.dtype)  # (T, B, 1) | None
         sens = self._carry_sensitivities(state.sens, x, cp, u, a, keep)
-        return self.State(last, sens)
+        return write_state(out, self.State(last, sens))

@@ -151,6 +151,27 @@ def _layout_order(t: torch.Tensor) -> list[int] | None:
     return order
 
 
+def write_state(out: Any, state: Any) -> Any:
+    """Copy `state`'s tensors into `out`'s (a state of the same core and streams) and return
+    `out`; `out` None returns `state`. Tensors already in place (the same memory and strides,
+    as a carry that wrote into `out` leaves them) are not copied."""
+    if out is None:
+        return state
+    targets, sources = pytree.tree_leaves(out), pytree.tree_leaves(state)
+    shapes = [[None if t is None else tuple(t.shape) for t in ts] for ts in (targets, sources)]
+    if shapes[0] != shapes[1]:
+        raise ValueError(
+            "write_state: `out` must be a state of the same core and streams; got tensors "
+            f"{shapes[0]} for {shapes[1]}"
+        )
+    for target, source in zip(targets, sources, strict=True):
+        if target is None:
+            continue
+        if target.data_ptr() != source.data_ptr() or target.stride() != source.stride():
+            target.copy_(source)
+    return out
+
+
 def detach_state(state: Any) -> Any:
     return pytree.tree_map(lambda t: None if t is None else t.detach(), state)
 

@@ -102,3 +102,22 @@ def test_sigkill_then_resume_gives_the_uninterrupted_weights(tmp_path, extra):
     assert updates == list(range(1, TOTAL_UPDATES + 1))
     resumed = checkpoint.load(killed / "checkpoints" / "latest.pt")
     assert resumed["counters"]["update"] == TOTAL_UPDATES
+
+
+@pytest.mark.parametrize("core", ["elstm-rtrl", "rtu-rtrl", "gru-bptt"])
+def test_the_batch_state_is_the_actors_carry_buffer_and_changes_nothing(core, monkeypatch):
+    """The actors carry into slices of two buffers in turn, so from the second batch on the
+    learner gets a buffer whole (no join of the actors' states), alternating; the weights
+    after training equal those of the joining path bit for bit (eLSTM at N = 8: the native
+    kernel writes into the slices)."""
+    cfg = tiny(core=core, batch_size=6)  # 2 actors of 3 streams
+    runtime = SerialRuntime(cfg)
+    buffers = runtime.slots.buffers
+    states = [runtime.next_batch().segment.state for _ in range(4)]
+    assert all(s is not b for s in states[:1] for b in buffers)  # the first batch joins
+    assert [s is buffers[k % 2] for k, s in enumerate(states[1:])] == [True] * 3
+    runtime.close()
+    carried = _train(core=core, batch_size=6)
+    monkeypatch.setattr("r2ac.rl.actor.StateSlots.joined", lambda self, states: None)
+    joined = _train(core=core, batch_size=6)
+    assert all(torch.equal(carried[k], joined[k]) for k in carried)

@@ -216,6 +216,62 @@ def test_act_and_carry_traces_equal_forward_and_advance_state(name):
     assert all(float(t.abs().sum()) > 0 for t in leaves(got))
 
 
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("name", NAMES)
+def test_carry_traces_into_out_writes_the_same_state_there(name, dtype):
+    """`carry_traces(..., out=slice of a batch buffer)` returns `out` holding exactly what the
+    carry without `out` returns (float32 takes the eLSTM's native kernel, which writes into
+    `out` itself), the start state intact and the rest of the buffer untouched."""
+    core = make(name, dtype)
+    start = warm_state(core, 3)
+    reset = torch.zeros(sum(ACT_CALLS), 3, dtype=torch.bool)
+    reset[2, 1] = True
+    _, _, traces = act_segment(core, start, segment(sum(ACT_CALLS), 3, dtype), reset)
+    want = core.carry_traces(start, traces)
+    buffer = core.initial_state(7)
+    out = select_streams(buffer, slice(2, 5))
+    before = [t.clone() for t in leaves(start)]
+    got = core.carry_traces(start, traces, out=out)
+    assert got is out
+    for a, b in zip(leaves(got), leaves(want), strict=True):
+        assert torch.equal(a, b), name
+    assert all(torch.equal(a, b) for a, b in zip(leaves(start), before, strict=True))
+    for t in leaves(buffer):  # the streams outside the slice stay zero
+        assert float(t[:2].abs().sum()) == 0 and float(t[5:].abs().sum()) == 0
+    with pytest.raises(ValueError, match="same core and streams"):
+        core.carry_traces(start, traces, out=core.initial_state(4))
+
+
+def test_the_native_carry_writes_into_out_and_refuses_overlap(monkeypatch):
+    """The eLSTM's native carry (float32, CPU, the layer's layout) is given `out`'s memory to
+    write into (nothing to copy after it), and refuses an `out` that overlaps the state it
+    carries from."""
+    from r2ac.rtrl.elstm import native
+
+    torch.manual_seed(0)
+    core = make_core("elstm-rtrl", D, 8, dtype=F32)  # the kernel wants N % 8 == 0
+    if native.load() is None:
+        pytest.skip("native eLSTM kernel not built on this machine")
+    no_reset = torch.zeros(sum(ACT_CALLS), 3, dtype=torch.bool)
+    x = segment(sum(ACT_CALLS), 3, F32)
+    start = core.initial_state(3)
+    start = core.carry_traces(start, act_segment(core, start, x, no_reset)[2])  # non-zero
+    _, _, traces = act_segment(core, start, x, no_reset)
+    want = core.carry_traces(start, traces)
+    given = []
+    kernel = native.carry_from_gates
+    monkeypatch.setattr(
+        native, "carry_from_gates", lambda *a, out=None: given.append(out) or kernel(*a, out=out)
+    )
+    out = core.initial_state(3)
+    got = core.carry_traces(start, traces, out=out)
+    assert len(given) == 1 and given[0][0].data_ptr() == out.sens.FZ.data_ptr()
+    assert got is out and float(out.sens.FZ.abs().sum()) > 0
+    assert all(torch.equal(a, b) for a, b in zip(leaves(got), leaves(want), strict=True))
+    with pytest.raises(ValueError, match="shares memory"):
+        core.carry_traces(start, traces, out=start)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_state_checks_and_their_errors(name):
     core = make(name)

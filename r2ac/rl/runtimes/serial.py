@@ -6,7 +6,9 @@ concatenation. Checkpoints hold everything needed for a bit-identical resume: we
 optimiser, scheduler, RNG states, env states (built-in envs), the actors' carried core
 states, last observations / rewards / reset flags, and the counters.
 
-Segments arrive as a list (`Actor.collect` in turn); weights leave by sharing: on the CPU
+Segments arrive as a list (`Actor.collect` in turn) and are joined along the streams; the
+start states are not: the actors carry into their slices of two batch buffers in turn
+(`StateSlots`), so a batch's start state is one buffer, taken whole. Weights leave by sharing: on the CPU
 the actors act with the learner's own modules, and with `--device cuda` with a CPU copy
 that `publish_weights` refreshes after each update.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import logging
 
-from r2ac.rl.actor import Actor, cat_segments
+from r2ac.rl.actor import Actor, StateSlots, cat_segments
 from r2ac.rl.build import actor_seed, agent_for_env, make_env
 from r2ac.rl.config import TrainConfig
 from r2ac.rl.run_dir import RunDir
@@ -32,13 +34,19 @@ class SerialRuntime(Runtime):
         seeds = [actor_seed(cfg.run.seed, i) for i in range(cfg.segments_per_batch)]
         envs = [make_env(cfg, cfg.runtime.num_envs, s) for s in seeds]
         acting = agent_for_env(cfg, envs[0])
-        self.actors = [Actor(acting, env, s, cfg.loss.unroll_length) for env, s in zip(envs, seeds)]
+        # the actors carry into slices of two batch buffers (no join of their states)
+        self.slots = StateSlots(acting, cfg.runtime.num_envs, len(envs))
+        self.actors = [
+            Actor(acting, env, s, cfg.loss.unroll_length, carry_slots=slots)
+            for env, s, slots in zip(envs, seeds, self.slots.slots, strict=True)
+        ]
         self.acting_agent = self.set_agent(acting)
 
     def next_batch(self) -> Batch:
         results = [actor.collect() for actor in self.actors]
-        segment = cat_segments([seg for seg, _ in results])
-        return Batch(segment, [ep for _, ep in results], policy_lag=0.0)
+        segments = [seg for seg, _ in results]
+        joined = self.slots.joined([seg.state for seg in segments])
+        return Batch(cat_segments(segments, joined), [ep for _, ep in results], policy_lag=0.0)
 
     def publish_weights(self) -> None:
         if self.acting_agent is not self.agent:

@@ -28,7 +28,7 @@ from r2ac.rtrl.elstm import gpu_carry
 from r2ac.rtrl.elstm import math as em
 from r2ac.rtrl.elstm.deferred import PendingCarry, ReadToken
 from r2ac.rtrl.elstm.math import ELSTMSensitivity, ELSTMState
-from r2ac.rtrl.state import cat_resets, keep_mask
+from r2ac.rtrl.state import cat_resets, keep_mask, write_state
 
 # "snap1" is an alias of "rtrl": the recurrent Jacobian d c(t) / d c(t-1) is diagonal, so
 # SnAp-1 drops nothing and is exact RTRL (docs/rules/snap1.md).
@@ -321,19 +321,24 @@ class ELSTM(RecurrentCore):
         return h, ELSTMState(c, None), ELSTMTrace(x, reset, gates, c)
 
     @torch.no_grad()
-    def carry_traces(self, state: ELSTMState, traces: Sequence[ELSTMTrace]) -> ELSTMState:
+    def carry_traces(
+        self, state: ELSTMState, traces: Sequence[ELSTMTrace], out: ELSTMState | None = None
+    ) -> ELSTMState:
         """The state after the acted steps, with the sensitivities carried from `state`'s over
         the steps' gates (`elstm_math.carry_from_gates`: in float32 on CPU one pass of the
-        native kernel, the local derivatives included; `state` is left intact)."""
+        native kernel, the local derivatives included; `state` is left intact). `out` as in
+        `RecurrentCore.carry_traces`: the native kernel writes its sensitivities there."""
         c = traces[-1].c
         if not (self.carries_sensitivities and state.sens is not None):
-            return ELSTMState(c, None)
+            return write_state(out, ELSTMState(c, None))
         xs = [t.x for t in traces]
         gates = em.GateTrace(*(torch.cat(parts) for parts in zip(*(t.gates for t in traces))))
         x = torch.cat(xs)  # (T, B, D)
         keep = keep_mask(cat_resets([t.reset for t in traces], xs), x.dtype)  # (T, B, 1) | None
         w = (self.w_f, self.w_z)
-        return ELSTMState(c, em.carry_from_gates(state.sens, gates, keep, w, x, self.fused_step))
+        into = None if out is None else out.sens
+        sens = em.carry_from_gates(state.sens, gates, keep, w, x, self.fused_step, out=into)
+        return write_state(out, ELSTMState(c, sens))
 
     def _params(self) -> tuple[Tensor, ...]:
         """The parameters in `_layer_forward`'s order."""

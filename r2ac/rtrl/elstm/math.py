@@ -222,18 +222,49 @@ def carry_from_gates(
     w: tuple[Tensor, Tensor],
     x: Tensor,
     fused: bool = False,
+    out: ELSTMSensitivity | None = None,
 ) -> ELSTMSensitivity:
     """The carry of a segment from its steps' gates (T, B, N), keep (T, B, 1) or None,
     w = (w_f, w_z) and inputs x (T, B, D): `local_derivatives`, then `carry_segment` (or
-    `carry_step`, `fused` or not, for T = 1); in float32 on CPU both in the native kernel."""
+    `carry_step`, `fused` or not, for T = 1); in float32 on CPU both in the native kernel.
+
+    `out`: sensitivities of the same streams in the layer's layout, not sharing memory with
+    `sens`, that the native kernel writes the result into (returned); other paths (and
+    other layouts) return new tensors, which the caller copies (`write_state`)."""
     stored = _stored_blocks(sens.FZ)  # (B, D, 2, N) or None
     if _native(stored, sens.wb, x):
-        new, wb = native.carry_from_gates(stored, sens.wb, gates, keep, w, x)
+        into = None if out is None else _native_output(out, stored, sens.wb)
+        new, wb = native.carry_from_gates(stored, sens.wb, gates, keep, w, x, out=into)
         return ELSTMSensitivity(new.permute(0, 2, 3, 1), wb)
     trace = local_derivatives(gates, *w, keep)
     if x.shape[0] == 1:
         return carry_step(sens, trace, x, fused=fused)
     return carry_segment(sens, trace, x)
+
+
+def _native_output(
+    out: ELSTMSensitivity, stored: Tensor, wb: Tensor
+) -> tuple[Tensor, Tensor] | None:
+    """`out`'s blocks (B, D, 2, N) and wb (B, 4, N) if the native kernel can write them: the
+    layer's layout, the shapes of the input's and no memory shared with it."""
+    blocks = _stored_blocks(out.FZ)
+    if blocks is None or not out.wb.is_contiguous():
+        return None
+    if blocks.shape != stored.shape or out.wb.shape != wb.shape:
+        raise ValueError(
+            f"carry: `out` holds {tuple(out.FZ.shape)} / {tuple(out.wb.shape)} sensitivities "
+            f"for a carry of {tuple(stored.permute(0, 2, 3, 1).shape)} / {tuple(wb.shape)}"
+        )
+    for target, source in ((blocks, stored), (out.wb, wb)):
+        if _overlap(target, source):
+            raise ValueError("carry: `out` shares memory with the sensitivities it carries")
+    return blocks, out.wb
+
+
+def _overlap(a: Tensor, b: Tensor) -> bool:
+    """Whether two contiguous tensors' byte ranges overlap."""
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
 
 
 def _stored_blocks(FZ: Tensor) -> Tensor | None:

@@ -312,12 +312,20 @@ def carry_from_gates(
     keep: Tensor | None,
     w: tuple[Tensor, Tensor],
     x: Tensor,
+    out: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """`carry` with the trace derived in the kernel from the steps' gates: f, z, cp (T, B, N),
-    keep (T, B, 1) or None, w = (w_f, w_z) (N,) (elstm_math.local_derivatives)."""
+    keep (T, B, 1) or None, w = (w_f, w_z) (N,) (elstm_math.local_derivatives). `out`:
+    contiguous blocks and wb of the input's shapes, not overlapping it, to write into."""
     _checked(stored, wb, x)
     B, D, _, N = stored.shape
-    out, wb_out = torch.empty_like(stored), torch.empty_like(wb)
+    if out is None:
+        out, wb_out = torch.empty_like(stored), torch.empty_like(wb)
+    else:
+        out, wb_out = out
+        _checked(out, wb_out)
+        if out.shape != stored.shape or wb_out.shape != wb.shape:
+            raise NativeKernelError("output blocks of another shape than the input's")
     f, z, cp, w_f, w_z = (v.detach().contiguous() for v in (*gates, *w))
     keep = None if keep is None else keep.contiguous()
     rc = _lib.r2ac_carry_gates(
