@@ -66,8 +66,8 @@ class ModelConfig:
     freeze_stem: bool = False
     """Freeze the stem (no gradients): a pre-trained one, or a random one for the built-in tasks."""
     prev_action: bool = False
-    """Feed the previous action (one-hot, zeros at an episode start) to the core with the last
-    reward, as POPGym's baselines do."""
+    """Feed the previous action (one-hot, zeros at an episode start) to the core, as POPGym's
+    baselines do (their `PreviousAction` wrapper)."""
     last_reward: bool = True
     """Feed the last reward to the core. Off for masked control tasks, whose rewards carry
     what the mask hides (HalfCheetah's reward is its forward velocity; Pendulum's holds the
