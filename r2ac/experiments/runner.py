@@ -31,7 +31,7 @@ from typing import IO, Any
 
 from r2ac.experiments.grids import RunSpec
 from r2ac.rl.config import TrainConfig, validate
-from r2ac.rl.presets import preset
+from r2ac.rl.presets import preset, preset_for
 from r2ac.rl.run_dir import RunDir
 from r2ac.runs.stop import StopRequest
 
@@ -65,7 +65,8 @@ def train_args(overrides: dict[str, Any]) -> list[str]:
 
 def check_overrides(preset_name: str, overrides: dict[str, Any]) -> TrainConfig:
     """The resolved config of a run; raises ConfigError before anything is started."""
-    return validate(preset(preset_name).updated(**overrides))
+    core = overrides.get("core", preset(preset_name).model.core)
+    return validate(preset_for(preset_name, core).updated(**overrides))
 
 
 def config_mismatch(run_dir: Path, expected: TrainConfig) -> list[str]:

@@ -7,6 +7,8 @@ equal) and `preset_help()` in `r2ac train --help`.
 
 from __future__ import annotations
 
+from typing import Any
+
 from r2ac.errors import ConfigError
 from r2ac.rl.config import TrainConfig
 
@@ -186,10 +188,32 @@ PRESETS: dict[str, TrainConfig] = {
 }
 
 
+# Values a preset gives the cores of one family only (the tuning protocol's step 5, docs/rl.md:
+# a family that needs its own values gets them written next to the preset). They apply when
+# `--core` is of that family, under any flag the command line gives (`preset_for`).
+# popgym, lstm: grad clip 0.5 won the LSTM's screen on RepeatPreviousEasy (tuning seeds 10 / 11:
+# -0.033 / 1.000 against the preset's -0.502 / -0.500) and lowered the eLSTM's check run
+# (-0.233 against -0.177), so it is the LSTM's alone (docs/log/learner.md, fourth session).
+FAMILY_VALUES: dict[str, dict[str, dict[str, Any]]] = {
+    "popgym": {"lstm": {"grad_clip": 0.5}},
+}
+
+
 def preset(name: str) -> TrainConfig:
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     return PRESETS[name]
+
+
+def family_values(name: str | None, core: str) -> dict[str, Any]:
+    """The values preset `name` gives `core`'s family (`FAMILY_VALUES`), by flat names."""
+    family = core.split("-", 1)[0]
+    return dict(FAMILY_VALUES.get(name or "", {}).get(family, {}))
+
+
+def preset_for(name: str, core: str) -> TrainConfig:
+    """Preset `name` with `core` and the values it gives that core's family."""
+    return preset(name).updated(core=core, **family_values(name, core))
 
 
 def preset_overrides(name: str) -> dict:
@@ -204,6 +228,8 @@ def preset_table() -> str:
     lines = ["| preset | values (beyond TrainConfig's defaults) |", "|---|---|"]
     for name in PRESETS:
         values = ", ".join(f"`{k}={v}`" for k, v in preset_overrides(name).items())
+        for family, extra in FAMILY_VALUES.get(name, {}).items():
+            values += f"; {family} cores: " + ", ".join(f"`{k}={v}`" for k, v in extra.items())
         lines.append(f"| {name} | {values or '(the defaults)'} |")
     return "\n".join(lines)
 
@@ -217,6 +243,8 @@ def preset_help(width: int = 100) -> str:
     lines = ["Presets (--preset NAME; its values beyond TrainConfig's defaults, then flags):"]
     for name in PRESETS:
         values = ", ".join(f"{k}={v}" for k, v in preset_overrides(name).items())
+        for family, extra in FAMILY_VALUES.get(name, {}).items():
+            values += f"; {family} cores: " + ", ".join(f"{k}={v}" for k, v in extra.items())
         lines += textwrap.wrap(
             values or "(the defaults)",
             width,
@@ -227,4 +255,12 @@ def preset_help(width: int = 100) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["PRESETS", "preset", "preset_table", "preset_help"]
+__all__ = [
+    "FAMILY_VALUES",
+    "PRESETS",
+    "family_values",
+    "preset",
+    "preset_for",
+    "preset_table",
+    "preset_help",
+]

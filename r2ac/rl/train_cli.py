@@ -26,7 +26,7 @@ import tyro
 from r2ac.errors import ConfigError, MissingDependencyError
 from r2ac.perf import keep_freed_memory
 from r2ac.rl.config import RUNTIMES, TrainConfig, validate
-from r2ac.rl.presets import PRESETS, preset, preset_help
+from r2ac.rl.presets import PRESETS, family_values, preset, preset_help
 from r2ac.rl.resources import check_resources
 from r2ac.rl.run_dir import RunDir, check_same_config, default_out_dir, plot_curve
 from r2ac.rl.runtimes.base import ActorError, TrainingDiverged
@@ -80,7 +80,17 @@ def parse_config(argv: list[str]) -> TrainConfig:
         prog="r2ac train",
         description=description,
     )
-    return _own_env_options(command.config, default, argv)
+    return _family_values(_own_env_options(command.config, default, argv), name, argv)
+
+
+def _family_values(cfg: TrainConfig, name: str | None, argv: list[str]) -> TrainConfig:
+    """The preset's values for the chosen core's family (`presets.FAMILY_VALUES`), where no
+    flag of the command line set them."""
+    values = family_values(name, cfg.model.core)
+    flags = {k: "--" + k.replace("_", "-") for k in values}
+    given = {k for k, f in flags.items() if any(a == f or a.startswith(f + "=") for a in argv)}
+    keep = {k: v for k, v in values.items() if k not in given}
+    return cfg.updated(**keep) if keep else cfg
 
 
 def _own_env_options(cfg: TrainConfig, default: TrainConfig, argv: list[str]) -> TrainConfig:

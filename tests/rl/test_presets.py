@@ -82,3 +82,28 @@ def test_train_help_lists_every_preset_with_its_values(argv, capsys):
         f"Segment length M: steps per segment, TD horizon, update period, TBPTT span. (default: {chosen.loss.unroll_length})"
         in text
     )
+
+
+def test_a_family_value_applies_to_its_family_under_the_flags():
+    """`--preset popgym` gives lstm cores grad clip 0.5 (the tuning protocol's family value,
+    presets.FAMILY_VALUES); a flag still wins, in both spellings; other families and other
+    presets keep their values; `r2ac experiment` resolves its runs the same way."""
+    from r2ac.experiments.runner import check_overrides
+    from r2ac.rl.presets import FAMILY_VALUES
+
+    assert FAMILY_VALUES["popgym"]["lstm"] == {"grad_clip": 0.5}
+
+    def clip(*argv):
+        return parse_config(list(argv)).flat()["grad_clip"]
+
+    assert clip("--preset", "popgym", "--core", "lstm-bptt") == 0.5
+    assert clip("--preset", "popgym", "--core", "lstm-bptt", "--grad-clip", "2") == 2.0
+    assert clip("--preset", "popgym", "--core", "lstm-bptt", "--grad-clip=3") == 3.0
+    assert clip("--preset", "popgym", "--core", "gru-bptt") == PRESETS["popgym"].flat()["grad_clip"]
+    assert clip("--preset", "popgym-impala", "--core", "lstm-bptt") == 40.0
+    assert check_overrides("popgym", {"core": "lstm-bptt"}).flat()["grad_clip"] == 0.5
+    assert (
+        check_overrides("popgym", {"core": "lstm-bptt", "grad_clip": 1.0}).flat()["grad_clip"]
+        == 1.0
+    )
+    assert check_overrides("popgym", {"core": "elstm-rtrl"}).flat()["grad_clip"] == 4.0
