@@ -39,7 +39,7 @@ def test_popgym_preset_is_the_measured_recipe():
         "minibatches": 4,
         "targets": "gae",
         "gae_lambda": 0.95,
-        "clip_coef": 0.2,
+        "clip_coef": 0.1,
         "reward_scale": 50.0,
         "prev_action": True,
         "entropy_cost": 0.01,
