@@ -198,8 +198,12 @@ PRESETS: dict[str, TrainConfig] = {
 # popgym, lstm: grad clip 0.5 won the LSTM's screen on RepeatPreviousEasy (tuning seeds 10 / 11:
 # -0.033 / 1.000 against the preset's -0.502 / -0.500) and lowered the eLSTM's check run
 # (-0.233 against -0.177), so it is the LSTM's alone (docs/log/learner.md, fourth session).
+# popgym, elstm: 4 epochs won the eLSTM's screen after 8 minibatches (the screen's best,
+# -0.026 against the preset's -0.171) failed its CountRecallEasy check (-0.928 against -0.853):
+# 4 epochs -0.083 on RepeatPreviousEasy, CountRecallEasy check -0.838; it lowered the RTU's
+# screen (-0.923 against -0.843), so it is the eLSTM's alone (fifth session).
 FAMILY_VALUES: dict[str, dict[str, dict[str, Any]]] = {
-    "popgym": {"lstm": {"grad_clip": 0.5}},
+    "popgym": {"elstm": {"epochs": 4}, "lstm": {"grad_clip": 0.5}},
 }
 
 

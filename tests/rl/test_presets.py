@@ -92,6 +92,7 @@ def test_a_family_value_applies_to_its_family_under_the_flags():
     from r2ac.rl.presets import FAMILY_VALUES
 
     assert FAMILY_VALUES["popgym"]["lstm"] == {"grad_clip": 0.5}
+    assert FAMILY_VALUES["popgym"]["elstm"] == {"epochs": 4}
 
     def clip(*argv):
         return parse_config(list(argv)).flat()["grad_clip"]
@@ -107,3 +108,13 @@ def test_a_family_value_applies_to_its_family_under_the_flags():
         == 1.0
     )
     assert check_overrides("popgym", {"core": "elstm-rtrl"}).flat()["grad_clip"] == 4.0
+
+    def epochs(*argv):
+        return parse_config(list(argv)).flat()["epochs"]
+
+    assert epochs("--preset", "popgym", "--core", "elstm-rtrl") == 4
+    assert epochs("--preset", "popgym", "--core", "elstm-bptt") == 4
+    assert epochs("--preset", "popgym", "--core", "elstm-rtrl", "--epochs", "2") == 2
+    assert epochs("--preset", "popgym", "--core", "felstm-rtrl") == 2
+    assert epochs("--preset", "popgym", "--core", "gru-bptt") == 2
+    assert check_overrides("popgym", {"core": "elstm-bptt"}).flat()["epochs"] == 4
