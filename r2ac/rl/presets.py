@@ -230,14 +230,24 @@ def preset_overrides(name: str) -> dict:
     return {k: v for k, v in chosen.items() if v != base[k]}
 
 
+def _listed(values: dict[str, Any], quote: str = "") -> str:
+    return ", ".join(f"{quote}{k}={v}{quote}" for k, v in values.items())
+
+
+def _family_suffix(name: str, quote: str = "") -> str:
+    """"; lstm cores: grad_clip=0.5" for each family value of preset `name` (none: "")."""
+    return "".join(
+        f"; {family} cores: {_listed(extra, quote)}"
+        for family, extra in FAMILY_VALUES.get(name, {}).items()
+    )
+
+
 def preset_table() -> str:
     """Markdown table of every preset's values that differ from the defaults (docs/rl.md
     shows it verbatim; a test keeps the two equal)."""
     lines = ["| preset | values (beyond TrainConfig's defaults) |", "|---|---|"]
     for name in PRESETS:
-        values = ", ".join(f"`{k}={v}`" for k, v in preset_overrides(name).items())
-        for family, extra in FAMILY_VALUES.get(name, {}).items():
-            values += f"; {family} cores: " + ", ".join(f"`{k}={v}`" for k, v in extra.items())
+        values = _listed(preset_overrides(name), "`") + _family_suffix(name, "`")
         lines.append(f"| {name} | {values or '(the defaults)'} |")
     return "\n".join(lines)
 
@@ -250,9 +260,7 @@ def preset_help(width: int = 100) -> str:
     pad = max(len(name) for name in PRESETS) + 4
     lines = ["Presets (--preset NAME; its values beyond TrainConfig's defaults, then flags):"]
     for name in PRESETS:
-        values = ", ".join(f"{k}={v}" for k, v in preset_overrides(name).items())
-        for family, extra in FAMILY_VALUES.get(name, {}).items():
-            values += f"; {family} cores: " + ", ".join(f"{k}={v}" for k, v in extra.items())
+        values = _listed(preset_overrides(name)) + _family_suffix(name)
         lines += textwrap.wrap(
             values or "(the defaults)",
             width,

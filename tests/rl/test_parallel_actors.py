@@ -47,11 +47,10 @@ class _Recording(ParallelRuntime):
         return super().next_batch()
 
     def _every_actor_delivered(self) -> bool:
-        """Before the first update, wait for a segment of every actor: on a loaded machine one
-        actor's start (spawn, import torch) can take as long as the other's whole run (once
-        seen in CI: actor 1 delivered nothing in 60 updates)."""
-        self.seen_actors = getattr(self, "seen_actors", set()) | {m.actor for m in self.ready}
-        return self.version > 0 or len(self.seen_actors) == self.cfg.actors
+        """Before the first update, wait for a segment of every actor (until then nothing has
+        left `ready`): on a loaded machine one actor's start (spawn, import torch) can take as
+        long as the other's whole run (once seen in CI: actor 1 delivered nothing in 60 updates)."""
+        return self.version > 0 or len({m.actor for m in self.ready}) == self.cfg.actors
 
 
 def test_policy_lag_stays_bounded_and_a_stale_actor_is_caught():
