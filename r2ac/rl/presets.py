@@ -235,7 +235,7 @@ def _listed(values: dict[str, Any], quote: str = "") -> str:
 
 
 def _family_suffix(name: str, quote: str = "") -> str:
-    """"; lstm cores: grad_clip=0.5" for each family value of preset `name` (none: "")."""
+    """The suffix "; lstm cores: grad_clip=0.5" per family value of preset `name` ("" if none)."""
     return "".join(
         f"; {family} cores: {_listed(extra, quote)}"
         for family, extra in FAMILY_VALUES.get(name, {}).items()
