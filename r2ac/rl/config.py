@@ -151,6 +151,10 @@ class OptimConfig:
     """Passes over each batch (each re-runs the core from the segments' start states)."""
     minibatches: int = 1
     """Minibatches per pass: disjoint sets of whole streams (batch_size must divide by it)."""
+    rtrl_history_epochs: int = 0
+    """With an RTRL core: how many epochs, from the first, add the history term
+    d_hat(t0) . S(t0) (0: every epoch). Later epochs take the gradient truncated at the
+    segment start: their stored sensitivities are those of older weights."""
 
 
 @dataclass(frozen=True)
@@ -479,6 +483,9 @@ def check_learner_options(cfg: TrainConfig) -> None:
             f"batch_size ({cfg.runtime.batch_size}) must divide into --minibatches "
             f"({optim.minibatches})"
         )
+    if optim.rtrl_history_epochs < 0:
+        raise ConfigError(f"--rtrl-history-epochs must be >= 0 (0: every epoch), got "
+                          f"{optim.rtrl_history_epochs}")  # fmt: skip
     numbers = {"adam_eps": optim.adam_eps, "gae_lambda": loss.gae_lambda}
     numbers.update(clip_coef=loss.clip_coef, value_clip=loss.value_clip)
     bad = [f"{k}={v}" for k, v in numbers.items() if not math.isfinite(v) or v < 0]

@@ -13,6 +13,8 @@ untruncated RTRL gradient for an RTRL core and the truncated one for a BPTT core
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from r2ac.envs.spaces import ActionSpace
@@ -194,6 +196,9 @@ class Learner:
         # Shuffles the streams into minibatches; its own stream, so that acting and the
         # runtimes' RNG are untouched, and saved with the learner for a bit-exact resume.
         self.generator = torch.Generator().manual_seed(cfg.run.seed + 0x5EED)
+        # --rtrl-history-epochs K > 0: epochs from the K+1-th drop the (stale) history term.
+        carries = agent.core.carries_sensitivities
+        self.history_epochs = cfg.optim.rtrl_history_epochs if carries else 0
 
     def backward(self, seg: Segment) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Unroll, compute the losses and call backward once (gradients accumulate).
@@ -277,14 +282,18 @@ class Learner:
         cfg, B = self.cfg, seg.actions.shape[1]
         targets, rows = self.prepare(seg), []
         lr = self.optimizer.param_groups[0]["lr"]
-        for _ in range(cfg.optim.epochs):
+        for epoch in range(cfg.optim.epochs):
+            truncate = 0 < self.history_epochs <= epoch
             for block in stream_minibatches(B, cfg.optim.minibatches, self.generator):
                 sub = select_segment(seg, block)
                 self.optimizer.zero_grad(set_to_none=True)
-                if targets is None:
-                    losses, value_targets = self.backward(sub)
-                else:
-                    losses = self.ppo_backward(sub, targets.select(block))
+                with self.agent.core.without_history() if truncate else nullcontext():
+                    if truncate:  # the sensitivities are not even read
+                        sub = sub._replace(state=self.agent.core.light_state(sub.state))
+                    if targets is None:
+                        losses, value_targets = self.backward(sub)
+                    else:
+                        losses = self.ppo_backward(sub, targets.select(block))
                 row = {k: float(v.detach()) for k, v in losses.items()}
                 row["grad_norm"] = self._step()
                 if targets is None:

@@ -28,7 +28,8 @@ NamedTuple with a field `sens`, None in a light state (acting under no_grad need
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -68,6 +69,8 @@ class RecurrentCore(nn.Module, metaclass=abc.ABCMeta):
     # discards the state it gets back, so it need not pay for it. Cores that cannot skip it
     # accept the argument and return their full state.
     skips_carry: ClassVar[bool] = False
+    # Set by `without_history` only: the forward then adds no history term.
+    _history_off: bool = False
 
     def __init__(self, input_size: int, hidden_size: int, rule: str):
         super().__init__()
@@ -147,6 +150,22 @@ class RecurrentCore(nn.Module, metaclass=abc.ABCMeta):
         reset = cat_resets([t.reset for t in traces], xs)  # (T, B) or None
         return write_state(out, self.advance_state(torch.cat(xs), state, reset=reset))
 
+    @contextlib.contextmanager
+    def without_history(self) -> Iterator[None]:
+        """Inside, a sensitivity rule's forward adds no history term and accepts a light
+        state: the gradient is BPTT truncated at the segment start, what rule "bptt" gives.
+        For the learner's later epochs under `--rtrl-history-epochs K`, whose stored
+        sensitivities are those of older weights (docs/rules/passes.md). Applies to every
+        core inside this one."""
+        cores = [m for m in self.modules() if isinstance(m, RecurrentCore)]
+        for core in cores:
+            core._history_off = True
+        try:
+            yield
+        finally:
+            for core in cores:
+                core._history_off = False
+
     # -- shared checks
 
     def _reference_tensor(self) -> Tensor:
@@ -183,7 +202,7 @@ class RecurrentCore(nn.Module, metaclass=abc.ABCMeta):
     def tracks_history(self, state: Any) -> bool:
         """Whether this forward adds the history term (a sensitivity rule under autograd);
         refuses a light state then, since the gradient would be silently truncated."""
-        if not (self.carries_sensitivities and torch.is_grad_enabled()):
+        if self._history_off or not (self.carries_sensitivities and torch.is_grad_enabled()):
             return False
         if state.sens is None:
             name = type(self).__name__

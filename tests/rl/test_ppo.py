@@ -152,6 +152,7 @@ def test_select_segment_of_an_index_tensor_copies_the_start_state():
         ({"algorithm": "ppo", "gae_lambda": 1.5}, "gae_lambda=1.5"),
         ({"optimizer": "adam", "adam_eps": 0.0}, "adam_eps=0.0"),
         ({"core_lr_scale": 0.0}, "core_lr_scale"),
+        ({"rtrl_history_epochs": -1}, "--rtrl-history-epochs must be >= 0"),
     ],
 )
 def test_bad_learner_options_are_one_line_errors(kw, words):

@@ -352,6 +352,36 @@ def test_input_gradient_is_truncated_at_the_segment_start(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_without_history_gives_the_truncated_gradient(name):
+    """Inside `core.without_history()` a sensitivity core accepts its light state and its
+    weight gradient is the "bptt" twin's (BPTT truncated at the segment start); outside, the
+    light state is refused under autograd, and the full state's gradient differs."""
+    core = make(name)
+    twin_name = name.split("-")[0] + "-bptt"
+    if not core.carries_sensitivities or twin_name not in CORES:
+        pytest.skip(f"{name}: no history term, or no {twin_name} to compare with")
+    twin = make(twin_name)
+    twin.load_state_dict(core.state_dict())
+    state, x = warm_state(core, 2), segment(4, 2)
+
+    def weight_grads(layer, start):
+        layer.zero_grad()
+        (layer(x, start)[0] ** 2).sum().backward()
+        return [p.grad.clone() for p in layer.parameters()]
+
+    with core.without_history():
+        got = weight_grads(core, core.light_state(state))
+    want = weight_grads(twin, core.light_state(state))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+    assert not core._history_off  # the context is left
+    full = weight_grads(core, state)
+    assert max(max_rel_error(a, b) for a, b in zip(full, want, strict=True)) > 1e-6
+    with pytest.raises(ValueError, match="silently truncated"):
+        core(x, core.light_state(state))
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_float32_is_close_to_the_float64_reference(name):
     """float32 gradients over a 24-step history with resets: < 1e-4 relative to float64."""
     core = make(name, F32)
