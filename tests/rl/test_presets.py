@@ -92,7 +92,7 @@ def test_a_family_value_applies_to_its_family_under_the_flags():
     from r2ac.rl.presets import FAMILY_VALUES
 
     assert FAMILY_VALUES["popgym"]["lstm"] == {"grad_clip": 0.5}
-    assert FAMILY_VALUES["popgym"]["elstm"] == {"epochs": 8, "rtrl_history_epochs": 1}
+    assert FAMILY_VALUES["popgym"]["elstm"] == {"epochs": 4}
 
     def clip(*argv):
         return parse_config(list(argv)).flat()["grad_clip"]
@@ -112,11 +112,9 @@ def test_a_family_value_applies_to_its_family_under_the_flags():
     def epochs(*argv):
         return parse_config(list(argv)).flat()["epochs"]
 
-    assert epochs("--preset", "popgym", "--core", "elstm-rtrl") == 8
-    assert epochs("--preset", "popgym", "--core", "elstm-bptt") == 8
+    assert epochs("--preset", "popgym", "--core", "elstm-rtrl") == 4
+    assert epochs("--preset", "popgym", "--core", "elstm-bptt") == 4
     assert epochs("--preset", "popgym", "--core", "elstm-rtrl", "--epochs", "2") == 2
     assert epochs("--preset", "popgym", "--core", "felstm-rtrl") == 2
     assert epochs("--preset", "popgym", "--core", "gru-bptt") == 2
-    assert check_overrides("popgym", {"core": "elstm-bptt"}).flat()["epochs"] == 8
-    flat = parse_config(["--preset", "popgym", "--core", "elstm-rtrl"]).flat()
-    assert flat["rtrl_history_epochs"] == 1
+    assert check_overrides("popgym", {"core": "elstm-bptt"}).flat()["epochs"] == 4
