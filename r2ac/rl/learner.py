@@ -287,9 +287,9 @@ class Learner:
             for block in stream_minibatches(B, cfg.optim.minibatches, self.generator):
                 sub = select_segment(seg, block)
                 self.optimizer.zero_grad(set_to_none=True)
+                if truncate:  # no history term: the sensitivities are not even read
+                    sub = sub._replace(state=self.agent.core.light_state(sub.state))
                 with self.agent.core.without_history() if truncate else nullcontext():
-                    if truncate:  # the sensitivities are not even read
-                        sub = sub._replace(state=self.agent.core.light_state(sub.state))
                     if targets is None:
                         losses, value_targets = self.backward(sub)
                     else:

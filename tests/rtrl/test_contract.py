@@ -53,6 +53,16 @@ def warm_state(core, B, seed=1):
         return core(x, core.initial_state(B))[1]
 
 
+def bptt_twin(name):
+    """The same family's "bptt" core with the weights of `make(name)` (skips if none)."""
+    twin_name = name.split("-")[0] + "-bptt"
+    if twin_name not in CORES:
+        pytest.skip(f"no {twin_name} to compare with")
+    twin = make(twin_name)
+    twin.load_state_dict(make(name).state_dict())
+    return twin
+
+
 def segment(T, B, dtype=F64, seed=2):
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(T, B, D, dtype=dtype, generator=gen)
@@ -336,12 +346,7 @@ def test_gradient_against_the_slow_reference(name, pattern):
 def test_input_gradient_is_truncated_at_the_segment_start(name):
     """x.grad is the same whatever the rule: BPTT inside the segment only (against the same
     family's "bptt" core with the same weights and the same light state)."""
-    core = make(name)
-    twin_name = name.split("-")[0] + "-bptt"
-    if twin_name not in CORES:
-        pytest.skip(f"no {twin_name} to compare with")
-    twin = make(twin_name)
-    twin.load_state_dict(core.state_dict())
+    core, twin = make(name), bptt_twin(name)
     state = warm_state(core, 2)
     grads = []
     for layer, start in ((core, state), (twin, core.light_state(state))):
@@ -357,11 +362,9 @@ def test_without_history_gives_the_truncated_gradient(name):
     weight gradient is the "bptt" twin's (BPTT truncated at the segment start); outside, the
     light state is refused under autograd, and the full state's gradient differs."""
     core = make(name)
-    twin_name = name.split("-")[0] + "-bptt"
-    if not core.carries_sensitivities or twin_name not in CORES:
-        pytest.skip(f"{name}: no history term, or no {twin_name} to compare with")
-    twin = make(twin_name)
-    twin.load_state_dict(core.state_dict())
+    if not core.carries_sensitivities:
+        pytest.skip(f"{name}: no history term")
+    twin = bptt_twin(name)
     state, x = warm_state(core, 2), segment(4, 2)
 
     def weight_grads(layer, start):
