@@ -81,6 +81,10 @@ def make_agent(
         reward_clip=cfg.loss.reward_clip,
         feed_last_reward=cfg.model.last_reward,
     ).to(dtype)
+    if cfg.model.policy_init_scale != 1.0:  # after the default init: the same random draws
+        with torch.no_grad():
+            agent.heads.policy.weight.mul_(cfg.model.policy_init_scale)
+            agent.heads.policy.bias.mul_(cfg.model.policy_init_scale)
     if load_stem and cfg.model.load_stem:
         agent.load_stem(cfg.model.load_stem)
     return agent

@@ -56,6 +56,10 @@ class ModelConfig:
     head_hidden: int = 0
     """Width of a ReLU layer between the core and the policy / value heads, shared by both
     (POPGym's baselines decode the memory's output with an MLP); 0: linear heads."""
+    policy_init_scale: float = 1.0
+    """Multiply the policy layer's initial weights and bias by this (1: PyTorch's default
+    init; 0.01 starts every state at a near-uniform policy, as cleanrl's PPO and RLlib's
+    models, POPGym's baselines, initialise their action layer)."""
     conv_channels: tuple[int, ...] = (16, 32, 32)
     """Channels of the three ResNet stages (image observations)."""
     image_stem: str = "resnet"
@@ -105,8 +109,9 @@ class LossConfig:
     from growing as 1/sigma when an accurate critic sees a small spread of returns
     (docs/rl.md, "Diagnosing a run")."""
     advantage_norm: bool = False
-    """Standardise the policy-gradient advantages over each batch (mean 0, std 1), PPO-style:
-    the policy's step no longer depends on the reward scale."""
+    """IMPALA: standardise the policy-gradient advantages over each batch (mean 0, std 1),
+    PPO-style: the policy's step no longer depends on the reward scale. (PPO always
+    standardises per minibatch; the flag with --algorithm ppo is an error.)"""
     baseline_cost: float = 0.5
     """Weight of the baseline loss."""
     entropy_cost: float = 0.01
@@ -365,6 +370,7 @@ _FINITE = (
     "entropy_cost",
     "grad_clip",
     "forget_bias",
+    "policy_init_scale",
     "core_lr_scale",
     "popart_beta",
     "popart_sigma_floor",
@@ -383,6 +389,7 @@ _RANGES = (
     ("discount", lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("grad_clip", lambda v: v > 0, "> 0"),
     ("core_lr_scale", lambda v: v > 0, "> 0"),
+    ("policy_init_scale", lambda v: v > 0, "> 0"),
     ("reward_scale", lambda v: v > 0, "> 0"),
     ("reward_clip", lambda v: v >= 0, ">= 0 (0: no clipping)"),
     ("baseline_cost", lambda v: v >= 0, ">= 0"),
@@ -493,6 +500,11 @@ def check_learner_options(cfg: TrainConfig) -> None:
     bad += [f"gae_lambda={loss.gae_lambda}"] if loss.gae_lambda > 1 else []
     if bad:
         raise ConfigError(f"out of range: {', '.join(bad)} (adam_eps > 0, gae_lambda in [0, 1])")
+    if loss.algorithm == "ppo" and loss.advantage_norm:
+        raise ConfigError(
+            "--advantage-norm is IMPALA's option: PPO always standardises its advantages "
+            "per minibatch"
+        )
     if loss.algorithm == "impala":
         given = [k for k, v in _PPO_OPTIONS.items() if getattr(loss, k) != v]
         if given:

@@ -153,12 +153,33 @@ def test_select_segment_of_an_index_tensor_copies_the_start_state():
         ({"optimizer": "adam", "adam_eps": 0.0}, "adam_eps=0.0"),
         ({"core_lr_scale": 0.0}, "core_lr_scale"),
         ({"rtrl_history_epochs": -1}, "--rtrl-history-epochs must be >= 0"),
+        ({"algorithm": "ppo", "advantage_norm": True}, "--advantage-norm is IMPALA's option"),
+        ({"policy_init_scale": 0.0}, "policy_init_scale=0.0"),
     ],
 )
 def test_bad_learner_options_are_one_line_errors(kw, words):
     with pytest.raises(ConfigError) as err:
         validate(tiny(**{"num_envs": 3, "batch_size": 6, **kw}))
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_policy_init_scale_scales_the_policy_layer_only():
+    """--policy-init-scale s multiplies the policy layer's initial weights and bias by s, after
+    the default init (the same random draws): every other parameter is bit-identical."""
+    from r2ac.rl.build import agent_for_env, make_env
+
+    cfg = tiny(algorithm="ppo")
+    env = make_env(cfg, cfg.runtime.num_envs, 0)
+    agents = {}
+    for scale in (1.0, 0.01):
+        torch.manual_seed(0)
+        agents[scale] = agent_for_env(cfg.updated(policy_init_scale=scale), env, torch.float32)
+    env.close()
+    default, small = (dict(a.named_parameters()) for a in agents.values())
+    for name, p in default.items():
+        expected = p * 0.01 if name.startswith("heads.policy.") else p
+        assert torch.equal(small[name], expected), name
+    assert default["heads.policy.weight"].abs().max() > 0.01
 
 
 def test_good_learner_options_validate():
