@@ -13,6 +13,7 @@ from r2ac.envs.spaces import ActionSpace
 from r2ac.rl.agent import Agent, core_input_size
 from r2ac.rl.config import TrainConfig
 from r2ac.rl.nets import make_stem
+from r2ac.rtrl.elstm.layer import chrono_forget_bias_
 from r2ac.rtrl.registry import make_core
 
 # Offsets that keep the seed streams of actors, evaluation and the agent init apart.
@@ -69,6 +70,8 @@ def make_agent(
     if cfg.model.forget_bias is not None and hasattr(core, "b_f"):
         with torch.no_grad():
             core.b_f.fill_(cfg.model.forget_bias)
+    if cfg.model.chrono_span:
+        chrono_forget_bias_(core, cfg.model.chrono_span)
     agent = Agent(
         stem,
         core,

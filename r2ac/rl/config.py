@@ -49,6 +49,10 @@ class ModelConfig:
     """Core state size N."""
     forget_bias: float | None = None
     """Initial forget-gate bias b_f of eLSTM cores (None: the core's own default, 1)."""
+    chrono_span: int = 0
+    """eLSTM / feLSTM cores: chrono init of the forget-gate biases, b_f = log(U(1, span - 1))
+    per cell, memory time scales spread over 2..span steps (Tallec & Ollivier 2018; the copy
+    task's --chrono-init); 0: off (every b_f the same, --forget-bias or the core's 1)."""
     stem_features: int = 64
     """Output features of the stem (the core input is these plus the clipped last reward)."""
     mlp_hidden: tuple[int, ...] = (64,)
@@ -451,6 +455,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     from r2ac.rl.nets import check_image_stem
 
     check_image_stem(cfg.model.image_stem)
+    check_chrono_span(cfg)
     if cfg.run.out_dir is not None and not cfg.run.out_dir.strip():
         raise ConfigError("--out-dir is empty; give a folder (or leave it out: runs/<name>)")
     loss, rt = cfg.loss, cfg.runtime
@@ -472,6 +477,20 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     check_learner_options(cfg)
     cfg.env_kwargs()
     return cfg
+
+
+def check_chrono_span(cfg: TrainConfig) -> None:
+    """--chrono-span: 0 or >= 3, on a core with a forget gate, and not with --forget-bias."""
+    span, model = cfg.model.chrono_span, cfg.model
+    if not span:
+        return
+    if span < 3:
+        raise ConfigError(f"--chrono-span must be 0 (off) or >= 3, got {span}")
+    if model.core.split("-", 1)[0] not in ("elstm", "felstm"):
+        raise ConfigError(f"--chrono-span sets forget-gate biases: an elstm or felstm core's, "
+                          f"not {model.core}'s")  # fmt: skip
+    if model.forget_bias is not None:
+        raise ConfigError("--chrono-span and --forget-bias both set b_f: give one of them")
 
 
 # PPO's options and their defaults (an IMPALA run must leave them there)

@@ -1,5 +1,6 @@
 """The agent with the memoryless core and a small recurrent test core."""
 
+import math
 from typing import NamedTuple
 
 import pytest
@@ -189,3 +190,42 @@ def test_agent_takes_only_recurrent_cores():
     stem = MLPStem(OBS, hidden=(6,), out_features=FEATURES)
     with pytest.raises(ConfigError, match="not an r2ac.rtrl.RecurrentCore"):
         Agent(stem, nn.LSTM(FEATURES + 1, HIDDEN), ACTIONS)
+
+
+@pytest.mark.parametrize("core", ["elstm-rtrl", "elstm-bptt", "felstm-bptt"])
+def test_chrono_span_spreads_the_forget_biases(core):
+    """--chrono-span S: b_f = log(U(1, S - 1)) per cell (memory time scales 2..S steps) instead
+    of one value for every cell; nothing else of the core changes."""
+    from r2ac.rl.build import agent_for_env, make_env
+    from tests.rl.rl_helpers import tiny
+
+    cfg = tiny(core=core, hidden_size=64)
+    env = make_env(cfg, cfg.runtime.num_envs, 0)
+    agents = {}
+    for span in (0, 8):
+        torch.manual_seed(0)
+        agents[span] = agent_for_env(cfg.updated(chrono_span=span), env, torch.float32)
+    env.close()
+    default, chrono = (dict(a.core.named_parameters()) for a in agents.values())
+    assert torch.equal(default["b_f"], torch.ones_like(default["b_f"]))
+    b_f = chrono["b_f"]
+    assert b_f.min() >= 0.0 and b_f.max() <= math.log(7.0) + 1e-6
+    assert b_f.std() > 0.3  # spread, not one value
+    assert all(torch.equal(p, chrono[n]) for n, p in default.items() if n != "b_f")
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        ({"chrono_span": 2}, "--chrono-span must be 0 (off) or >= 3, got 2"),
+        ({"chrono_span": 8, "core": "gru-bptt"}, "an elstm or felstm core's, not gru-bptt's"),
+        ({"chrono_span": 8, "forget_bias": 1.0}, "give one of them"),
+    ],
+)
+def test_bad_chrono_span_is_a_one_line_error(kw, words):
+    from r2ac.rl.config import validate
+    from tests.rl.rl_helpers import tiny
+
+    with pytest.raises(ConfigError) as err:
+        validate(tiny(**kw))
+    assert words in str(err.value) and "\n" not in str(err.value)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from r2ac.rtrl import ELSTM
+from r2ac.rtrl.elstm.layer import chrono_forget_bias_
 from r2ac.rtrl.registry import make_core
 from r2ac.tasks.copy.config import DTYPES, CopyConfig
 from r2ac.tasks.copy.data import INPUT_SIZE
@@ -53,19 +53,6 @@ class CopyModel(nn.Module):
     def forward(self, x: Tensor, state):
         h, state = self.core(x, state)  # (T, B, N)
         return self.readout(h), state  # logits (T, B, 2)
-
-
-@torch.no_grad()
-def chrono_forget_bias_(core: ELSTM, span: int) -> None:
-    """Spread the cells' memory time scales over 2..span steps (chrono init, Tallec & Ollivier 2018).
-
-    b_f = log(u), u ~ U(1, span - 1): ignoring the F x and w_f c terms, f = u / (1 + u), so a cell keeps
-    c for about 1 / (1 - f) = 1 + u steps. The layer's default, b_f = 1, gives every cell a
-    memory of ~3.7 steps, far below the l..2l steps the copy task needs.
-    """
-    if span < 3:
-        raise ValueError(f"chrono span must be >= 3, got {span}")
-    core.b_f.uniform_(1.0, span - 1.0).log_()
 
 
 def build_model(cfg: CopyConfig) -> CopyModel:
