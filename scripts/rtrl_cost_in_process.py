@@ -1,0 +1,62 @@
+"""End-to-end cost of exact RTRL against TBPTT, measured in one process.
+
+The serial runtime's collect + update for elstm-bptt and elstm-rtrl at `--preset popgym`
+(RepeatPreviousEasy), alternated iteration by iteration (the order swapped every iteration),
+with timers around `next_batch` and `Learner.update`; medians after 10 warm-up iterations.
+Less noisy on a shared box than `r2ac bench runtime`'s separate processes: both rules see the
+same moments of the box. Needs popgym (the popgym extra); docs/results.md quotes its output.
+
+    python scripts/rtrl_cost_in_process.py ITERATIONS [extra `r2ac train` flags]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+from r2ac.rl.config import validate
+from r2ac.rl.train_cli import make_runtime, parse_config
+
+CORES = ("elstm-bptt", "elstm-rtrl")
+WARMUP = 10
+
+
+def build(core: str, extra: list[str]):
+    argv = ["--preset", "popgym", "--env", "gym/popgym-RepeatPreviousEasy-v0", "--core", core]
+    runtime = make_runtime(validate(parse_config([*argv, "--num-threads", "1", *extra])), None)
+    runtime.start()
+    return runtime
+
+
+def main(iterations: int, extra: list[str]) -> None:
+    runtimes = {core: build(core, extra) for core in CORES}
+    ms = {core: {"collect": [], "update": [], "both": []} for core in CORES}
+    for i in range(iterations):
+        for core in CORES if i % 2 == 0 else CORES[::-1]:
+            runtime = runtimes[core]
+            t0 = time.perf_counter()
+            batch = runtime.next_batch()
+            t1 = time.perf_counter()
+            runtime.learner.update(batch.segment)
+            runtime.publish_weights()
+            t2 = time.perf_counter()
+            if i >= WARMUP:
+                ms[core]["collect"].append(1e3 * (t1 - t0))
+                ms[core]["update"].append(1e3 * (t2 - t1))
+                ms[core]["both"].append(1e3 * (t2 - t0))
+    med = {core: {k: statistics.median(v) for k, v in ms[core].items()} for core in CORES}
+    for core in CORES:
+        parts = ", ".join(f"{k} {v:.1f} ms" for k, v in med[core].items())
+        print(f"{core}: medians {parts}; fastest collect + update {min(ms[core]['both']):.1f} ms")
+    bptt, rtrl = med["elstm-bptt"], med["elstm-rtrl"]
+    ratios = {k: bptt[k] / rtrl[k] for k in ("both", "update", "collect")}
+    fastest = min(ms["elstm-bptt"]["both"]) / min(ms["elstm-rtrl"]["both"])
+    print(
+        f"rtrl/bptt frames/s (bptt time / rtrl time): collect + update {ratios['both']:.3f}, "
+        f"update {ratios['update']:.3f}, collect {ratios['collect']:.3f}; fastest {fastest:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), sys.argv[2:])
