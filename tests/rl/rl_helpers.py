@@ -103,3 +103,14 @@ def run_learner_lr0(cfg, M: int, B: int, K: int):
     for k, v in agent.state_dict().items():  # lr = 0: the policy stayed fixed
         assert torch.equal(v, before[k]), k
     return agent, segments, grads
+
+
+def agents_with(cfg: TrainConfig, field: str, values) -> list:
+    """One agent per value of config `field` (the same seed, env and dtype), to compare inits."""
+    env = make_env(cfg, cfg.runtime.num_envs, 0)
+    agents = []
+    for value in values:
+        torch.manual_seed(0)
+        agents.append(agent_for_env(cfg.updated(**{field: value}), env, torch.float32))
+    env.close()
+    return agents

@@ -196,17 +196,10 @@ def test_agent_takes_only_recurrent_cores():
 def test_chrono_span_spreads_the_forget_biases(core):
     """--chrono-span S: b_f = log(U(1, S - 1)) per cell (memory time scales 2..S steps) instead
     of one value for every cell; nothing else of the core changes."""
-    from r2ac.rl.build import agent_for_env, make_env
-    from tests.rl.rl_helpers import tiny
+    from .rl_helpers import agents_with, tiny
 
-    cfg = tiny(core=core, hidden_size=64)
-    env = make_env(cfg, cfg.runtime.num_envs, 0)
-    agents = {}
-    for span in (0, 8):
-        torch.manual_seed(0)
-        agents[span] = agent_for_env(cfg.updated(chrono_span=span), env, torch.float32)
-    env.close()
-    default, chrono = (dict(a.core.named_parameters()) for a in agents.values())
+    agents = agents_with(tiny(core=core, hidden_size=64), "chrono_span", (0, 8))
+    default, chrono = (dict(a.core.named_parameters()) for a in agents)
     assert torch.equal(default["b_f"], torch.ones_like(default["b_f"]))
     b_f = chrono["b_f"]
     assert b_f.min() >= 0.0 and b_f.max() <= math.log(7.0) + 1e-6
@@ -224,7 +217,8 @@ def test_chrono_span_spreads_the_forget_biases(core):
 )
 def test_bad_chrono_span_is_a_one_line_error(kw, words):
     from r2ac.rl.config import validate
-    from tests.rl.rl_helpers import tiny
+
+    from .rl_helpers import tiny
 
     with pytest.raises(ConfigError) as err:
         validate(tiny(**kw))

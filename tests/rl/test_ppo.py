@@ -18,7 +18,7 @@ from r2ac.rl.ppo import (
     stream_minibatches,
 )
 
-from .rl_helpers import tiny
+from .rl_helpers import agents_with, tiny
 
 T, B, A = 5, 3, 4
 
@@ -166,16 +166,8 @@ def test_bad_learner_options_are_one_line_errors(kw, words):
 def test_policy_init_scale_scales_the_policy_layer_only():
     """--policy-init-scale s multiplies the policy layer's initial weights and bias by s, after
     the default init (the same random draws): every other parameter is bit-identical."""
-    from r2ac.rl.build import agent_for_env, make_env
-
-    cfg = tiny(algorithm="ppo")
-    env = make_env(cfg, cfg.runtime.num_envs, 0)
-    agents = {}
-    for scale in (1.0, 0.01):
-        torch.manual_seed(0)
-        agents[scale] = agent_for_env(cfg.updated(policy_init_scale=scale), env, torch.float32)
-    env.close()
-    default, small = (dict(a.named_parameters()) for a in agents.values())
+    agents = agents_with(tiny(algorithm="ppo"), "policy_init_scale", (1.0, 0.01))
+    default, small = (dict(a.named_parameters()) for a in agents)
     for name, p in default.items():
         expected = p * 0.01 if name.startswith("heads.policy.") else p
         assert torch.equal(small[name], expected), name
