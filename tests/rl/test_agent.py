@@ -223,3 +223,16 @@ def test_bad_chrono_span_is_a_one_line_error(kw, words):
     with pytest.raises(ConfigError) as err:
         validate(tiny(**kw))
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_policy_init_scale_scales_the_policy_layer_only():
+    """--policy-init-scale s multiplies the policy layer's initial weights and bias by s, after
+    the default init (the same random draws): every other parameter is bit-identical."""
+    from .rl_helpers import agents_with, tiny
+
+    agents = agents_with(tiny(algorithm="ppo"), "policy_init_scale", (1.0, 0.01))
+    default, small = (dict(a.named_parameters()) for a in agents)
+    for name, p in default.items():
+        expected = p * 0.01 if name.startswith("heads.policy.") else p
+        assert torch.equal(small[name], expected), name
+    assert default["heads.policy.weight"].abs().max() > 0.01

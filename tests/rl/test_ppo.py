@@ -18,7 +18,7 @@ from r2ac.rl.ppo import (
     stream_minibatches,
 )
 
-from .rl_helpers import agents_with, tiny
+from .rl_helpers import tiny
 
 T, B, A = 5, 3, 4
 
@@ -161,17 +161,6 @@ def test_bad_learner_options_are_one_line_errors(kw, words):
     with pytest.raises(ConfigError) as err:
         validate(tiny(**{"num_envs": 3, "batch_size": 6, **kw}))
     assert words in str(err.value) and "\n" not in str(err.value)
-
-
-def test_policy_init_scale_scales_the_policy_layer_only():
-    """--policy-init-scale s multiplies the policy layer's initial weights and bias by s, after
-    the default init (the same random draws): every other parameter is bit-identical."""
-    agents = agents_with(tiny(algorithm="ppo"), "policy_init_scale", (1.0, 0.01))
-    default, small = (dict(a.named_parameters()) for a in agents)
-    for name, p in default.items():
-        expected = p * 0.01 if name.startswith("heads.policy.") else p
-        assert torch.equal(small[name], expected), name
-    assert default["heads.policy.weight"].abs().max() > 0.01
 
 
 def test_good_learner_options_validate():

@@ -351,8 +351,9 @@ def chrono_forget_bias_(core: nn.Module, span: int) -> None:
 
     b_f = log(u), u ~ U(1, span - 1): ignoring the F x and w_f c terms, f = u / (1 + u), so a cell keeps
     c for about 1 / (1 - f) = 1 + u steps. The layer's default, b_f = 1, gives every cell a
-    memory of ~3.7 steps, far below the l..2l steps the copy task needs. Any core with a
-    forget-gate bias `b_f` (the eLSTM, the feLSTM); draws from torch's global generator.
+    memory of ~3.7 steps. Used by the copy task (`--chrono-init`) and R2AC (`--chrono-span`);
+    any core with a forget-gate bias `b_f` (the eLSTM, the feLSTM); draws from torch's global
+    generator.
     """
     if span < 3:
         raise ValueError(f"chrono span must be >= 3, got {span}")
