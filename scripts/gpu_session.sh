@@ -11,6 +11,9 @@
 #   bash scripts/gpu_session.sh bench 1024
 #   bash scripts/gpu_session.sh bench 2048
 #   bash scripts/gpu_session.sh e2e           # r2ac train --device cuda: rtrl vs bptt, Atari
+#   bash scripts/gpu_session.sh bench-shapes T,B,N,D...   # bench core at the shapes named
+#   bash scripts/gpu_session.sh cost CORE...  # bench cost --device cuda: one learner update
+# scripts/gpu_lease.sh runs them all, in priority order, inside one device command.
 # Each step writes its log and results under $OUT (the device tool's folder; out/gpu here)
 # and stops itself after $STEP_LIMIT seconds (default 570) so that what it wrote comes back.
 set -euo pipefail
@@ -84,6 +87,19 @@ step_bench() {
         --json-out "$OUT/bench-gpu-$n.json" --table-out "$OUT/bench-gpu-$n.md"
 }
 
+step_bench_shapes() {
+    setup_path
+    run_logged bench-gpu-shapes.log "$PY" -m r2ac.cli bench core --device cuda \
+        --shapes "$@" --no-naive --repeats 10 --warmup 3 --threads 8 \
+        --json-out "$OUT/bench-gpu-shapes.json" --table-out "$OUT/bench-gpu-shapes.md"
+}
+
+step_cost() {  # one learner update at M = 100 (and 50), per core, on CUDA
+    setup_path
+    run_logged cost-gpu.log "$PY" -m r2ac.cli bench cost --device cuda --cores "$@" \
+        --spans 50 100 --repeats 5 --warmup 2 --threads 8 --out "$OUT/cost"
+}
+
 step_e2e() {
     # `r2ac train --device cuda` end to end, the paper's DMLab-size agent (IMPALA's ResNet
     # stem, N = 512) at M = 100 on Atari through envpool, parallel runtime (actors on the
@@ -135,10 +151,12 @@ case "$step" in
     env) step_env ;;
     tests) step_tests "$@" ;;
     bench) step_bench "$@" ;;
+    bench-shapes) step_bench_shapes "$@" ;;
+    cost) step_cost "$@" ;;
     e2e) step_e2e ;;
     wheels) step_wheels ;;
     *)
-        sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
         exit 2
         ;;
 esac

@@ -290,6 +290,7 @@ def test_resume_continues_from_the_checkpoint(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_learner_on_cuda_trains_from_ray_actors(tmp_path):
     updates = 6
     cfg = _cfg(device="cuda", total_frames=3 * 4 * updates)

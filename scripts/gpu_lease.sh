@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Issue 39's GPU figures in ONE device command (15 minutes of device time a session, machine
+# start included, 10 minutes a command): each step of scripts/gpu_session.sh in priority
+# order under its own time limit, so that one command fits and later steps still run when an
+# earlier one fails. Run from the repository root with carry [".whl"] (made here first by
+# `bash scripts/gpu_session.sh wheels`):
+#   bash scripts/gpu_lease.sh            # about 9 minutes; everything lands in $OUT
+# Step limits (seconds) can be changed by LIMIT_ENV, LIMIT_TESTS, LIMIT_BENCH, LIMIT_COST,
+# LIMIT_E2E, and the e2e run length per rule by E2E_SECONDS.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+# the device tool returns at most 8 files: the steps write elsewhere, and after each step
+# everything they wrote is packed into $OUT/gpu-lease.tgz (so a later overrun loses nothing)
+FINAL=${OUT:-out/gpu}
+export OUT=${LEASE_WORK:-/tmp/gpu-lease}
+mkdir -p "$FINAL" "$OUT"
+S=scripts/gpu_session.sh
+step() {  # step LIMIT ARGS...: one gpu_session.sh step, limited; a failure does not stop us
+    local limit=$1; shift
+    echo "=== [gpu_lease] $(date -u +%T) step: $* (limit ${limit}s)"
+    STEP_LIMIT=$limit bash "$S" "$@" || echo "=== [gpu_lease] step failed: $*"
+    tar czf "$FINAL/gpu-lease.tgz" -C "$OUT" .
+}
+step "${LIMIT_ENV:-40}" env
+step "${LIMIT_TESTS:-150}" tests
+# the paper's shapes first, then larger N and B (the whole --grid gpu does not fit one lease)
+step "${LIMIT_BENCH:-110}" bench-shapes 100,32,512,257 50,32,256,257 1,32,512,257 \
+    100,32,1024,257 100,32,2048,257 100,128,512,257 100,256,1024,257 50,64,2048,257
+step "${LIMIT_COST:-70}" cost elstm-bptt elstm-rtrl rtu-bptt rtu-rtrl lru-bptt lru-rtrl
+E2E_SECONDS=${E2E_SECONDS:-70} step "${LIMIT_E2E:-200}" e2e
+echo "=== [gpu_lease] $(date -u +%T) done"
