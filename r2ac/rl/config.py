@@ -524,6 +524,11 @@ def check_learner_options(cfg: TrainConfig) -> None:
             "--advantage-norm is IMPALA's option: PPO always standardises its advantages "
             "per minibatch"
         )
+    if loss.algorithm == "ppo" and loss.popart_sigma_floor:
+        raise ConfigError(
+            "--popart-sigma-floor is IMPALA's option: PPO standardises its advantages per "
+            "minibatch, so no sigma divides them (add --popart-sigma-floor 0)"
+        )
     if loss.algorithm == "impala":
         given = [k for k, v in _PPO_OPTIONS.items() if getattr(loss, k) != v]
         if given:

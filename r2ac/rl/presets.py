@@ -140,6 +140,7 @@ PRESETS: dict[str, TrainConfig] = {
         minibatches=4,
         targets="gae",
         clip_coef=0.1,
+        popart_sigma_floor=0.0,  # IMPALA's: PPO standardises its advantages per minibatch
     ),
     "control": CONTROL,
     # Masked MuJoCo (the RTU paper's position-only / velocity-only locomotion; docs/envs.md):

@@ -154,6 +154,7 @@ def test_select_segment_of_an_index_tensor_copies_the_start_state():
         ({"core_lr_scale": 0.0}, "core_lr_scale"),
         ({"rtrl_history_epochs": -1}, "--rtrl-history-epochs must be >= 0"),
         ({"algorithm": "ppo", "advantage_norm": True}, "--advantage-norm is IMPALA's option"),
+        ({"algorithm": "ppo", "popart": True, "popart_sigma_floor": 15.0}, "is IMPALA's option"),
         ({"policy_init_scale": 0.0}, "policy_init_scale=0.0"),
     ],
 )
