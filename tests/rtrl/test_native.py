@@ -215,3 +215,23 @@ def test_cache_falls_back_to_a_temp_folder_when_home_is_unusable(monkeypatch, tm
     assert native.cache_dir() == Path(tempfile.gettempdir()) / f"r2ac-native-{os.getuid()}"
     monkeypatch.setenv("R2AC_NATIVE_CACHE", str(tmp_path / "mine"))
     assert native.cache_dir() == tmp_path / "mine"
+
+
+@needs_kernel
+@pytest.mark.parametrize("B", [1, 3])  # 2 threads: fewer streams than threads, an uneven split
+def test_carry_without_history_splits_streams_or_columns_to_the_same_numbers(B, monkeypatch):
+    """Without a history the kernel splits the streams between threads when there are at
+    least as many streams as threads (each block swept in order), else the columns: the same
+    arithmetic per element, so 1 and 2 threads agree bit for bit, and both the PyTorch path."""
+    sens, trace, x, _ = random_segment(9, B, 24, 13, ((4, 0),))
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            results.append(em.carry_segment(sens, trace, x))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+    monkeypatch.setattr(native, "load", lambda: None)
+    close_to(results[1], em.carry_segment(sens, trace, x))
