@@ -13,6 +13,7 @@
 #   bash scripts/gpu_session.sh e2e           # r2ac train --device cuda: rtrl vs bptt, Atari
 #   bash scripts/gpu_session.sh bench-shapes T,B,N,D...   # bench core at the shapes named
 #   bash scripts/gpu_session.sh cost CORE...  # bench cost --device cuda: one learner update
+#   bash scripts/gpu_session.sh profile       # scripts/profile_gpu_carry.py: the carry's kernels
 # scripts/gpu_lease.sh runs them all, in priority order, inside one device command.
 # Each step writes its log and results under $OUT (the device tool's folder; out/gpu here)
 # and stops itself after $STEP_LIMIT seconds (default 570) so that what it wrote comes back.
@@ -94,10 +95,16 @@ step_bench_shapes() {
         --json-out "$OUT/bench-gpu-shapes.json" --table-out "$OUT/bench-gpu-shapes.md"
 }
 
-step_cost() {  # one learner update at M = 100 (and 50), per core, on CUDA
+step_cost() {  # one learner update at M = 100, per core, on CUDA (time; the peak memory
+    # needs a fresh process per core, each starting CUDA: too slow for one lease)
     setup_path
     run_logged cost-gpu.log "$PY" -m r2ac.cli bench cost --device cuda --cores "$@" \
-        --spans 50 100 --repeats 5 --warmup 2 --threads 8 --out "$OUT/cost"
+        --spans 100 --repeats 5 --warmup 2 --threads 8 --no-memory --out "$OUT/cost"
+}
+
+step_profile() {  # where the history term + carry spends its time, per candidate
+    setup_path
+    run_logged profile-carry.txt "$PY" scripts/profile_gpu_carry.py "$@"
 }
 
 step_e2e() {
@@ -153,10 +160,11 @@ case "$step" in
     bench) step_bench "$@" ;;
     bench-shapes) step_bench_shapes "$@" ;;
     cost) step_cost "$@" ;;
+    profile) step_profile "$@" ;;
     e2e) step_e2e ;;
     wheels) step_wheels ;;
     *)
-        sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
         exit 2
         ;;
 esac

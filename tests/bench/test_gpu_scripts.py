@@ -26,14 +26,14 @@ def test_gpu_scripts_parse_and_the_session_lists_its_steps():
     usage = subprocess.run(["bash", str(SESSION)], capture_output=True, text=True)
     assert usage.returncode == 2
     steps = session_steps()
-    assert {"env", "tests", "bench", "bench-shapes", "cost", "e2e", "wheels"} <= steps
+    assert {"env", "tests", "bench", "bench-shapes", "profile", "cost", "e2e", "wheels"} <= steps
     for step in steps:
         assert f"gpu_session.sh {step}" in usage.stdout, step
 
 
 def test_the_lease_runs_only_steps_the_session_has():
     called = re.findall(r'(?:^|\s)step "\$\{LIMIT_\w+:-\d+\}" ([a-z0-9-]+)', LEASE.read_text())
-    assert called == ["env", "tests", "bench-shapes", "cost", "e2e"]
+    assert called == ["env", "tests", "bench-shapes", "profile", "cost", "e2e"]
     assert set(called) <= session_steps()
 
 
