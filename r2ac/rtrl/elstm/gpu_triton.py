@@ -24,8 +24,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from r2ac.rtrl.elstm.carry_math import carry_inputs, wb_increment
-
 BLOCK_D, BLOCK_C, NUM_WARPS = 32, 64, 4  # float64, rank-1 updates
 DOT_BLOCK_D, DOT_BLOCK_C, DOT_BLOCK_T, DOT_WARPS = 64, 64, 32, 4  # float32, tl.dot
 DOT_PRECISION = "tf32x3"  # float32 accuracy on the tensor cores
@@ -75,6 +73,59 @@ def _history_carry_kernel(
     tl.store(part + share.to(tl.int64) * D * C + tile, hist, mask=mask)
 
 
+@triton.jit
+def _carry_inputs_kernel(fh, zh, a, cp, wb, u, g2, B, N, T, BLOCK: tl.constexpr):
+    """Per (stream b, unit n), one scan backwards over the T steps of the trace fh, zh, a, cp
+    (T, B, N): u[t, b] = g(t) * [fh; zh](t) into u (T, B, 2N), with g(t) = prod_{s > t} a(s);
+    G = prod_s a(s) into both halves of g2 (B, 2N); and wb (B, 4, N) carried in place,
+    wb = G * wb + sum_t [u_f cp, u_z cp, u_f, u_z]. What carry_inputs, wb_increment and the
+    update of wb do in some fifteen PyTorch ops, in one launch."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # b * N + n
+    m = i < B * N
+    b = i // N
+    n = i - b * N
+    g = tl.full((BLOCK,), 1.0, dtype=fh.dtype.element_ty)
+    s_fcp = tl.zeros((BLOCK,), dtype=fh.dtype.element_ty)
+    s_zcp, s_f, s_z = s_fcp, s_fcp, s_fcp
+    for k in range(T):
+        t = T - 1 - k
+        off = t * B * N + i
+        u_f = g * tl.load(fh + off, mask=m, other=0.0)
+        u_z = g * tl.load(zh + off, mask=m, other=0.0)
+        row = (t * B + b).to(tl.int64) * (2 * N)
+        tl.store(u + row + n, u_f, mask=m)
+        tl.store(u + row + N + n, u_z, mask=m)
+        c = tl.load(cp + off, mask=m, other=0.0)
+        s_fcp += u_f * c
+        s_zcp += u_z * c
+        s_f += u_f
+        s_z += u_z
+        g *= tl.load(a + off, mask=m, other=0.0)
+    tl.store(g2 + b * (2 * N) + n, g, mask=m)
+    tl.store(g2 + b * (2 * N) + N + n, g, mask=m)
+    w = wb + b * (4 * N) + n
+    tl.store(w, g * tl.load(w, mask=m, other=0.0) + s_fcp, mask=m)
+    tl.store(w + N, g * tl.load(w + N, mask=m, other=0.0) + s_zcp, mask=m)
+    tl.store(w + 2 * N, g * tl.load(w + 2 * N, mask=m, other=0.0) + s_f, mask=m)
+    tl.store(w + 3 * N, g * tl.load(w + 3 * N, mask=m, other=0.0) + s_z, mask=m)
+
+
+INPUTS_BLOCK = 256
+
+
+def _carry_inputs_and_wb(fh, zh, a, cp, wb) -> tuple[Tensor, Tensor]:
+    """u (T, B, 2N) and G over both halves (B, 2N) of a segment, wb carried in place."""
+    T, B, N = fh.shape
+    u, g2 = fh.new_empty(T, B, 2 * N), fh.new_empty(B, 2 * N)
+    fh, zh, a, cp = (v.contiguous() for v in (fh, zh, a, cp))
+    w = wb.contiguous()  # the kernel writes (B, 4, N) row-major
+    grid = (triton.cdiv(B * N, INPUTS_BLOCK),)
+    _carry_inputs_kernel[grid](fh, zh, a, cp, w, u, g2, B, N, T, BLOCK=INPUTS_BLOCK)
+    if w is not wb:
+        wb.copy_(w)
+    return u, g2
+
+
 def _stream_shares(B: int, tiles: int, device: torch.device) -> int:
     """S: how many programs share the streams of one tile, so that the grid fills the GPU."""
     sms = (
@@ -122,13 +173,11 @@ def history_and_carry(
     stored: Tensor, wb: Tensor, fh: Tensor, zh: Tensor, a: Tensor, cp: Tensor, x: Tensor,
     d_hat: Tensor,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """gpu_carry.fused_history_and_carry, FZ read and written once by the kernel."""
+    """gpu_carry.fused_history_and_carry, FZ read and written once by the kernel; the carry
+    inputs and wb's update by one small scan kernel before it (wb contiguous)."""
     T, B, N = fh.shape
     D = stored.shape[1]
-    u, G = carry_inputs(fh, zh, a)  # (T, B, 2, N), (B, N)
     d_wb = torch.einsum("bn,bkn->kn", d_hat, wb)  # before wb changes
-    hist = _launch(
-        stored.view(B, D, 2 * N), d_hat.repeat(1, 2), x, u.reshape(T, B, 2 * N), G.repeat(1, 2)
-    )
-    wb.mul_(G[:, None, :]).add_(wb_increment(u, cp))
+    u, g2 = _carry_inputs_and_wb(fh, zh, a, cp, wb)  # (T, B, 2N), (B, 2N)
+    hist = _launch(stored.view(B, D, 2 * N), d_hat.repeat(1, 2), x, u, g2)
     return hist.view(D, 2, N).permute(1, 2, 0), d_wb
