@@ -13,8 +13,9 @@ times u_b (T, BLOCK_C). In float32 it runs as `tl.dot` over chunks of BLOCK_T st
 tensor cores in 3xTF32 (each operand split into a high and a low TF32 part, three products:
 the one dropped, low x low, is ~2^-22 of the whole, where plain TF32 keeps ~2^-11), because
 on an H200 the same sum as T rank-1 multiply-adds ran at ~5 TFLOP/s, 5.6x slower than
-cuBLAS's float32 bmm (docs/log/gpu.md, first lease). In float64 it stays T rank-1 multiply-adds (no float64
-tensor-core path in every Triton build; float64 is for checking exactness, not for speed).
+cuBLAS's float32 bmm (docs/log/gpu.md, first lease). In float64 it stays T rank-1
+multiply-adds (no float64 tensor-core path in every Triton build; float64 is for checking
+exactness, not for speed).
 
 The carry's inputs u (T, B, 2N) and G, and the update of wb, come from a second, small kernel
 run first (`_carry_inputs_kernel`: one scan backwards over the steps per stream and unit).
