@@ -66,7 +66,8 @@ def profile_one(shape, name: str, device: torch.device, calls: int, copy_gbs: fl
     ideal_ms = 2 * B * 2 * N * D * 4 / copy_gbs / 1e6  # FZ read once and written once: fused
     print(
         f"\n== {','.join(map(str, shape))} {name} (ran {chosen}): wall {ms:.3f} ms a call, CUDA"
-        f" kernels {kernel_us / calls / 1e3:.3f} ms a call, FZ read + written at copy speed {ideal_ms:.3f} ms",
+        f" kernels {kernel_us / calls / 1e3:.3f} ms a call, FZ read + written at copy speed"
+        f" {ideal_ms:.3f} ms",
         flush=True,
     )
     sort = "cuda_time_total" if cuda else "cpu_time_total"

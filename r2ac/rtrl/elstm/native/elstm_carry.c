@@ -20,8 +20,9 @@
  * share one thread team. With a history they split the 2N columns (each owns its columns of the
  * sum); without one (an actor's carry) and with at least as many streams as threads they split
  * the streams, and each sweeps its blocks row band by row band, reading and writing FZ in
- * order (`carry_streams`: 0.56-0.76x the time with 2 threads, docs/rules/rtrl.md). Written with GCC vector extensions: AVX-512 where -march=native has
- * it (one register per 16 floats), split into narrower registers elsewhere.
+ * order (`carry_streams`: 0.56-0.76x the time with 2 threads, docs/rules/rtrl.md).
+ * Written with GCC vector extensions: AVX-512 where -march=native has it (one register per
+ * 16 floats), split into narrower registers elsewhere.
  */
 #include <omp.h>
 #include <stdint.h>
