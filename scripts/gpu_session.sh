@@ -110,16 +110,20 @@ step_profile() {  # where the history term + carry spends its time, per candidat
 step_e2e() {
     # `r2ac train --device cuda` end to end, the paper's DMLab-size agent (IMPALA's ResNet
     # stem, N = 512) at M = 100 on Atari through envpool, parallel runtime (actors on the
-    # CPU cores, the learner on the GPU): elstm-bptt then elstm-rtrl, each stopped after
-    # E2E_SECONDS by SIGINT. r2ac bench runtime reports steady frames/s, the learner's
-    # median ms an update (M x B / that = the frames/s the learner alone could take) and its
+    # CPU cores, the learner on the GPU): elstm-bptt, elstm-rtrl with the actors carrying
+    # the sensitivities (each segment then ships B x 2N x D floats, 34 MB a batch, to the
+    # GPU) and elstm-rtrl with the learner carrying them on the GPU (E2E_RUNTIMES to
+    # change), each stopped after E2E_SECONDS by SIGINT. r2ac bench runtime reports steady
+    # frames/s, the learner's median ms an update (M x B / that = the frames/s the learner alone could take) and its
     # CUDA peak memory, and their rtrl / bptt ratios. On a CPU machine, E2E_DEVICE=cpu with
     # small sizes in E2E_EXTRA (appended: the last value wins) checks the step's plumbing.
     setup_path
     local seconds=${E2E_SECONDS:-220} device=${E2E_DEVICE:-cuda}
     local env=${E2E_ENV:-envpool/Breakout-v5}
-    run_logged e2e.txt "$PY" -m r2ac.cli bench runtime \
-        --runtimes parallel@elstm-bptt parallel@elstm-rtrl --repeats 1 \
+    local runtimes=${E2E_RUNTIMES:-parallel@elstm-bptt parallel@elstm-rtrl \
+parallel:learner@elstm-rtrl}
+    # shellcheck disable=SC2086  # the runtimes are words
+    run_logged e2e.txt "$PY" -m r2ac.cli bench runtime --runtimes $runtimes --repeats 1 \
         --seconds "$seconds" --json-out "$OUT/e2e.json" -- \
         --device "$device" --env "$env" --unroll-length 100 --image-stem resnet \
         --hidden-size 512 --total-frames 1000000000 --checkpoint-every 1000000 ${E2E_EXTRA:-}
