@@ -6,6 +6,7 @@ The carry must read the sensitivities FZ (B, 2, N, D) once and write them once: 
 the traffic of a copy of FZ, so `carry GB/s / copy GB/s` is how close it comes to the memory
 bound. For T = 1 that is the per-step carry; for longer segments the T rank-1 updates add
 arithmetic (B * 2N * D * T multiply-adds) and the fraction falls below 1 by design.
+The history term alone reads FZ once (|FZ| bytes); a pure read can pass the copy's rate.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ class CarryRow:
     copy_gbs: float  # the device's copy bandwidth (read + write), measured once per run
     fraction: float  # gbs / copy_gbs
     candidate: str  # the GPU carry candidate chosen (CUDA), or the CPU path
+    history_ms: float = float("nan")  # the history term alone (an R2AC learner's only pass)
+    history_gbs: float = float("nan")  # |FZ| bytes read / history_ms
+    history_fraction: float = float("nan")  # history_gbs / copy_gbs
+    history_candidate: str = "?"
 
 
 def copy_bandwidth_gbs(device: str, mib: int, repeats: int, warmup: int) -> float:
@@ -68,22 +73,30 @@ def carry_row(shape, dtype, device, repeats, warmup, copy_gbs) -> CarryRow:
         gpu_carry.history_and_carry_in_place(d_hat, sens, trace, x)
 
     ms = _median_ms(run, repeats, max(warmup, 1), device)
-    gbs = 2 * B * 2 * N * D * sens.FZ.element_size() / ms / 1e6
-    return CarryRow(ms, ms / T, gbs, copy_gbs, gbs / copy_gbs, _candidate(shape, device))
+    fz_bytes = B * 2 * N * D * sens.FZ.element_size()
+    gbs = 2 * fz_bytes / ms / 1e6
+    # The history term alone reads FZ once: what an R2AC learner (carry=False) runs per pass.
+    h_ms = _median_ms(lambda: gpu_carry.history(d_hat, sens), repeats, max(warmup, 1), device)
+    h_gbs = fz_bytes / h_ms / 1e6
+    return CarryRow(
+        ms, ms / T, gbs, copy_gbs, gbs / copy_gbs, _candidate(shape, device, "carry"),
+        h_ms, h_gbs, h_gbs / copy_gbs, _candidate(shape, device, "history"),
+    )  # fmt: skip
 
 
 def _median_ms(fn, repeats, warmup, device) -> float:
     return time_alternating({"fn": fn}, repeats, warmup, device)["fn"]
 
 
-def _candidate(shape, device) -> str:
+def _candidate(shape, device, op: str) -> str:
+    """Who ran `op` ("carry" or "history") at this shape: the CUDA selection, or the CPU."""
     if not str(device).startswith("cuda"):
         return "cpu"
     T, B, N, D = shape
     chosen = [
         s.name
         for s in gpu_carry.selections()
-        if s.op == "carry" and s.shapes[0] == (B, D, 2, N) and s.shapes[6][0] == T
+        if s.op == op and s.shapes[0] == (B, D, 2, N) and (op == "history" or s.shapes[6][0] == T)
     ]
     return chosen[-1] if chosen else "?"
 

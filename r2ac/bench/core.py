@@ -7,9 +7,10 @@ over the same equations (r2ac.rtrl.reference) is timed too, as the bar the bptt 
 clear. Peak memory is measured per rule in a fresh process (CPU: growth of the resident set
 over the state and inputs; CUDA: the allocator's peak). For T = 1 it also times the per-step
 sensitivity update alone and compares its bandwidth with a plain memory copy of the same size.
-Every shape also times the learner's history term + in-place carry alone (on CUDA by the
-candidate r2ac.rtrl.elstm.gpu_carry selects) against the device's measured copy bandwidth
-(r2ac.bench.bandwidth). `--grid gpu` runs issue 25's grid: N = 512, 1024, 2048; B = 32, 64,
+Every shape also times the history term + in-place carry alone, and the history term by
+itself (an R2AC learner's only pass over the sensitivities: it does not carry), on CUDA by
+the candidates r2ac.rtrl.elstm.gpu_carry selects, against the device's measured copy
+bandwidth (r2ac.bench.bandwidth). `--grid gpu` runs issue 25's grid: N = 512, 1024, 2048; B = 32, 64,
 128, 256; T = 1, 50, 100; D = 257 (`gpu-512`, `gpu-1024`, `gpu-2048`: one N each).
 """
 
@@ -266,9 +267,10 @@ def format_rows(rows: list[Row]) -> str:
     head = (
         "| T, B, N, D | bptt ms | rtrl ms | naive ms | rtrl/bptt speed | steps/s bptt / rtrl "
         "| held for backward MB bptt / rtrl | peak MB bptt / rtrl | state MB "
-        "| T=1 carry GB/s: eager / fused / copy | history + carry: by, ms, GB/s, of copy |"
+        "| T=1 carry GB/s: eager / fused / copy | history + carry: by, ms, GB/s, of copy "
+        "| history alone: by, ms, GB/s, of copy |"
     )
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         T, B, _, _ = r.shape
         naive = f"{r.ms['naive']:.1f}" if "naive" in r.ms else "-"
@@ -279,10 +281,16 @@ def format_rows(rows: list[Row]) -> str:
         carry = (
             f"{c['candidate']}, {c['ms']:.3f}, {c['gbs']:.0f}, {c['fraction']:.0%}" if c else "-"
         )
+        hist = (
+            f"{c['history_candidate']}, {c['history_ms']:.3f}, {c['history_gbs']:.0f},"
+            f" {c['history_fraction']:.0%}"
+            if c
+            else "-"
+        )
         lines.append(
             f"| {', '.join(map(str, r.shape))} | {r.ms['bptt']:.2f} | {r.ms['rtrl']:.2f} | {naive} "
             f"| {r.ratio:.2f}x | {steps} | {r.held_mb['bptt']:.1f} / {r.held_mb['rtrl']:.1f} "
-            f"| {peak} | {r.state_mb:.1f} | {bw} | {carry} |"
+            f"| {peak} | {r.state_mb:.1f} | {bw} | {carry} | {hist} |"
         )
     return "\n".join(lines)
 

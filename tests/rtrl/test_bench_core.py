@@ -38,6 +38,8 @@ def test_bench_core_tiny_shape_both_input_modes(tmp_path):
             c = r["carry"]
             assert c["candidate"] == "cpu" and c["ms"] > 0 and c["copy_gbs"] > 0
             assert c["fraction"] == pytest.approx(c["gbs"] / c["copy_gbs"])
+            assert c["history_candidate"] == "cpu" and c["history_ms"] > 0  # the learner's pass
+            assert c["history_fraction"] == pytest.approx(c["history_gbs"] / c["copy_gbs"])
     assert torch.get_num_threads() == threads
 
 
