@@ -26,11 +26,11 @@ step() {  # step LIMIT ARGS...: one gpu_session.sh step, limited; a failure does
 step "${LIMIT_ENV:-20}" env
 step "${LIMIT_TESTS:-90}" tests
 # the paper's shapes first, then larger N and B (the whole --grid gpu does not fit one lease)
-step "${LIMIT_BENCH:-60}" bench-shapes 100,32,512,257 50,32,256,257 1,32,512,257 \
+step "${LIMIT_BENCH:-75}" bench-shapes 100,32,512,257 50,32,256,257 1,32,512,257 \
     100,32,1024,257 100,32,2048,257 100,128,512,257 100,256,1024,257 50,64,2048,257
 step "${LIMIT_PROFILE:-50}" profile
 step "${LIMIT_COST:-30}" cost elstm-bptt elstm-rtrl rtu-bptt rtu-rtrl lru-bptt lru-rtrl
 # three runs (gpu_session.sh e2e), each ~65 s of start-up (15 actors, envpool, CUDA) and then
 # E2E_SECONDS
-E2E_SECONDS=${E2E_SECONDS:-30} step "${LIMIT_E2E:-330}" e2e
+E2E_SECONDS=${E2E_SECONDS:-30} step "${LIMIT_E2E:-315}" e2e
 echo "=== [gpu_lease] $(date -u +%T) done"
