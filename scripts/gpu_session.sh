@@ -114,8 +114,8 @@ step_e2e() {
     # the sensitivities (each segment then ships B x 2N x D floats, 34 MB a batch, to the
     # GPU) and elstm-rtrl with the learner carrying them on the GPU (E2E_RUNTIMES to
     # change), each stopped after E2E_SECONDS by SIGINT. r2ac bench runtime reports steady
-    # frames/s, the learner's median ms an update (M x B / that = the frames/s the learner alone could take) and its
-    # CUDA peak memory, and their rtrl / bptt ratios. On a CPU machine, E2E_DEVICE=cpu with
+    # frames/s, the learner's median ms an update (M x B / that = the frames/s the learner
+    # alone could take) and its CUDA peak memory, and their ratios to the first run. On a CPU machine, E2E_DEVICE=cpu with
     # small sizes in E2E_EXTRA (appended: the last value wins) checks the step's plumbing.
     setup_path
     local seconds=${E2E_SECONDS:-220} device=${E2E_DEVICE:-cuda}
