@@ -13,27 +13,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from r2ac.bench import bandwidth
+from r2ac.perf import time_alternating
 from r2ac.rtrl.elstm import gpu_carry
-
-
-def wall_ms(fn, device, repeats=20) -> float:
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def profile_one(shape, name: str, device: torch.device, calls: int, copy_gbs: float) -> None:
@@ -53,7 +39,7 @@ def profile_one(shape, name: str, device: torch.device, calls: int, copy_gbs: fl
         print(f"{shape} {name}: failed: {exc!r}", flush=True)
         return
     chosen = [s.name for s in gpu_carry.selections() if s.op == "carry"]
-    ms = wall_ms(call, device)
+    ms = time_alternating({"call": call}, 20, 0, device)["call"]  # warmed up above
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:

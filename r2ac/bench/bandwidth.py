@@ -33,10 +33,10 @@ class CarryRow:
     copy_gbs: float  # the device's copy bandwidth (read + write), measured once per run
     fraction: float  # gbs / copy_gbs
     candidate: str  # the GPU carry candidate chosen (CUDA), or the CPU path
-    history_ms: float = float("nan")  # the history term alone (an R2AC learner's only pass)
-    history_gbs: float = float("nan")  # |FZ| bytes read / history_ms
-    history_fraction: float = float("nan")  # history_gbs / copy_gbs
-    history_candidate: str = "?"
+    history_ms: float  # the history term alone (an R2AC learner's only pass)
+    history_gbs: float  # |FZ| bytes read / history_ms
+    history_fraction: float  # history_gbs / copy_gbs
+    history_candidate: str
 
 
 def copy_bandwidth_gbs(device: str, mib: int, repeats: int, warmup: int) -> float:

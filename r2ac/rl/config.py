@@ -495,6 +495,8 @@ def check_chrono_span(cfg: TrainConfig) -> None:
 
 # PPO's options and their defaults (an IMPALA run must leave them there)
 _PPO_OPTIONS = {"targets": "vtrace", "gae_lambda": 0.95, "clip_coef": 0.2, "value_clip": 0.0}
+# IMPALA's scalings of the advantages and their "off" values (a PPO run must leave them there)
+_IMPALA_ADVANTAGE_OPTIONS = {"advantage_norm": False, "popart_sigma_floor": 0.0}
 
 
 def check_learner_options(cfg: TrainConfig) -> None:
@@ -519,16 +521,12 @@ def check_learner_options(cfg: TrainConfig) -> None:
     bad += [f"gae_lambda={loss.gae_lambda}"] if loss.gae_lambda > 1 else []
     if bad:
         raise ConfigError(f"out of range: {', '.join(bad)} (adam_eps > 0, gae_lambda in [0, 1])")
-    if loss.algorithm == "ppo" and loss.advantage_norm:
-        raise ConfigError(
-            "--advantage-norm is IMPALA's option: PPO always standardises its advantages "
-            "per minibatch"
-        )
-    if loss.algorithm == "ppo" and loss.popart_sigma_floor:
-        raise ConfigError(
-            "--popart-sigma-floor is IMPALA's option: PPO standardises its advantages per "
-            "minibatch, so no sigma divides them (add --popart-sigma-floor 0)"
-        )
+    if loss.algorithm == "ppo":
+        given = [k for k, v in _IMPALA_ADVANTAGE_OPTIONS.items() if getattr(loss, k) != v]
+        if given:
+            flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
+            raise ConfigError(f"{flags}: IMPALA's options; PPO standardises its advantages per "
+                              f"minibatch, so they would be unread")  # fmt: skip
     if loss.algorithm == "impala":
         given = [k for k, v in _PPO_OPTIONS.items() if getattr(loss, k) != v]
         if given:

@@ -153,8 +153,11 @@ def test_select_segment_of_an_index_tensor_copies_the_start_state():
         ({"optimizer": "adam", "adam_eps": 0.0}, "adam_eps=0.0"),
         ({"core_lr_scale": 0.0}, "core_lr_scale"),
         ({"rtrl_history_epochs": -1}, "--rtrl-history-epochs must be >= 0"),
-        ({"algorithm": "ppo", "advantage_norm": True}, "--advantage-norm is IMPALA's option"),
-        ({"algorithm": "ppo", "popart": True, "popart_sigma_floor": 15.0}, "is IMPALA's option"),
+        ({"algorithm": "ppo", "advantage_norm": True}, "--advantage-norm: IMPALA's options"),
+        (
+            {"algorithm": "ppo", "popart": True, "popart_sigma_floor": 15.0},
+            "--popart-sigma-floor: IMPALA's options",
+        ),
         ({"policy_init_scale": 0.0}, "policy_init_scale=0.0"),
     ],
 )
