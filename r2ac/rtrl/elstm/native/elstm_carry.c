@@ -74,6 +74,25 @@ static inline __attribute__((always_inline)) void tile(
         for (int j = 0; j < J; j++) store(out + r * ldfz + j * VL, acc[r][j]);
 }
 
+/* tile() for R rows (1..MR) known only at run time: one case per R, so that each call is
+ * tile() with constant R, J and H (all of its loops unrolled). */
+static inline __attribute__((always_inline)) void tile_rows(
+    int R, int J, int H, int64_t T, const float *src, float *out, int64_t ldfz, float *h,
+    int64_t ldh, const float *g, const float *dh, const float *a_packed, const float *u,
+    int64_t ldu, const float *next)
+{
+#define TILE(R_) tile(R_, J, H, T, src, out, ldfz, h, ldh, g, dh, a_packed, u, ldu, next)
+    switch (R) {
+    case 6: TILE(6); break;
+    case 5: TILE(5); break;
+    case 4: TILE(4); break;
+    case 3: TILE(3); break;
+    case 2: TILE(2); break;
+    default: TILE(1); break;
+    }
+#undef TILE
+}
+
 /* One strip of J vectors (16 J columns) down all D rows, in tiles of MR rows; the strip's
  * u (T x 16 J floats) stays in L1 from tile to tile. src and out (leading dimension ldfz) are
  * the strip's old and new block (the same for an in-place carry), h (ldh) its history sum,
@@ -91,27 +110,17 @@ static void column_strip(int J, int H, int64_t T, int64_t D, const float *src, f
         float *outr = out + d0 * ldfz, *hr = H ? h + d0 * ldh : h;
         const float *ap = packed + tile_i * T * PS;
         const float *next = tile_i + 1 < n_tiles ? sr + MR * ldfz : after;
-#define TILE(R_, J_, H_) tile(R_, J_, H_, T, sr, outr, ldfz, hr, ldh, g, dh, ap, u, ldu, next)
-#define TILE_R(J_, H_)                                                                    \
-        switch (R) {                                                                      \
-        case 6: TILE(6, J_, H_); break;                                                   \
-        case 5: TILE(5, J_, H_); break;                                                   \
-        case 4: TILE(4, J_, H_); break;                                                   \
-        case 3: TILE(3, J_, H_); break;                                                   \
-        case 2: TILE(2, J_, H_); break;                                                   \
-        default: TILE(1, J_, H_); break;                                                  \
-        }
+#define TILE_ROWS(J_, H_) tile_rows(R, J_, H_, T, sr, outr, ldfz, hr, ldh, g, dh, ap, u, ldu, next)
         if (J == NR && H) {
-            TILE_R(NR, 1)
+            TILE_ROWS(NR, 1);
         } else if (J == NR) {
-            TILE_R(NR, 0)
+            TILE_ROWS(NR, 0);
         } else if (H) {
-            TILE_R(1, 1)
+            TILE_ROWS(1, 1);
         } else {
-            TILE_R(1, 0)
+            TILE_ROWS(1, 0);
         }
-#undef TILE_R
-#undef TILE
+#undef TILE_ROWS
     }
 }
 
@@ -238,23 +247,10 @@ static void block_by_rows(int64_t T, int64_t D, int64_t C, const float *src, flo
             float *outr = out + d0 * C + c;
             const float *next = c_next < C ? sr + J * VL
                                 : (tile_i + 1 < n_tiles ? src + (d0 + MR) * C : after);
-#define TILE(R_, J_) tile(R_, J_, 0, T, sr, outr, C, NULL, 0, G + c, NULL, ap, u + c, C, next)
-#define TILE_R(J_)                                                                        \
-            switch (R) {                                                                  \
-            case 6: TILE(6, J_); break;                                                   \
-            case 5: TILE(5, J_); break;                                                   \
-            case 4: TILE(4, J_); break;                                                   \
-            case 3: TILE(3, J_); break;                                                   \
-            case 2: TILE(2, J_); break;                                                   \
-            default: TILE(1, J_); break;                                                  \
-            }
-            if (J == NR) {
-                TILE_R(NR)
-            } else {
-                TILE_R(1)
-            }
-#undef TILE_R
-#undef TILE
+            if (J == NR)
+                tile_rows(R, NR, 0, T, sr, outr, C, NULL, 0, G + c, NULL, ap, u + c, C, next);
+            else
+                tile_rows(R, 1, 0, T, sr, outr, C, NULL, 0, G + c, NULL, ap, u + c, C, next);
             c = c_next;
         }
     }
