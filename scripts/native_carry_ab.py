@@ -1,13 +1,17 @@
 """The actors' native carry (`r2ac_carry_gates`) of this tree against that of a git revision.
 
     .venv/bin/python scripts/native_carry_ab.py REVISION [--threads 1 2] [--shapes T,B,N,D ...]
+        [--kernel carry|history]
+
+`--kernel history` times the learner's history term alone (`r2ac_history`: one read of FZ, as
+a PPO learner's every pass over a minibatch makes) instead of the actors' carry.
 
 Builds REVISION's r2ac/rtrl/elstm/native/elstm_carry.c with the same compiler and flags into a
 temporary folder, loads it beside this tree's kernel, checks that both give the same numbers
 bit for bit on random operands, then times them alternated in one process (the order swapped
 every repeat; medians of 60 after 10 warm-up), once with FZ evicted from the caches before
 every call (64 MB written in between: a training loop's situation) and once hot. Prints ms and
-GB/s (FZ read + written) per shape, thread count and cache state. Figures: docs/rules/rtrl.md,
+GB/s (FZ read + written; read only for the history) per shape, thread count and cache state. Figures: docs/rules/rtrl.md,
 "Native kernel".
 """
 
@@ -47,6 +51,9 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [
         ctypes.c_void_p] * 8  # fmt: skip
+    fn = lib.r2ac_history
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 5
     return lib
 
 
@@ -61,51 +68,76 @@ def operands(T, B, N, D, seed=0):
     return fz, x, f, z, cp, keep, w_f, w_z, wb
 
 
+def runner(kernel: str, libs: dict, T: int, B: int, N: int, D: int):
+    """(run(name) calling library `name`'s kernel on fixed random operands, its outputs by name,
+    GB that one call moves: FZ read and written by the carry, read by the history)."""
+    fz, x, f, z, cp, keep, w_f, w_z, wb = operands(T, B, N, D)
+    if kernel == "history":  # hist (C, D) and d_wb (4, N)
+        d_hat = torch.randn(B, N, generator=torch.Generator().manual_seed(1))
+        outs = {k: (fz.new_empty(2 * N, D), wb.new_empty(4, N)) for k in libs}
+    else:
+        outs = {k: (torch.empty_like(fz), torch.empty_like(wb)) for k in libs}
+
+    def run(name: str) -> None:
+        out, wb_out = outs[name]
+        if kernel == "history":
+            wb_out.zero_()  # the kernel sums into d_wb
+            rc = libs[name].r2ac_history(
+                B, D, N, fz.data_ptr(), out.data_ptr(), d_hat.data_ptr(), wb.data_ptr(),
+                wb_out.data_ptr(),
+            )  # fmt: skip
+        else:
+            rc = libs[name].r2ac_carry_gates(
+                B, D, N, T, fz.data_ptr(), out.data_ptr(), x.data_ptr(), x.stride(0),
+                x.stride(1), f.data_ptr(), z.data_ptr(), cp.data_ptr(), keep.data_ptr(),
+                w_f.data_ptr(), w_z.data_ptr(), wb.data_ptr(), wb_out.data_ptr(),
+            )  # fmt: skip
+        assert rc == 0, rc
+
+    reads = 1 if kernel == "history" else 2
+    return run, outs, reads * fz.numel() * fz.element_size() / 1e9
+
+
+def alternated_ms(run, names: list[str], junk: torch.Tensor | None) -> dict[str, float]:
+    """Median ms a call of each library, alternated (order swapped every repeat); with `junk`,
+    written before every call to evict FZ from the caches."""
+    ms = {k: [] for k in names}
+    for i in range(REPEATS + WARMUP):
+        for name in names if i % 2 else names[::-1]:
+            if junk is not None:
+                junk.add_(1.0)
+            t0 = time.perf_counter()
+            run(name)
+            if i >= WARMUP:
+                ms[name].append(1e3 * (time.perf_counter() - t0))
+    return {k: statistics.median(v) for k, v in ms.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("revision")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--shapes", nargs="+", default=["4,32,128,69", "4,8,128,69",
                                                         "100,32,512,257"])  # fmt: skip
+    parser.add_argument("--kernel", choices=["carry", "history"], default="carry")
+    parser.add_argument("--evict-mb", type=int, default=64, help="MB written before cold calls")
     args = parser.parse_args()
     keep_freed_memory()
     if native.load() is None:
         raise SystemExit("this tree's native kernel is not available (no C compiler?)")
-    junk = torch.empty(64 * 2**20 // 4)
+    junk = torch.empty(args.evict_mb * 2**20 // 4)
     with tempfile.TemporaryDirectory() as tmp:
         libs = {"base": declare(build_revision(args.revision, Path(tmp))), "this": native._lib}
         for threads in args.threads:
             torch.set_num_threads(threads)
             for text in args.shapes:
                 T, B, N, D = (int(v) for v in text.split(","))
-                fz, x, f, z, cp, keep, w_f, w_z, wb = operands(T, B, N, D)
-                outs = {k: (torch.empty_like(fz), torch.empty_like(wb)) for k in libs}
-
-                def run(name, T=T, B=B, N=N, D=D, fz=fz, x=x, f=f, z=z, cp=cp, keep=keep,
-                        w_f=w_f, w_z=w_z, wb=wb, outs=outs):  # fmt: skip
-                    out, wb_out = outs[name]
-                    rc = libs[name].r2ac_carry_gates(
-                        B, D, N, T, fz.data_ptr(), out.data_ptr(), x.data_ptr(), x.stride(0),
-                        x.stride(1), f.data_ptr(), z.data_ptr(), cp.data_ptr(), keep.data_ptr(),
-                        w_f.data_ptr(), w_z.data_ptr(), wb.data_ptr(), wb_out.data_ptr(),
-                    )  # fmt: skip
-                    assert rc == 0, rc
-
+                run, outs, gb = runner(args.kernel, libs, T, B, N, D)
                 for name in libs:
                     run(name)
                 same = all(torch.equal(a, b) for a, b in zip(outs["base"], outs["this"]))
-                gb = 2 * fz.numel() * fz.element_size() / 1e9
                 for cold in (True, False):
-                    ms = {k: [] for k in libs}
-                    for i in range(REPEATS + WARMUP):
-                        for name in list(libs) if i % 2 else list(libs)[::-1]:
-                            if cold:
-                                junk.add_(1.0)
-                            t0 = time.perf_counter()
-                            run(name)
-                            if i >= WARMUP:
-                                ms[name].append(1e3 * (time.perf_counter() - t0))
-                    m = {k: statistics.median(v) for k, v in ms.items()}
+                    m = alternated_ms(run, list(libs), junk if cold else None)
                     print(
                         f"{threads} thread(s) {text:>15} {'cold' if cold else 'hot '}: "
                         f"{args.revision} {m['base']:.3f} ms ({gb / m['base'] * 1e3:.1f} GB/s), "

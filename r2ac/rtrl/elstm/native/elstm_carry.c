@@ -35,6 +35,7 @@ typedef float v16u __attribute__((vector_size(64), aligned(4))); /* unaligned ac
 #define NR 4  /* 16-float column vectors per register tile: 64 columns */
 #define VL 16
 #define PS 8  /* packed slot per (tile, step): MR inputs, padded to 8 floats */
+#define HISTORY_AHEAD 1024 /* floats: how far ahead r2ac_history prefetches FZ (4 KB) */
 
 static inline v16 load(const float *p) { return *(const v16u *)p; }
 static inline void store(float *p, v16 v) { *(v16u *)p = v; }
@@ -401,6 +402,9 @@ int r2ac_history(int64_t B, int64_t D, int64_t N, const float *fz, float *hist,
                 for (int64_t d = 0; d < D; d++)
                     for (int64_t c = 0; c < width; c += VL) {
                         float *hp = h + d * width + c;
+                        /* Into L2, 4 KB ahead: FZ comes from DRAM in a training loop, and
+                         * one core's own misses alone keep too few lines in flight. */
+                        __builtin_prefetch(fz_b + d * C + c + HISTORY_AHEAD, 0, 2);
                         store(hp, load(hp) + load(d2 + c) * load(fz_b + d * C + c));
                     }
             }
