@@ -95,11 +95,11 @@ step_bench_shapes() {
         --json-out "$OUT/bench-gpu-shapes.json" --table-out "$OUT/bench-gpu-shapes.md"
 }
 
-step_cost() {  # one learner update at M = 100, per core, on CUDA (time; the peak memory
-    # needs a fresh process per core, each starting CUDA: too slow for one lease)
+step_cost() {  # one learner update at M = 100, per core, on CUDA (time, and the peak memory
+    # from the allocator in the same process)
     setup_path
     run_logged cost-gpu.log "$PY" -m r2ac.cli bench cost --device cuda --cores "$@" \
-        --spans 100 --repeats 5 --warmup 2 --threads 8 --no-memory --out "$OUT/cost"
+        --spans 100 --repeats 5 --warmup 2 --threads 8 --out "$OUT/cost"
 }
 
 step_profile() {  # where the history term + carry spends its time, per candidate

@@ -1,12 +1,13 @@
 """Where the eLSTM's history term + in-place carry spends its time on CUDA (issue 39).
 
-For each shape and each GPU-carry candidate (torch, compile, triton): the wall time of one
-call (synchronised, median), the summed CUDA kernel time of one call from torch.profiler, and
-the top kernels. Wall >> kernel time means the call is bound by launches and Python (fix: one
-kernel, CUDA graphs); kernel time far above the bytes / copy bandwidth means the kernels
-themselves are slow (fix: the kernel's access pattern, tf32 or a fused GEMM).
+For each shape and each GPU-carry candidate (by default torch, compile, triton and
+compile-graph): the wall time of one call (synchronised, median), the summed CUDA kernel time
+of one call from torch.profiler, and the top kernels. Wall >> kernel time means the call is
+bound by launches and Python (fix: one kernel, CUDA graphs); kernel time far above the bytes /
+copy bandwidth means the kernels themselves are slow (fix: the kernel's access pattern, tf32
+or a fused GEMM).
 
-    python scripts/profile_gpu_carry.py [--shapes 100,32,512,257 100,256,1024,257]
+    python scripts/profile_gpu_carry.py [--shapes 50,32,256,257 100,256,1024,257]
 """
 
 from __future__ import annotations
@@ -62,8 +63,11 @@ def profile_one(shape, name: str, device: torch.device, calls: int, copy_gbs: fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", nargs="+", default=["100,32,512,257", "100,256,1024,257"])
-    parser.add_argument("--candidates", nargs="+", default=["torch", "compile", "triton"])
+    # the launch-bound shape the first lease found short of the bar, and a bandwidth-bound one
+    parser.add_argument("--shapes", nargs="+", default=["50,32,256,257", "100,256,1024,257"])
+    parser.add_argument(
+        "--candidates", nargs="+", default=["torch", "compile", "triton", "compile-graph"]
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--calls", type=int, default=10, help="calls inside the profile")
     args = parser.parse_args()

@@ -89,7 +89,8 @@ class CostConfig:
     warmup: int = 2
     """Untimed updates before timing."""
     memory: bool = True
-    """Measure the peak memory of an update (one fresh process per core and M; ~2 s each)."""
+    """Measure the peak memory of an update (CPU: one fresh process per core and M, ~2 s each;
+    CUDA: in this process, from the allocator's peak)."""
     out: str = "runs/experiments/cost"
     """Directory for cost.json, cost.md and cost.png."""
     threads: int = 1
@@ -240,6 +241,14 @@ def peak_update_mb(cfg: CostConfig, core: str, M: int) -> float | None:
         return None
 
 
+def cuda_peak_mb(case: UpdateCase, cfg: CostConfig) -> float | None:
+    """Peak memory growth of one update on CUDA, in this process: torch's allocator peak
+    during the update over what was allocated before it does not depend on what ran before
+    (unlike a CPU process's resident set), so no fresh process (~15 s of CUDA start) is needed.
+    The case has run already (timings): optimiser state and autograd's caches exist."""
+    return peak_memory_mib(case.run, cfg.device)
+
+
 def update_peak_probe(cfg: dict, core: str, M: int) -> PeakRow:
     """Run in a fresh process by peak_update_mb: the peak MB of the second update."""
     keep_freed_memory()
@@ -309,9 +318,11 @@ def measure_span(cfg: CostConfig, M: int) -> list[CostRow]:
         )
         for core, case in cases.items()
     ]
-    del cases  # the probes run alone
     if not cfg.memory:
         return rows
+    if str(cfg.device).startswith("cuda"):  # the allocator's peak is the update's alone
+        return [dataclasses.replace(r, peak_mb=cuda_peak_mb(cases[r.core], cfg)) for r in rows]
+    del cases  # the probes run alone
     return [dataclasses.replace(r, peak_mb=peak_update_mb(cfg, r.core, M)) for r in rows]
 
 

@@ -22,6 +22,8 @@ CANDIDATES = [
     "torch",
     "compile",
     pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="no triton")),
+    "compile-graph",
+    pytest.param("triton-graph", marks=pytest.mark.skipif(not HAS_TRITON, reason="no triton")),
 ]
 # (T, B, N, D): tiles cut short in both directions, a per-step segment, the paper's layer.
 SHAPES = [(7, 5, 40, 37), (1, 5, 40, 37), (20, 8, 512, 257)]
@@ -92,7 +94,8 @@ def test_the_automatic_choice_measures_every_candidate_and_drops_none(dtype):
     args = operands(50, 32, 512, 257, dtype)
     _results("carry", args)
     _results("history", args)
-    expected = {"torch", "compile"} | ({"triton"} if HAS_TRITON else set())
+    expected = {"torch", "compile", "compile-graph"}
+    expected |= {"triton", "triton-graph"} if HAS_TRITON else set()
     for s in gpu_carry.selections():
         print(
             f"{s.op} {s.dtype}: chose {s.name}; ms "

@@ -142,6 +142,26 @@ def test_asking_for_triton_where_it_cannot_run_warns_once(monkeypatch):
     assert [s.name for s in gc.selections()] == ["torch", "torch"]
 
 
+@pytest.mark.parametrize("name", ["compile-graph", "triton-graph"])
+def test_asking_for_a_cuda_graph_on_the_cpu_warns_and_keeps_the_torch_path(monkeypatch, name):
+    monkeypatch.setenv(gc.ENV, name)
+    args = operands(3)
+    with pytest.warns(RuntimeWarning, match=f"'{name}' dropped .*CUDA graphs need a CUDA"):
+        got = gc._results("carry", gc.run("carry", *args), args)
+    assert gc.max_relative_error(got, torch_results("carry", operands(3))) == 0.0
+    assert gc.selections()[0].name == "torch" and name in gc.selections()[0].failed
+
+
+def test_auto_skips_the_cuda_graph_candidates_silently_off_cuda(monkeypatch):
+    monkeypatch.setitem(gc.CANDIDATES, "compile", lambda op: gc.fused_history_and_carry)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gc.run("carry", *operands(3))
+    unavailable = gc.selections()[0].unavailable
+    assert unavailable["compile-graph"] == "CUDA graphs need a CUDA device"
+    assert unavailable["triton-graph"] == "CUDA graphs need a CUDA device"
+
+
 def test_an_unknown_choice_is_a_config_error(monkeypatch):
     monkeypatch.setenv(gc.ENV, "cuda-magic")
     with pytest.raises(ConfigError, match="R2AC_GPU_CARRY='cuda-magic': choose one of auto"):

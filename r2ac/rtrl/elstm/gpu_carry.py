@@ -14,6 +14,11 @@ each runs one of these candidates, with the same arguments and results:
     compile  torch.compile of `fused_history` / `fused_history_and_carry` below: the same math
              written for the compiler (no Python loop over streams or steps)
     triton   r2ac.rtrl.elstm.gpu_triton, one read and one write of FZ; only where triton imports
+    compile-graph, triton-graph
+             that candidate replayed as a CUDA graph (`Graphed`): at small B the compiled
+             carry is bound by its launches and guards (~0.5 ms a call on an H200 whatever
+             the size, docs/log/gpu.md), which a replay skips; it copies FZ in (and for the
+             carry back out), so it only pays where launches cost more than those copies
 
 `R2AC_GPU_CARRY=auto` (the default) tries each available candidate once per operation, dtype
 and shape, on copies of the real operands: it checks the result against the torch path
@@ -41,8 +46,10 @@ from r2ac.rtrl.elstm.carry_math import carry_inputs, wb_increment
 from r2ac.rtrl.elstm.math import ELSTMSensitivity, RecurrenceTrace
 
 ENV = "R2AC_GPU_CARRY"
-CHOICES = ("auto", "compile", "triton", "torch")
-AUTO_ORDER = ("triton", "compile")  # tried before the torch path, which is always measured
+CHOICES = ("auto", "compile", "triton", "compile-graph", "triton-graph", "torch")
+# tried before the torch path, which is always measured
+AUTO_ORDER = ("triton", "compile", "triton-graph", "compile-graph")
+GRAPHED = {"compile-graph": "compile", "triton-graph": "triton"}  # candidate -> what it replays
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4}  # ||candidate - torch|| / ||torch||
 TRIAL_REPEATS = 5  # timed calls per candidate in a selection (median)
 OPS = ("history", "carry")
@@ -121,15 +128,81 @@ def _triton_candidate(op: str) -> Callable:
     return gpu_triton.history if op == "history" else gpu_triton.history_and_carry
 
 
+class Graphed:
+    """Candidate `base` of `op` replayed as a CUDA graph, one graph per operand signature.
+
+    The graph is captured on static copies of the first call's operands (after two warm-up
+    calls on a side stream, so that compilation and autotuning stay out of the capture). A
+    call copies its operands into them, replays, copies the carry's overwritten stored and wb
+    back, and returns clones of the two gradients (the next replay overwrites the static
+    ones). The same kernels on the same values as `base`, so the same numbers."""
+
+    def __init__(self, op: str, base: str):
+        self.op, self.base = op, base
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, list[Tensor], Sequence[Tensor]]] = {}
+
+    @staticmethod
+    def signature(args: Sequence[Tensor]) -> tuple:
+        return tuple((t.shape, t.stride(), t.dtype, t.device) for t in args)
+
+    def __call__(self, *args: Tensor) -> tuple[Tensor, Tensor]:
+        key = self.signature(args)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(args)
+        graph, static, out = self.graphs[key]
+        for target, source in zip(static, args, strict=True):
+            target.copy_(source)
+        graph.replay()
+        if self.op == "carry":  # the carry overwrites stored and wb in place
+            args[0].copy_(static[0])
+            args[1].copy_(static[1])
+        return out[0].clone(), out[1].clone()
+
+    def forget(self, args: Sequence[Tensor]) -> None:
+        """Free the graph (and its static copies) of this signature."""
+        self.graphs.pop(self.signature(args), None)
+
+    def _capture(self, args: Sequence[Tensor]):
+        fn = CANDIDATES[self.base](self.op)
+        static = _clones(args)
+        side = torch.cuda.Stream(args[0].device)
+        side.wait_stream(torch.cuda.current_stream(args[0].device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # compile / autotune / load kernels before the capture
+                fn(*static)
+        torch.cuda.current_stream(args[0].device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            out = fn(*static)
+        return graph, static, out
+
+
+_graphed: dict[tuple[str, str], Graphed] = {}  # (candidate, op) -> its graphs
+
+
+def _graph_candidate(name: str) -> Callable[[str], Callable]:
+    def make(op: str) -> Graphed:
+        if (name, op) not in _graphed:
+            _graphed[name, op] = Graphed(op, GRAPHED[name])
+        return _graphed[name, op]
+
+    return make
+
+
 CANDIDATES: dict[str, Callable[[str], Callable]] = {
     "torch": lambda op: _torch_history if op == "history" else _torch_carry,
     "compile": _compile_candidate,
     "triton": _triton_candidate,
+    **{name: _graph_candidate(name) for name in GRAPHED},
 }
 
 
 def unavailable(name: str, device: torch.device) -> str | None:
     """Why candidate `name` cannot run on `device`, or None if it can (a capability check)."""
+    if name in GRAPHED:
+        if device.type != "cuda":
+            return "CUDA graphs need a CUDA device"
+        return unavailable(GRAPHED[name], device)
     if name == "triton":
         if importlib.util.find_spec("triton") is None:
             return "triton is not installed"
@@ -173,9 +246,10 @@ def selections() -> list[Selection]:
 
 
 def reset() -> None:
-    """Forget the selections and warnings (the next call selects again)."""
+    """Forget the selections, warnings and CUDA graphs (the next call selects again)."""
     _selected.clear()
     _warned.clear()
+    _graphed.clear()
 
 
 def run(op: str, *args: Tensor) -> tuple[Tensor, Tensor]:
@@ -221,7 +295,15 @@ def select(op: str, args: Sequence[Tensor], choice: str) -> Selection:
     # Timed last: the carry overwrites `reference`, whose tensors `expected` holds.
     ms["torch"] = _median_ms(CANDIDATES["torch"](op), reference)
     name = min(ms, key=ms.get)
+    _forget_graphs(op, args, keep=name)
     return Selection(**signature, name=name, ms=ms, failed=failed, unavailable=missing)
+
+
+def _forget_graphs(op: str, args: Sequence[Tensor], keep: str) -> None:
+    """Free the trial graphs of the graph candidates not chosen (each holds copies of FZ)."""
+    for name in GRAPHED:
+        if name != keep and (name, op) in _graphed:
+            _graphed[name, op].forget(args)
 
 
 def _trial(op: str, name: str, args, expected: list[Tensor], timed: bool) -> float:
