@@ -172,7 +172,9 @@ class Graphed:
                 fn(*static)
         torch.cuda.current_stream(args[0].device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph):
+        # thread_local: another thread's CUDA calls during the capture (a runtime's batch
+        # transfers) are not the capture's business and must not fail it
+        with torch.no_grad(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
             out = fn(*static)
         return graph, static, out
 
