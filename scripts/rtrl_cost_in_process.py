@@ -2,7 +2,8 @@
 
 The serial runtime's collect + update for elstm-bptt and elstm-rtrl at `--preset popgym`
 (RepeatPreviousEasy), alternated iteration by iteration (the order swapped every iteration),
-with timers around `next_batch` and `Learner.update`; medians after 10 warm-up iterations.
+with timers around `next_batch` and `Learner.update`; medians after 10 warm-up iterations,
+and a 95% bootstrap interval of the collect + update ratio (iterations resampled as pairs).
 Less noisy on a shared box than `r2ac bench runtime`'s separate processes: both rules see the
 same moments of the box. Needs popgym (the popgym extra); docs/results.md quotes its output.
 
@@ -11,6 +12,7 @@ same moments of the box. Needs popgym (the popgym extra); docs/results.md quotes
 
 from __future__ import annotations
 
+import random
 import statistics
 import sys
 import time
@@ -20,6 +22,22 @@ from r2ac.rl.train_cli import make_runtime, parse_config
 
 CORES = ("elstm-bptt", "elstm-rtrl")
 WARMUP = 10
+RESAMPLES = 2000
+
+
+def bootstrap_ratio(bptt: list[float], rtrl: list[float], seed: int = 0) -> tuple[float, float]:
+    """95% interval of median(bptt) / median(rtrl), resampling the iterations (each a pair of
+    one bptt and one rtrl time, measured back to back) with replacement."""
+    rng = random.Random(seed)
+    n = len(bptt)
+    ratios = []
+    for _ in range(RESAMPLES):
+        idx = [rng.randrange(n) for _ in range(n)]
+        ratios.append(
+            statistics.median(bptt[i] for i in idx) / statistics.median(rtrl[i] for i in idx)
+        )
+    ratios.sort()
+    return ratios[int(0.025 * RESAMPLES)], ratios[int(0.975 * RESAMPLES) - 1]
 
 
 def build(core: str, extra: list[str]):
@@ -52,9 +70,11 @@ def main(iterations: int, extra: list[str]) -> None:
     bptt, rtrl = med["elstm-bptt"], med["elstm-rtrl"]
     ratios = {k: bptt[k] / rtrl[k] for k in ("both", "update", "collect")}
     fastest = min(ms["elstm-bptt"]["both"]) / min(ms["elstm-rtrl"]["both"])
+    low, high = bootstrap_ratio(ms["elstm-bptt"]["both"], ms["elstm-rtrl"]["both"])
     print(
-        f"rtrl/bptt frames/s (bptt time / rtrl time): collect + update {ratios['both']:.3f}, "
-        f"update {ratios['update']:.3f}, collect {ratios['collect']:.3f}; fastest {fastest:.3f}"
+        f"rtrl/bptt frames/s (bptt time / rtrl time): collect + update {ratios['both']:.3f} "
+        f"(95% bootstrap {low:.3f}-{high:.3f}), update {ratios['update']:.3f}, "
+        f"collect {ratios['collect']:.3f}; fastest {fastest:.3f}"
     )
 
 
