@@ -46,17 +46,6 @@ def build_revision(revision: str, out: Path) -> ctypes.CDLL:
     return ctypes.CDLL(str(library))
 
 
-def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    fn = lib.r2ac_carry_gates
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [
-        ctypes.c_void_p] * 8  # fmt: skip
-    fn = lib.r2ac_history
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 5
-    return lib
-
-
 def operands(T, B, N, D, seed=0):
     g = torch.Generator().manual_seed(seed)
     fz = 0.1 * torch.randn(B, D, 2 * N, generator=g)
@@ -127,7 +116,8 @@ def main() -> None:
         raise SystemExit("this tree's native kernel is not available (no C compiler?)")
     junk = torch.empty(args.evict_mb * 2**20 // 4)
     with tempfile.TemporaryDirectory() as tmp:
-        libs = {"base": declare(build_revision(args.revision, Path(tmp))), "this": native._lib}
+        base = native._declare(build_revision(args.revision, Path(tmp)))  # as this tree's
+        libs = {"base": base, "this": native._lib}
         for threads in args.threads:
             torch.set_num_threads(threads)
             for text in args.shapes:

@@ -241,14 +241,6 @@ def peak_update_mb(cfg: CostConfig, core: str, M: int) -> float | None:
         return None
 
 
-def cuda_peak_mb(case: UpdateCase, cfg: CostConfig) -> float | None:
-    """Peak memory growth of one update on CUDA, in this process: torch's allocator peak
-    during the update over what was allocated before it does not depend on what ran before
-    (unlike a CPU process's resident set), so no fresh process (~15 s of CUDA start) is needed.
-    The case has run already (timings): optimiser state and autograd's caches exist."""
-    return peak_memory_mib(case.run, cfg.device)
-
-
 def update_peak_probe(cfg: dict, core: str, M: int) -> PeakRow:
     """Run in a fresh process by peak_update_mb: the peak MB of the second update."""
     keep_freed_memory()
@@ -320,8 +312,14 @@ def measure_span(cfg: CostConfig, M: int) -> list[CostRow]:
     ]
     if not cfg.memory:
         return rows
-    if str(cfg.device).startswith("cuda"):  # the allocator's peak is the update's alone
-        return [dataclasses.replace(r, peak_mb=cuda_peak_mb(cases[r.core], cfg)) for r in rows]
+    if str(cfg.device).startswith("cuda"):
+        # torch's allocator peak during an update over what it held before is the update's
+        # alone, whatever ran before (unlike a CPU process's resident set): no fresh process
+        # (~15 s of CUDA start each) is needed. The cases have run already (the timings).
+        return [
+            dataclasses.replace(r, peak_mb=peak_memory_mib(cases[r.core].run, cfg.device))
+            for r in rows
+        ]
     del cases  # the probes run alone
     return [dataclasses.replace(r, peak_mb=peak_update_mb(cfg, r.core, M)) for r in rows]
 

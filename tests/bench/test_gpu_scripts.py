@@ -47,21 +47,11 @@ def test_profile_gpu_carry_runs_on_the_cpu():
 
 
 @pytest.mark.skipif(native.load() is None, reason="no native kernel (no C compiler)")
-def test_native_carry_ab_finds_the_same_numbers_against_head():
+@pytest.mark.parametrize("kernel", ["carry", "history"])
+def test_native_carry_ab_finds_the_same_numbers_against_head(kernel):
     out = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "native_carry_ab.py"), "HEAD", "--threads", "1",
-         "--shapes", "2,3,8,5"],
-        capture_output=True, text=True, timeout=300, check=True, cwd=ROOT,
-    ).stdout  # fmt: skip
-    lines = [line for line in out.splitlines() if "this/base time" in line]
-    assert len(lines) == 2 and all(line.endswith("same numbers True") for line in lines), out
-
-
-@pytest.mark.skipif(native.load() is None, reason="no native kernel (no C compiler)")
-def test_native_carry_ab_times_the_history_kernel_too():
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "native_carry_ab.py"), "HEAD", "--threads", "1",
-         "--shapes", "2,3,16,5", "--kernel", "history", "--evict-mb", "1"],
+         "--shapes", "2,3,16,5", "--kernel", kernel, "--evict-mb", "1"],
         capture_output=True, text=True, timeout=300, check=True, cwd=ROOT,
     ).stdout  # fmt: skip
     lines = [line for line in out.splitlines() if "this/base time" in line]

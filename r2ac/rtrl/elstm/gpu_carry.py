@@ -128,6 +128,12 @@ def _triton_candidate(op: str) -> Callable:
     return gpu_triton.history if op == "history" else gpu_triton.history_and_carry
 
 
+def signature(args: Sequence[Tensor]) -> tuple:
+    """What a selection (and a CUDA graph) is made for: each operand's shape, strides, dtype
+    and device."""
+    return tuple((t.shape, t.stride(), t.dtype, t.device) for t in args)
+
+
 class Graphed:
     """Candidate `base` of `op` replayed as a CUDA graph, one graph per operand signature.
 
@@ -141,12 +147,8 @@ class Graphed:
         self.op, self.base = op, base
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, list[Tensor], Sequence[Tensor]]] = {}
 
-    @staticmethod
-    def signature(args: Sequence[Tensor]) -> tuple:
-        return tuple((t.shape, t.stride(), t.dtype, t.device) for t in args)
-
     def __call__(self, *args: Tensor) -> tuple[Tensor, Tensor]:
-        key = self.signature(args)
+        key = signature(args)
         if key not in self.graphs:
             self.graphs[key] = self._capture(args)
         graph, static, out = self.graphs[key]
@@ -160,7 +162,7 @@ class Graphed:
 
     def forget(self, args: Sequence[Tensor]) -> None:
         """Free the graph (and its static copies) of this signature."""
-        self.graphs.pop(self.signature(args), None)
+        self.graphs.pop(signature(args), None)
 
     def _capture(self, args: Sequence[Tensor]):
         fn = CANDIDATES[self.base](self.op)
@@ -258,7 +260,7 @@ def run(op: str, *args: Tensor) -> tuple[Tensor, Tensor]:
     """`op` ("history" or "carry") by the candidate selected for these operands' signature
     (selected on first use); the arguments are those of `fused_history` or
     `fused_history_and_carry`."""
-    key = (op, *((t.shape, t.stride(), t.dtype, t.device) for t in args))
+    key = (op, *signature(args))
     selection = _selected.get(key)
     if selection is None:
         selection = _selected[key] = select(op, args, requested())
