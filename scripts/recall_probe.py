@@ -1,10 +1,24 @@
 """Supervised probe: can a core output the symbol seen `lag` steps ago (the memory of POPGym's
-RepeatPrevious) through R2AC's stem -> core -> linear readout? Full BPTT over whole
-sequences (the core's "bptt" rule inside one segment is exact BPTT), Adam.
+RepeatPrevious) through R2AC's stem -> core -> linear readout? Adam.
 
-    python scripts/recall_probe.py elstm-bptt 3 128 2000    # core, lag, N, updates
+Two modes:
+- whole sequences (default): one update per batch of sequences, the core run over all
+  `--length` steps as one segment (its "bptt" rule inside one segment is exact BPTT);
+- online (`--segment M`): each batch of sequences is cut into segments of M steps and the
+  weights are updated after every segment, as R2AC's learner does: the state enters each
+  segment carried from the last (with an "-rtrl" core its sensitivities too, so the gradient
+  reaches every earlier step of the sequence; with "-bptt" it stops at the segment start).
+  `--passes K` updates K times on each segment from the same start state, as PPO's epochs
+  do: the start state (and its sensitivities) was carried under the weights before the
+  segment's first update, so passes 2..K see it stale (docs/rules/passes.md). The next
+  segment starts from the state carried under those same weights (an actor's).
 
-Prints loss and accuracy (over every step that has a target) five times during training.
+    python scripts/recall_probe.py elstm-bptt 3 128 2000                 # core, lag, N, batches
+    python scripts/recall_probe.py elstm-rtrl 3 128 300 --segment 4 --passes 4
+
+Prints loss and accuracy (every step with a target; online: of each segment's first pass,
+before its update) five times during training, and the first batch at which the running
+accuracy over 20 batches reached 99%.
 """
 
 from __future__ import annotations
@@ -16,45 +30,92 @@ import torch
 
 from r2ac.rtrl.registry import make_core
 
+SOLVED = 0.99  # running accuracy that counts as holding the recall
+WINDOW = 20  # batches in the running accuracy
+
+
+def cross_entropy_on_targets(logits, symbols, start: int, lag: int):
+    """Loss and correct count of the steps start.. of `logits` (T', B, K) that have a target
+    (global step t >= lag answers symbols[t - lag]); None where the segment has none."""
+    T = logits.shape[0]
+    first = max(0, lag - start)  # first local step with a target
+    if first >= T:
+        return None
+    steps = torch.arange(start + first, start + T)
+    targets = symbols[steps - lag]  # (T'', B)
+    out = logits[first:]
+    loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), targets.reshape(-1))
+    return loss, (out.argmax(-1) == targets).sum().item(), targets.numel()
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("core")
     parser.add_argument("lag", type=int)
     parser.add_argument("hidden", type=int)
-    parser.add_argument("updates", type=int)
+    parser.add_argument("updates", type=int, help="batches of sequences")
     parser.add_argument("--symbols", type=int, default=4)
     parser.add_argument("--length", type=int, default=52)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--segment", type=int, default=0, help="M; 0: whole sequences")
+    parser.add_argument("--passes", type=int, default=1, help="updates per segment (online)")
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if args.segment < 0 or args.passes < 1 or (args.passes > 1 and not args.segment):
+        parser.error("--segment >= 0 and --passes >= 1; --passes > 1 needs --segment")
     torch.set_num_threads(1)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     K, T, B = args.symbols, args.length, args.batch
+    M = args.segment or T
     stem = torch.nn.Sequential(
         torch.nn.Linear(K, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU()
     )
     core = make_core(args.core, 64, args.hidden)
     head = torch.nn.Linear(args.hidden, K)
     params = [*stem.parameters(), *core.parameters(), *head.parameters()]
-    optimizer = torch.optim.Adam(params, lr=3e-3)
-    start = time.perf_counter()
+    optimizer = torch.optim.Adam(params, lr=args.lr)
+    start_time = time.perf_counter()
+    recent: list[float] = []
+    solved_at = None
+    steps = 0
     for update in range(args.updates + 1):
         symbols = torch.randint(0, K, (T, B))  # (T, B)
         x = torch.nn.functional.one_hot(symbols, K).float()  # (T, B, K)
-        h, _ = core(stem(x), core.initial_state(B))  # (T, B, N)
-        logits = head(h)[args.lag :]  # (T - lag, B, K): step t answers symbol t - lag
-        targets = symbols[: T - args.lag]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, K), targets.reshape(-1))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        state = core.initial_state(B)
+        loss_sum, correct, count = 0.0, 0, 0
+        for start in range(0, T, M):
+            x_seg = x[start : start + M]
+            # the actor's carry: the next start state under the weights before this
+            # segment's updates (leaves `state` intact for the passes)
+            next_state = core.advance_state(stem(x_seg).detach(), state) if M < T else None
+            for k in range(args.passes):
+                h, _ = core(stem(x_seg), state, carry=False)  # (M, B, N)
+                got = cross_entropy_on_targets(head(h), symbols, start, args.lag)
+                if got is None:
+                    break
+                loss, right, n = got
+                if k == 0:  # scored before the segment's first update
+                    loss_sum += loss.item() * n
+                    correct, count = correct + right, count + n
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                steps += 1
+            state = next_state
+        accuracy = correct / count
+        recent = [*recent[-(WINDOW - 1) :], accuracy]
+        if solved_at is None and len(recent) == WINDOW and sum(recent) / WINDOW >= SOLVED:
+            solved_at = update
         if update % max(1, args.updates // 5) == 0:
-            accuracy = (logits.argmax(-1) == targets).float().mean()
             print(
-                f"{args.core} lag={args.lag} N={args.hidden} update {update} loss "
-                f"{loss.item():.3f} accuracy {accuracy:.3f} ({time.perf_counter() - start:.0f} s)",
+                f"{args.core} lag={args.lag} N={args.hidden} M={M} passes={args.passes} "
+                f"batch {update} ({steps} updates) loss {loss_sum / count:.3f} accuracy "
+                f"{accuracy:.3f} ({time.perf_counter() - start_time:.0f} s)",
                 flush=True,
             )
+    where = "not reached" if solved_at is None else f"batch {solved_at}"
+    print(f"running accuracy >= {SOLVED} over {WINDOW} batches: {where}")
 
 
 if __name__ == "__main__":

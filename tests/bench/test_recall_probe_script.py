@@ -1,0 +1,53 @@
+"""scripts/recall_probe.py: which steps of a segment have a target, and the online mode runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "recall_probe.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("recall_probe", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_step_answers_the_symbol_lag_steps_back_and_early_steps_have_none():
+    script = _script()
+    K, B = 4, 3
+    symbols = torch.randint(0, K, (12, B), generator=torch.Generator().manual_seed(0))
+    answers = torch.full((12, B, K), -30.0)
+    answers[3:].scatter_(-1, symbols[:9, :, None], 30.0)  # step t says symbols[t - 3]
+    loss, correct, count = script.cross_entropy_on_targets(answers[0:4], symbols, 0, 3)
+    assert (correct, count) == (B, B) and loss.item() < 1e-12  # only local step 3 has a target
+    loss, correct, count = script.cross_entropy_on_targets(answers[4:8], symbols, 4, 3)
+    assert (correct, count) == (4 * B, 4 * B) and loss.item() < 1e-12
+    wrong = script.cross_entropy_on_targets(answers[4:8].roll(1, 0), symbols, 4, 3)
+    assert wrong[1] < wrong[2] and wrong[0].item() > 1.0  # answers one step late are scored wrong
+    assert script.cross_entropy_on_targets(answers[0:4], symbols, 0, 5) is None
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_online_mode_trains_segment_by_segment_with_several_passes():
+    done = run("elstm-rtrl", "3", "8", "2", "--segment", "4", "--passes", "2", "--length", "12")
+    assert done.returncode == 0, done.stderr
+    # 3 segments of 4 steps a batch, 2 passes each: 6 updates a batch, batches 0..2
+    assert "M=4 passes=2 batch 2 (18 updates)" in done.stdout
+    assert "running accuracy >= 0.99 over 20 batches: not reached" in done.stdout
+
+
+def test_passes_without_segments_is_refused():
+    done = run("elstm-rtrl", "3", "8", "2", "--passes", "2")
+    assert done.returncode == 2 and "--passes > 1 needs --segment" in done.stderr
