@@ -12,6 +12,8 @@ Two modes:
   do: the start state (and its sensitivities) was carried under the weights before the
   segment's first update, so passes 2..K see it stale (docs/rules/passes.md). The next
   segment starts from the state carried under those same weights (an actor's).
+  `--start-correction` (eLSTM with RTRL): passes 2..K start from c(t0) + S(t0) . (theta -
+  theta at the first pass), the start state to first order under the current weights.
 
     python scripts/recall_probe.py elstm-bptt 3 128 2000                 # core, lag, N, batches
     python scripts/recall_probe.py elstm-rtrl 3 128 300 --segment 4 --passes 4
@@ -28,6 +30,7 @@ import time
 
 import torch
 
+from r2ac.rtrl.elstm import math as em
 from r2ac.rtrl.registry import make_core
 
 SOLVED = 0.99  # running accuracy that counts as holding the recall
@@ -48,6 +51,18 @@ def cross_entropy_on_targets(logits, symbols, start: int, lag: int):
     return loss, (out.argmax(-1) == targets).sum().item(), targets.numel()
 
 
+def recurrent_params(core) -> tuple[torch.Tensor, torch.Tensor]:
+    """The eLSTM's recurrent parameters as (F; Z) (2, N, D) and (w_f, w_z, b_f, b_z) (4, N)."""
+    return torch.stack([core.F, core.Z]), torch.stack([core.w_f, core.w_z, core.b_f, core.b_z])
+
+
+def corrected_start(core, state, reference):
+    """`state` with c(t0) moved to first order by the parameters' change since `reference`."""
+    with torch.no_grad():
+        d_FZ, d_wb = (now - then for now, then in zip(recurrent_params(core), reference))
+        return type(state)(state.c + em.first_order_start(state.sens, d_FZ, d_wb), state.sens)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("core")
@@ -61,9 +76,12 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=1, help="updates per segment (online)")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--start-correction", action="store_true")
     args = parser.parse_args()
     if args.segment < 0 or args.passes < 1 or (args.passes > 1 and not args.segment):
         parser.error("--segment >= 0 and --passes >= 1; --passes > 1 needs --segment")
+    if args.start_correction and not args.core.startswith("elstm-rtrl"):
+        parser.error("--start-correction needs the eLSTM with RTRL (elstm-rtrl)")
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     K, T, B = args.symbols, args.length, args.batch
@@ -89,8 +107,12 @@ def main() -> None:
             # the actor's carry: the next start state under the weights before this
             # segment's updates (leaves `state` intact for the passes)
             next_state = core.advance_state(stem(x_seg).detach(), state) if M < T else None
+            reference = [p.detach().clone() for p in recurrent_params(core)]
             for k in range(args.passes):
-                h, _ = core(stem(x_seg), state, carry=False)  # (M, B, N)
+                start_state = state
+                if args.start_correction and k > 0:
+                    start_state = corrected_start(core, state, reference)
+                h, _ = core(stem(x_seg), start_state, carry=False)  # (M, B, N)
                 got = cross_entropy_on_targets(head(h), symbols, start, args.lag)
                 if got is None:
                     break
@@ -109,7 +131,8 @@ def main() -> None:
             solved_at = update
         if update % max(1, args.updates // 5) == 0:
             print(
-                f"{args.core} lag={args.lag} N={args.hidden} M={M} passes={args.passes} "
+                f"{args.core} lag={args.lag} N={args.hidden} M={M} passes={args.passes}"
+                f"{' corrected' if args.start_correction else ''} "
                 f"batch {update} ({steps} updates) loss {loss_sum / count:.3f} accuracy "
                 f"{accuracy:.3f} ({time.perf_counter() - start_time:.0f} s)",
                 flush=True,

@@ -164,6 +164,10 @@ class OptimConfig:
     """With an RTRL core: how many epochs, from the first, add the history term
     d_hat(t0) . S(t0) (0: every epoch). Later epochs take the gradient truncated at the
     segment start: their stored sensitivities are those of older weights."""
+    rtrl_start_correction: bool = False
+    """With an eLSTM RTRL core and several passes: each step after the batch's first starts
+    its segments from c(t0) + S(t0) . (theta - theta before the passes), the stored start
+    state moved to first order by the updates so far (docs/rules/passes.md)."""
 
 
 @dataclass(frozen=True)
@@ -499,6 +503,28 @@ _PPO_OPTIONS = {"targets": "vtrace", "gae_lambda": 0.95, "clip_coef": 0.2, "valu
 _IMPALA_ADVANTAGE_OPTIONS = {"advantage_norm": False, "popart_sigma_floor": 0.0}
 
 
+def multi_pass(cfg: TrainConfig) -> bool:
+    """Whether the learner makes several steps per batch (else IMPALA's single step)."""
+    return cfg.loss.algorithm == "ppo" or cfg.optim.epochs * cfg.optim.minibatches > 1
+
+
+def check_start_correction(cfg: TrainConfig) -> None:
+    """--rtrl-start-correction needs a core that has it with a sensitivity rule, several
+    steps per batch and the history term in every epoch."""
+    from r2ac.rtrl.registry import CORES
+
+    spec = CORES.get(cfg.model.core)
+    if spec is None or not (spec.cls.has_first_order_start and spec.rule in ("rtrl", "snap1")):
+        raise ConfigError(f"--rtrl-start-correction moves the start state by the carried "
+                          f"sensitivities: elstm-rtrl or elstm-snap1, not {cfg.model.core}")  # fmt: skip
+    if not multi_pass(cfg):
+        raise ConfigError("--rtrl-start-correction acts from a batch's second step on: it needs "
+                          "--algorithm ppo or --epochs / --minibatches above 1")  # fmt: skip
+    if cfg.optim.rtrl_history_epochs:
+        raise ConfigError("--rtrl-start-correction and --rtrl-history-epochs: the later "
+                          "epochs would have no sensitivities to move the state by; give one")  # fmt: skip
+
+
 def check_learner_options(cfg: TrainConfig) -> None:
     """One-line ConfigErrors for the learner's passes and objective."""
     optim, loss = cfg.optim, cfg.loss
@@ -514,6 +540,8 @@ def check_learner_options(cfg: TrainConfig) -> None:
     if optim.rtrl_history_epochs < 0:
         raise ConfigError(f"--rtrl-history-epochs must be >= 0 (0: every epoch), got "
                           f"{optim.rtrl_history_epochs}")  # fmt: skip
+    if optim.rtrl_start_correction:
+        check_start_correction(cfg)
     numbers = {"adam_eps": optim.adam_eps, "gae_lambda": loss.gae_lambda}
     numbers.update(clip_coef=loss.clip_coef, value_clip=loss.value_clip)
     bad = [f"{k}={v}" for k, v in numbers.items() if not math.isfinite(v) or v < 0]

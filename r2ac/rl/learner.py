@@ -20,7 +20,7 @@ import torch
 from r2ac.envs.spaces import ActionSpace
 from r2ac.rl.actor import Segment
 from r2ac.rl.agent import Agent, clip_rewards
-from r2ac.rl.config import LossConfig, TrainConfig
+from r2ac.rl.config import LossConfig, TrainConfig, multi_pass
 from r2ac.rl.losses import action_log_probs, compute_loss
 from r2ac.rl.ppo import BatchTargets, gae, ppo_losses, select_segment, stream_minibatches
 from r2ac.rl.vtrace import VTraceReturns, bootstrap_truncation, discounts_from, vtrace
@@ -153,11 +153,6 @@ def make_optimizer(agent: Agent, cfg: TrainConfig):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def multi_pass(cfg: TrainConfig) -> bool:
-    """Whether the learner makes several steps per batch (else IMPALA's single step)."""
-    return cfg.loss.algorithm == "ppo" or cfg.optim.epochs * cfg.optim.minibatches > 1
-
-
 @torch.no_grad()
 def batch_targets(
     logits: torch.Tensor,
@@ -199,6 +194,7 @@ class Learner:
         # --rtrl-history-epochs K > 0: epochs from the K+1-th drop the (stale) history term.
         carries = agent.core.carries_sensitivities
         self.history_epochs = cfg.optim.rtrl_history_epochs if carries else 0
+        self.start_correction = cfg.optim.rtrl_start_correction and carries
 
     def backward(self, seg: Segment) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Unroll, compute the losses and call backward once (gradients accumulate).
@@ -279,17 +275,21 @@ class Learner:
         step (and moves PopArt after every step); PPO fixes its targets once (`prepare`) and
         moves PopArt once per batch. Each step re-runs its streams from their stored start
         state (`select_segment`: views, sensitivities included), which it only reads."""
-        cfg, B = self.cfg, seg.actions.shape[1]
+        cfg, B, core = self.cfg, seg.actions.shape[1], self.agent.core
         targets, rows = self.prepare(seg), []
         lr = self.optimizer.param_groups[0]["lr"]
+        # --rtrl-start-correction: the weights the stored states and sensitivities belong to
+        snapshot = core.recurrent_snapshot() if self.start_correction else None
         for epoch in range(cfg.optim.epochs):
             truncate = 0 < self.history_epochs <= epoch
             for block in stream_minibatches(B, cfg.optim.minibatches, self.generator):
                 sub = select_segment(seg, block)
                 self.optimizer.zero_grad(set_to_none=True)
                 if truncate:  # no history term: the sensitivities are not even read
-                    sub = sub._replace(state=self.agent.core.light_state(sub.state))
-                with self.agent.core.without_history() if truncate else nullcontext():
+                    sub = sub._replace(state=core.light_state(sub.state))
+                if snapshot is not None and rows:  # the weights have moved since the snapshot
+                    sub = sub._replace(state=core.first_order_start(sub.state, snapshot))
+                with core.without_history() if truncate else nullcontext():
                     if targets is None:
                         losses, value_targets = self.backward(sub)
                     else:

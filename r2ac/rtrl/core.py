@@ -69,6 +69,8 @@ class RecurrentCore(nn.Module, metaclass=abc.ABCMeta):
     # discards the state it gets back, so it need not pay for it. Cores that cannot skip it
     # accept the argument and return their full state.
     skips_carry: ClassVar[bool] = False
+    # Implements `recurrent_snapshot` and `first_order_start` (with a sensitivity rule).
+    has_first_order_start: ClassVar[bool] = False
     # Set by `without_history` only: the forward then adds no history term.
     _history_off: bool = False
 
@@ -165,6 +167,20 @@ class RecurrentCore(nn.Module, metaclass=abc.ABCMeta):
         finally:
             for core in cores:
                 core._history_off = False
+
+    def recurrent_snapshot(self) -> Any:
+        """Detached copies of the parameters the sensitivities differentiate, for
+        `first_order_start` (cores with `has_first_order_start`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no first-order start state")
+
+    def first_order_start(self, state: Any, snapshot: Any) -> Any:
+        """`state` with its recurrent state moved to first order by the parameters' change
+        since `snapshot`: s(t0) + S(t0) . (theta - theta_snapshot), the sensitivities kept. A
+        learner that steps several times from one stored start state (PPO's epochs) gives
+        each later pass the start state its current weights would have reached, to first
+        order (docs/rules/passes.md, "First-order start state"); a light state is returned
+        as it is."""
+        raise NotImplementedError(f"{type(self).__name__} has no first-order start state")
 
     # -- shared checks
 

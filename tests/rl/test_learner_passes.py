@@ -13,6 +13,7 @@ from r2ac.rl.actor import Actor
 from r2ac.rl.build import agent_for_env, make_env
 from r2ac.rl.learner import Learner, segment_losses
 from r2ac.rl.ppo import select_segment
+from r2ac.rtrl.elstm import math as elstm_math
 
 from .rl_helpers import tiny
 from .test_learner_exact import ENVS, _max_rel_error
@@ -193,3 +194,59 @@ def test_rtrl_history_epochs_truncates_the_later_epochs_only(core, kept, monkeyp
     assert _check_steps(cfg, learner, ref, segments, later, full=False) < 1e-10
     # and the later epochs do differ from the full-history gradient
     assert _check_steps(cfg, learner, ref, segments[-1:], later[-1:], full=True) > 1e-4
+
+
+def _count_corrections(core, monkeypatch):
+    """The calls of core.first_order_start: (state given, state returned, snapshot, weights now)."""
+    calls, correct = [], core.first_order_start
+
+    def recording(state, snapshot):
+        out = correct(state, snapshot)
+        calls.append((state, out, snapshot, core.recurrent_snapshot()))
+        return out
+
+    monkeypatch.setattr(core, "first_order_start", recording)
+    return calls
+
+
+@pytest.mark.parametrize("case", sorted(ENVS))
+def test_the_start_correction_leaves_every_pass_exact_at_lr_0(case, monkeypatch):
+    """--rtrl-start-correction moves the start state by S(t0) . (theta - theta before the
+    passes): zero at lr 0, so every step still equals full BPTT over the history."""
+    cfg = _config("elstm-rtrl", "ppo", case, optimizer="adam").updated(rtrl_start_correction=True)
+    calls = []
+    real_init = Learner.__init__
+
+    def init(self, agent, cfg):
+        real_init(self, agent, cfg)
+        calls.append(_count_corrections(agent.core, monkeypatch))
+
+    monkeypatch.setattr(Learner, "__init__", init)
+    agent, learner, segments, per_segment = _run(cfg, monkeypatch)
+    assert len(calls[0]) == K * (cfg.optim.epochs * cfg.optim.minibatches - 1)
+    assert all(torch.equal(given.c, out.c) for given, out, _, _ in calls[0])
+    err = _check_steps(cfg, learner, _reference(cfg, agent), segments, per_segment, full=True)
+    assert err < 1e-10, err
+
+
+def test_the_start_correction_moves_each_later_step_by_the_updates_since_the_batch_began(
+    monkeypatch,
+):
+    cfg = _config("elstm-rtrl", "ppo", "terminations", optimizer="adam")
+    cfg = cfg.updated(rtrl_start_correction=True, learning_rate=1e-2, epochs=3)
+    torch.manual_seed(0)
+    env = make_env(cfg, B, seed=7)
+    agent = agent_for_env(cfg, env, dtype=torch.float64)
+    actor, learner = Actor(agent, env, seed=7, unroll_length=M), Learner(agent, cfg)
+    calls = _count_corrections(agent.core, monkeypatch)
+    learner.update(actor.collect()[0])  # the first batch starts from zero sensitivities
+    seg, _ = actor.collect()
+    calls.clear()
+    before = agent.core.recurrent_snapshot()
+    learner.update(seg)
+    assert len(calls) == cfg.optim.epochs * cfg.optim.minibatches - 1  # all but the first step
+    for given, out, snapshot, now in calls:
+        assert all(torch.equal(s, b) for s, b in zip(snapshot, before))  # the batch's weights
+        moved = elstm_math.first_order_start(given.sens, now[0] - before[0], now[1] - before[1])
+        assert torch.allclose(out.c - given.c, moved, rtol=1e-12, atol=1e-15)
+        assert moved.abs().max() > 1e-6 and out.sens is given.sens

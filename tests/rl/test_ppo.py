@@ -153,6 +153,22 @@ def test_select_segment_of_an_index_tensor_copies_the_start_state():
         ({"optimizer": "adam", "adam_eps": 0.0}, "adam_eps=0.0"),
         ({"core_lr_scale": 0.0}, "core_lr_scale"),
         ({"rtrl_history_epochs": -1}, "--rtrl-history-epochs must be >= 0"),
+        (
+            {"rtrl_start_correction": True, "epochs": 2, "core": "gru-bptt"},
+            "elstm-rtrl or elstm-snap1, not gru-bptt",
+        ),
+        (
+            {"rtrl_start_correction": True, "epochs": 2, "core": "elstm-bptt"},
+            "elstm-rtrl or elstm-snap1, not elstm-bptt",
+        ),
+        (
+            {"rtrl_start_correction": True, "core": "elstm-rtrl"},
+            "needs --algorithm ppo or --epochs / --minibatches above 1",
+        ),
+        (
+            {"rtrl_start_correction": True, "epochs": 2, "rtrl_history_epochs": 1},
+            "--rtrl-start-correction and --rtrl-history-epochs",
+        ),
         ({"algorithm": "ppo", "advantage_norm": True}, "--advantage-norm: IMPALA's options"),
         (
             {"algorithm": "ppo", "popart": True, "popart_sigma_floor": 15.0},
@@ -170,6 +186,7 @@ def test_bad_learner_options_are_one_line_errors(kw, words):
 def test_good_learner_options_validate():
     validate(tiny(algorithm="ppo", targets="gae", epochs=2, minibatches=3, optimizer="adam"))
     validate(tiny(epochs=3))  # IMPALA with several passes
+    validate(tiny(core="elstm-snap1", algorithm="ppo", rtrl_start_correction=True))
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "rmsprop"])

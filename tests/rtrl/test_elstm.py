@@ -14,6 +14,7 @@ from r2ac.rtrl.gradcheck import (
     reference_gradients,
 )
 from r2ac.rtrl.reference import elstm_reference
+from r2ac.rtrl.registry import make_core
 
 from .common import F64, PATTERNS
 
@@ -283,3 +284,53 @@ def test_input_gradient_equals_autograd_through_the_segment(rule):
     h_ref, _ = elstm_reference(params, x_ref, reset, state.c)
     (h_ref * readout).sum().backward()
     torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-12, atol=1e-13)
+
+
+def _elstm_run(core, x, reset, state=None):
+    """The state after x (T, B, D) in segments of 4 steps from the zero state."""
+    state = core.initial_state(x.shape[1]) if state is None else state
+    for s in range(0, x.shape[0], 4):
+        _, state = core(x[s : s + 4], state, reset[s : s + 4])
+    return state
+
+
+def test_the_first_order_start_is_the_derivative_of_the_carried_state():
+    """c(t0; theta + e delta) = c(t0) + e S(t0) . delta + O(e^2), float64, with episode resets
+    inside the segments: central differences agree to ~e^2, one-sided errors shrink as e^2;
+    both layouts of FZ give the same numbers."""
+    torch.manual_seed(0)
+    T, B, D, N = 12, 3, 5, 7
+    core = ELSTM(D, N, "rtrl", dtype=torch.float64, inplace_carry=False)
+    x = torch.randn(T, B, D, dtype=torch.float64)
+    reset = torch.zeros(T, B, dtype=torch.bool)
+    reset[5, 1] = reset[9, 0] = True
+    with torch.no_grad():
+        state = _elstm_run(core, x, reset)
+        snapshot = core.recurrent_snapshot()
+        params = [core.F, core.Z, core.w_f, core.w_z, core.b_f, core.b_z]
+        delta = [torch.randn_like(p) for p in params]
+
+        def moved(e):  # the state's c at theta + e delta, and first_order_start's prediction
+            for p, d in zip(params, delta):
+                p.add_(e * d)
+            c, predicted = _elstm_run(core, x, reset).c, core.first_order_start(state, snapshot)
+            for p, d in zip(params, delta):
+                p.sub_(e * d)
+            return c, predicted.c
+
+        slope = (moved(1e-6)[0] - moved(-1e-6)[0]) / 2e-6
+        c_hi, predicted_hi = moved(1e-3)
+        c_lo, predicted_lo = moved(1e-4)
+        d_FZ, d_wb = torch.stack(delta[:2]), torch.stack(delta[2:])
+        plain = em.ELSTMSensitivity(state.sens.FZ.contiguous(), state.sens.wb)  # (B, 2, N, D)
+        plain_slope = em.first_order_start(plain, d_FZ, d_wb)
+    linear = em.first_order_start(state.sens, d_FZ, d_wb)
+    assert (slope - linear).abs().max() < 1e-8 * linear.abs().max()
+    assert (plain_slope - linear).abs().max() < 1e-13 * linear.abs().max()
+    err_hi, err_lo = (c_hi - predicted_hi).abs().max(), (c_lo - predicted_lo).abs().max()
+    assert 70 < err_hi / err_lo < 130  # second order: 10x smaller step, 100x smaller error
+    assert err_hi < 1e-2 * (c_hi - state.c).abs().max()  # 100x closer than the stale state
+    light = core.light_state(state)
+    assert core.first_order_start(light, snapshot) is light
+    with pytest.raises(NotImplementedError, match="GRU has no first-order start"):
+        make_core("gru-bptt", D, N).recurrent_snapshot()

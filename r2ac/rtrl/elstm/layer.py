@@ -184,6 +184,7 @@ class ELSTM(RecurrentCore):
     RULES = RULES
     State = ELSTMState
     skips_carry = True
+    has_first_order_start = True
 
     def __init__(
         self,
@@ -339,6 +340,19 @@ class ELSTM(RecurrentCore):
         into = None if out is None else out.sens
         sens = em.carry_from_gates(state.sens, gates, keep, w, x, self.fused_step, out=into)
         return write_state(out, ELSTMState(c, sens))
+
+    @torch.no_grad()
+    def recurrent_snapshot(self) -> tuple[Tensor, Tensor]:
+        """(F; Z) (2, N, D) and (w_f, w_z, b_f, b_z) (4, N), copied: the sensitivities' layout."""
+        return torch.stack([self.F, self.Z]), torch.stack([self.w_f, self.w_z, self.b_f, self.b_z])
+
+    @torch.no_grad()
+    def first_order_start(self, state: ELSTMState, snapshot: tuple[Tensor, Tensor]) -> ELSTMState:
+        """c(t0) + S(t0) . (theta - snapshot), the sensitivities kept (`RecurrentCore`)."""
+        if state.sens is None:
+            return state
+        d_FZ, d_wb = (now - then for now, then in zip(self.recurrent_snapshot(), snapshot))
+        return ELSTMState(state.c + em.first_order_start(state.sens, d_FZ, d_wb), state.sens)
 
     def _params(self) -> tuple[Tensor, ...]:
         """The parameters in `_layer_forward`'s order."""

@@ -382,3 +382,20 @@ def inject_gradients(d_hat: Tensor, sens: ELSTMSensitivity) -> tuple[Tensor, Ten
     rows = sens.FZ.permute(1, 2, 0, 3).reshape(2 * N, B, D)  # (2N, B, D), a view if contiguous
     weights = d_hat.t().repeat(2, 1).unsqueeze(1)  # (2N, 1, B)
     return torch.bmm(weights, rows).view(2, N, D), d_wb
+
+
+def first_order_start(sens: ELSTMSensitivity, d_FZ: Tensor, d_wb: Tensor) -> Tensor:
+    """The change of c(t0) to first order when the recurrent parameters move by d_theta:
+    S(t0) . d_theta, (B, N), from the carried sensitivities.
+
+    d_FZ: (2, N, D) = (F, Z) - (F, Z) at which S(t0) was carried; d_wb: (4, N) the same for
+    (w_f, w_z, b_f, b_z). A learner that updates several times from one stored start state
+    adds this to c(t0), so that a pass sees the effect of its own updates on the start state
+    (docs/rules/passes.md, "First-order start state"). One pass over FZ, like the history term.
+    """
+    stored = _stored_blocks(sens.FZ)  # (B, D, 2, N) in the layer's layout
+    if stored is not None:  # one streaming multiply-reduce over D per stream
+        FZ_part = torch.einsum("bdkn,dkn->bn", stored, d_FZ.permute(2, 0, 1))
+    else:
+        FZ_part = torch.einsum("bknd,knd->bn", sens.FZ, d_FZ)
+    return FZ_part + torch.einsum("bkn,kn->bn", sens.wb, d_wb)
