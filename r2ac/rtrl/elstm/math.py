@@ -394,8 +394,9 @@ def first_order_start(sens: ELSTMSensitivity, d_FZ: Tensor, d_wb: Tensor) -> Ten
     (docs/rules/passes.md, "First-order start state"). One pass over FZ, like the history term.
     """
     stored = _stored_blocks(sens.FZ)  # (B, D, 2, N) in the layer's layout
-    if stored is not None:  # one streaming multiply-reduce over D per stream
-        FZ_part = torch.einsum("bdkn,dkn->bn", stored, d_FZ.permute(2, 0, 1))
+    if stored is not None:  # multiply and sum over D: 0.67 ms at (64, 69, 2, 128), one
+        # thread, an einsum 6 ms (it copies FZ into a batched GEMM's layout)
+        FZ_part = (stored * d_FZ.permute(2, 0, 1).contiguous()).sum(1).sum(1)
     else:
-        FZ_part = torch.einsum("bknd,knd->bn", sens.FZ, d_FZ)
-    return FZ_part + torch.einsum("bkn,kn->bn", sens.wb, d_wb)
+        FZ_part = (sens.FZ * d_FZ).sum(-1).sum(1)
+    return FZ_part + (sens.wb * d_wb).sum(1)
