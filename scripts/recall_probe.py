@@ -30,7 +30,6 @@ import time
 
 import torch
 
-from r2ac.rtrl.elstm import math as em
 from r2ac.rtrl.registry import make_core
 
 SOLVED = 0.99  # running accuracy that counts as holding the recall
@@ -51,18 +50,6 @@ def cross_entropy_on_targets(logits, symbols, start: int, lag: int):
     return loss, (out.argmax(-1) == targets).sum().item(), targets.numel()
 
 
-def recurrent_params(core) -> tuple[torch.Tensor, torch.Tensor]:
-    """The eLSTM's recurrent parameters as (F; Z) (2, N, D) and (w_f, w_z, b_f, b_z) (4, N)."""
-    return torch.stack([core.F, core.Z]), torch.stack([core.w_f, core.w_z, core.b_f, core.b_z])
-
-
-def corrected_start(core, state, reference):
-    """`state` with c(t0) moved to first order by the parameters' change since `reference`."""
-    with torch.no_grad():
-        d_FZ, d_wb = (now - then for now, then in zip(recurrent_params(core), reference))
-        return type(state)(state.c + em.first_order_start(state.sens, d_FZ, d_wb), state.sens)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("core")
@@ -80,8 +67,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.segment < 0 or args.passes < 1 or (args.passes > 1 and not args.segment):
         parser.error("--segment >= 0 and --passes >= 1; --passes > 1 needs --segment")
-    if args.start_correction and not args.core.startswith("elstm-rtrl"):
-        parser.error("--start-correction needs the eLSTM with RTRL (elstm-rtrl)")
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     K, T, B = args.symbols, args.length, args.batch
@@ -90,6 +75,10 @@ def main() -> None:
         torch.nn.Linear(K, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU()
     )
     core = make_core(args.core, 64, args.hidden)
+    if args.start_correction and not (core.has_first_order_start and core.carries_sensitivities):
+        parser.error(
+            f"--start-correction needs sensitivities to move the state by, not {args.core}"
+        )
     head = torch.nn.Linear(args.hidden, K)
     params = [*stem.parameters(), *core.parameters(), *head.parameters()]
     optimizer = torch.optim.Adam(params, lr=args.lr)
@@ -107,11 +96,11 @@ def main() -> None:
             # the actor's carry: the next start state under the weights before this
             # segment's updates (leaves `state` intact for the passes)
             next_state = core.advance_state(stem(x_seg).detach(), state) if M < T else None
-            reference = [p.detach().clone() for p in recurrent_params(core)]
+            snapshot = core.recurrent_snapshot() if args.start_correction else None
             for k in range(args.passes):
                 start_state = state
-                if args.start_correction and k > 0:
-                    start_state = corrected_start(core, state, reference)
+                if snapshot is not None and k > 0:  # c(t0) + S(t0) . (theta - snapshot)
+                    start_state = core.first_order_start(state, snapshot)
                 h, _ = core(stem(x_seg), start_state, carry=False)  # (M, B, N)
                 got = cross_entropy_on_targets(head(h), symbols, start, args.lag)
                 if got is None:

@@ -48,6 +48,10 @@ def test_the_online_mode_trains_segment_by_segment_with_several_passes():
     assert "running accuracy >= 0.99 over 20 batches: not reached" in done.stdout
 
 
-def test_passes_without_segments_is_refused():
+def test_the_first_order_start_runs_and_bad_combinations_are_refused():
+    done = run("elstm-rtrl", "3", "8", "1", "--segment", "4", "--passes", "2", "--start-correction")
+    assert done.returncode == 0 and "passes=2 corrected batch 1" in done.stdout, done.stderr
     done = run("elstm-rtrl", "3", "8", "2", "--passes", "2")
     assert done.returncode == 2 and "--passes > 1 needs --segment" in done.stderr
+    done = run("gru-bptt", "3", "8", "2", "--segment", "4", "--passes", "2", "--start-correction")
+    assert done.returncode == 2 and "not gru-bptt" in done.stderr
