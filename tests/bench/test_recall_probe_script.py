@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "recall_probe.py"
+from .scripts import SCRIPTS, load_script
+
+SCRIPT = SCRIPTS / "recall_probe.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("recall_probe", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("recall_probe")
 
 
 def test_each_step_answers_the_symbol_lag_steps_back_and_early_steps_have_none():

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import statistics
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "rtrl_cost_in_process.py"
+from .scripts import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("rtrl_cost_in_process", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("rtrl_cost_in_process")
 
 
 def test_the_bootstrap_interval_holds_the_ratio_of_medians_and_narrows_with_more_pairs():
