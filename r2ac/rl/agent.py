@@ -49,7 +49,8 @@ class Agent(nn.Module):
     the stem gets no gradients (its parameters are frozen and it runs under ``no_grad``).
     ``reward_scale`` multiplies the last reward of the input, clipped to
     [-reward_clip, reward_clip] (0: unclipped; the losses see the same clip and scale).
-    ``head_hidden`` > 0 puts a shared ReLU layer between core and heads.
+    ``head_hidden`` > 0 puts a shared ReLU layer between core and heads; ``value_detach``
+    keeps the value loss's gradient out of the core and the stem (`PolicyValueHeads`).
     ``num_actions`` is an `ActionSpace` (an int: Discrete with that many actions); the policy
     head outputs its distribution's parameters (`distribution`).
     """
@@ -64,6 +65,7 @@ class Agent(nn.Module):
         value_norm: bool = False,
         reward_scale: float = 1.0,
         head_hidden: int = 0,
+        value_detach: bool = False,
         reward_clip: float = 1.0,
         feed_last_reward: bool = True,
     ):
@@ -87,6 +89,7 @@ class Agent(nn.Module):
             space.head_size,
             value_norm=value_norm,
             hidden=head_hidden,
+            value_detach=value_detach,
             log_std=space.dims if space.is_float else 0,
         )
         self.action_space = space

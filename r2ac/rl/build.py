@@ -80,6 +80,7 @@ def make_agent(
         prev_action=cfg.model.prev_action,
         value_norm=cfg.loss.popart,
         head_hidden=cfg.model.head_hidden,
+        value_detach=cfg.model.value_detach,
         reward_scale=cfg.loss.reward_scale,
         reward_clip=cfg.loss.reward_clip,
         feed_last_reward=cfg.model.last_reward,

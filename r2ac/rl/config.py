@@ -60,6 +60,12 @@ class ModelConfig:
     head_hidden: int = 0
     """Width of a ReLU layer between the core and the policy / value heads, shared by both
     (POPGym's baselines decode the memory's output with an MLP); 0: linear heads."""
+    value_detach: bool = False
+    """The value head reads the core's output without passing its gradient into the core or
+    the stem: the critic's loss trains the head layers only, and the core is trained by the
+    policy and entropy terms alone (as with a separate critic on the same features). Why an
+    option: with exact RTRL the critic can learn the episode's clock through the core, which
+    competes with the policy's memory (docs/rl.md, "Tuning protocol")."""
     policy_init_scale: float = 1.0
     """Multiply the policy layer's initial weights and bias by this (1: PyTorch's default
     init; 0.01 starts every state at a near-uniform policy, as cleanrl's PPO and RLlib's

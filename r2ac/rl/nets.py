@@ -197,6 +197,9 @@ class PolicyValueHeads(nn.Module):
     ("preserving outputs precisely"); the learner divides the value error and the advantages
     by ``value_scale()``, which makes the losses invariant to the reward scale.
 
+    ``value_detach``: the baseline reads ``h`` detached (through the same torso), so the
+    value loss trains the torso and the baseline layer but nothing below the heads.
+
     ``log_std`` > 0 (a Box action space of that many dimensions) adds a state-independent
     log-std parameter (initialised to 0) that ``forward`` appends to the policy outputs, so
     that they are the whole Gaussian's parameters (r2ac/rl/distributions.py).
@@ -211,8 +214,10 @@ class PolicyValueHeads(nn.Module):
         value_norm: bool = False,
         hidden: int = 0,
         log_std: int = 0,
+        value_detach: bool = False,
     ):
         super().__init__()
+        self.value_detach = value_detach
         self.torso = (
             nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU()) if hidden else nn.Identity()
         )
@@ -236,8 +241,12 @@ class PolicyValueHeads(nn.Module):
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns logits ``(..., num_actions)`` (with the log-stds appended: ``(..., 2D)``)
         and values ``(...)`` (unnormalised)."""
-        h = self.torso(h)  # (..., width)
-        values = self.baseline(h).squeeze(-1)  # (...)
+        torso = self.torso(h)  # (..., width)
+        if self.value_detach and torch.is_grad_enabled():  # a second torso pass, cut below it
+            values = self.baseline(self.torso(h.detach())).squeeze(-1)  # (...)
+        else:
+            values = self.baseline(torso).squeeze(-1)  # (...)
+        h = torso
         if self.value_norm:
             values = values * self.value_scale() + self.value_mean
         params = self.policy(h)  # (..., A)

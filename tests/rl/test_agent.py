@@ -236,3 +236,37 @@ def test_policy_init_scale_scales_the_policy_layer_only():
         expected = p * 0.01 if name.startswith("heads.policy.") else p
         assert torch.equal(small[name], expected), name
     assert default["heads.policy.weight"].abs().max() > 0.01
+
+
+@pytest.mark.parametrize("head_hidden", [0, 8])
+def test_value_detach_keeps_the_value_loss_out_of_the_core_and_the_stem(head_hidden):
+    """--value-detach: the same outputs; the value's gradient reaches the head layers only
+    (none in the core or the stem, under exact RTRL too), the policy's is unchanged."""
+    from .rl_helpers import agents_with, tiny
+
+    shared, detached = agents_with(tiny(head_hidden=head_hidden), "value_detach", (False, True))
+    g = torch.Generator().manual_seed(3)
+    obs = torch.randn(4, 3, shared.stem.layers[0].in_features, generator=g)  # (T, B, obs)
+    last_reward = torch.randn(4, 3, generator=g)
+    reset = torch.zeros(4, 3, dtype=torch.bool)
+    reset[2, 1] = True
+
+    def grads(agent, part):
+        agent.zero_grad(set_to_none=True)
+        state = agent.initial_state(3)
+        logits, values, _ = agent(obs, last_reward, reset, state)
+        loss = values.square().sum() if part == "value" else logits.logsumexp(-1).sum()
+        loss.backward()
+        return logits, values, {n: p.grad for n, p in agent.named_parameters()}
+
+    for part in ("value", "policy"):
+        logits_s, values_s, g_s = grads(shared, part)
+        logits_d, values_d, g_d = grads(detached, part)
+        assert torch.equal(logits_s, logits_d) and torch.equal(values_s, values_d)
+        for name, grad in g_d.items():
+            below_heads = not name.startswith("heads.")
+            if part == "value" and below_heads:
+                assert grad is None or not grad.any(), name
+                assert g_s[name] is not None and g_s[name].abs().max() > 0, name
+            elif grad is not None or g_s[name] is not None:
+                assert torch.allclose(grad, g_s[name], atol=1e-7, rtol=1e-6), name
