@@ -241,15 +241,14 @@ class PolicyValueHeads(nn.Module):
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns logits ``(..., num_actions)`` (with the log-stds appended: ``(..., 2D)``)
         and values ``(...)`` (unnormalised)."""
-        torso = self.torso(h)  # (..., width)
+        features = self.torso(h)  # (..., width)
+        value_features = features
         if self.value_detach and torch.is_grad_enabled():  # a second torso pass, cut below it
-            values = self.baseline(self.torso(h.detach())).squeeze(-1)  # (...)
-        else:
-            values = self.baseline(torso).squeeze(-1)  # (...)
-        h = torso
+            value_features = self.torso(h.detach())
+        values = self.baseline(value_features).squeeze(-1)  # (...)
         if self.value_norm:
             values = values * self.value_scale() + self.value_mean
-        params = self.policy(h)  # (..., A)
+        params = self.policy(features)  # (..., A)
         if hasattr(self, "log_std"):
             params = torch.cat([params, self.log_std.expand_as(params)], dim=-1)  # (..., 2D)
         return params, values
