@@ -22,7 +22,14 @@ from r2ac.rl.actor import Segment
 from r2ac.rl.agent import Agent, clip_rewards
 from r2ac.rl.config import LossConfig, TrainConfig, multi_pass
 from r2ac.rl.losses import action_log_probs, compute_loss
-from r2ac.rl.ppo import BatchTargets, gae, ppo_losses, select_segment, stream_minibatches
+from r2ac.rl.ppo import (
+    BatchTargets,
+    gae,
+    ppo_losses,
+    select_segment,
+    standardise,
+    stream_minibatches,
+)
 from r2ac.rl.vtrace import VTraceReturns, bootstrap_truncation, discounts_from, vtrace
 
 
@@ -108,11 +115,6 @@ def segment_losses(
         entropy_cost=loss.entropy_cost,
         space=space,
     )
-
-
-def standardise(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / (std + eps) over every element (one batch of advantages)."""
-    return (x - x.mean()) / (x.std(unbiased=False) + eps)
 
 
 def parameter_groups(agent: Agent, lr: float, core_lr_scale: float) -> list:

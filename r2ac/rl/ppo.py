@@ -84,7 +84,7 @@ def select_segment(seg: Segment, index: slice | torch.Tensor) -> Segment:
 
 
 def standardise(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / (std + eps) over every element (one minibatch of advantages)."""
+    """(x - mean) / (std + eps) over every element (a batch or minibatch of advantages)."""
     return (x - x.mean()) / (x.std(unbiased=False) + eps)
 
 
