@@ -68,12 +68,70 @@ class StepResult(NamedTuple):
     info: dict[str, np.ndarray]
 
 
+class FirstEpisodeCut:
+    """Ends each stream's first episode after a random 1..max_steps steps, as a time limit
+    (truncated: the learner bootstraps). Episodes of one fixed length (RepeatPrevious: 52
+    steps) otherwise keep every stream in step for the whole run, so that each batch holds
+    one phase of the episode in all its streams (every episode's end in one batch of each
+    52 / M) and the gradients cycle with that phase. `start` draws anew (at every reset)."""
+
+    def __init__(self, num_envs: int, max_steps: int, seed: int):
+        if max_steps < 1:
+            raise ConfigError(f"decorrelate steps must be >= 1, got {max_steps}")
+        self.max_steps = max_steps
+        self.rng = np.random.default_rng([seed, 0xDEC0])
+        self.left = np.zeros(num_envs, dtype=np.int64)  # (B,) steps until the cut; 0: none
+
+    def start(self) -> None:
+        self.left = self.rng.integers(1, self.max_steps + 1, size=self.left.shape)
+
+    def __call__(self, ended: np.ndarray) -> np.ndarray:
+        """After a step in which the `ended` (B,) streams finished on their own: the streams
+        whose first episode is cut now (B,) bool."""
+        running = self.left > 0
+        self.left[running] -= 1
+        cut = running & (self.left == 0) & ~ended
+        self.left[ended] = 0  # an episode that ended on its own has done the decorrelating
+        return cut
+
+    def get_state(self) -> dict[str, Any]:
+        return {"left": self.left.copy(), "rng": self.rng.bit_generator.state}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.left[:] = state["left"]
+        self.rng.bit_generator.state = state["rng"]
+
+
 class BatchedEnv(abc.ABC):
     """A batch of `num_envs` environment streams with same-step auto-reset."""
 
     num_envs: int
     observation_spec: ArraySpec
     num_actions: int
+    # `decorrelate`: the backends that can end one stream's episode on its own say True and
+    # call `_start_cuts` in `reset` and `_with_cuts` in `step`
+    can_cut_episodes = False
+    first_cut: FirstEpisodeCut | None = None
+
+    def decorrelate(self, max_steps: int, seed: int) -> None:
+        """From the next reset on, end each stream's first episode after a random 1..max_steps
+        steps (`FirstEpisodeCut`; 0: never)."""
+        if max_steps and not self.can_cut_episodes:
+            raise ConfigError(
+                f"--decorrelate-steps: {type(self).__name__} cannot end one stream's episode "
+                "on its own (the built-in and gym/ envs can); leave it at 0"
+            )
+        self.first_cut = FirstEpisodeCut(self.num_envs, max_steps, seed) if max_steps else None
+
+    def _start_cuts(self) -> None:
+        if self.first_cut is not None:
+            self.first_cut.start()
+
+    def _with_cuts(self, terminated: np.ndarray, truncated: np.ndarray) -> np.ndarray:
+        """`truncated` (B,) with this step's cuts of first episodes added."""
+        if self.first_cut is None:
+            return truncated
+        return truncated | self.first_cut(terminated | truncated)
 
     @property
     def action_space(self) -> ActionSpace:

@@ -65,6 +65,8 @@ def hashed_ints(seeds, episodes, steps, purpose: int, high) -> np.ndarray:
 class _CounterRNGEnv(BatchedEnv):
     """Shared bookkeeping: per-stream seeds, episode and step counters, episode stats."""
 
+    can_cut_episodes = True
+
     def __init__(self, num_envs: int, seed: int):
         if num_envs < 1:
             raise ConfigError(f"num_envs must be >= 1, got {num_envs}")
@@ -87,6 +89,7 @@ class _CounterRNGEnv(BatchedEnv):
             self.episode += 1
         self.t[:] = 0
         self.stats.reset()
+        self._start_cuts()
         self._begin_episodes(np.ones(self.num_envs, dtype=bool))
         return self._observe()
 
@@ -94,15 +97,20 @@ class _CounterRNGEnv(BatchedEnv):
         names = ("seeds", "episode", "t", *self._task_arrays)
         state = {name: getattr(self, name).copy() for name in names}
         state["stats"] = self.stats.get_state()
+        if self.first_cut is not None:
+            state["first_cut"] = self.first_cut.get_state()
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
         for name in ("seeds", "episode", "t", *self._task_arrays):
             getattr(self, name)[:] = state[name]
         self.stats.set_state(state["stats"])
+        if self.first_cut is not None:
+            self.first_cut.set_state(state["first_cut"])
 
     def _finish_step(self, reward, terminated, truncated) -> StepResult:
         """Account the step, start new episodes where one ended, observe."""
+        truncated = self._with_cuts(terminated, truncated)
         done = terminated | truncated
         info = self.stats.update(reward, done)
         final_obs = self._observe() if done.any() else None

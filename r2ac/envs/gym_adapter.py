@@ -139,6 +139,8 @@ class _ObsConverter:
 class GymEnv(BatchedEnv):
     """num_envs Gymnasium envs stepped in lock-step with same-step auto-reset."""
 
+    can_cut_episodes = True
+
     def __init__(
         self,
         env_id: str,
@@ -186,6 +188,7 @@ class GymEnv(BatchedEnv):
             for b, env in enumerate(self.envs)
         ]
         self.stats.reset()
+        self._start_cuts()
         return self._stack(observations)
 
     def step(self, actions: np.ndarray) -> StepResult:
@@ -195,6 +198,7 @@ class GymEnv(BatchedEnv):
         reward = np.array([r[1] for r in results], dtype=np.float32)
         terminated = np.array([r[2] for r in results], dtype=bool)
         truncated = np.array([r[3] for r in results], dtype=bool) & ~terminated
+        truncated = self._with_cuts(terminated, truncated)
         done = terminated | truncated
         stats = self.stats.update(reward, done)
         reset_obs = [self.envs[b].reset()[0] for b in np.flatnonzero(done)]

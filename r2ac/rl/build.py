@@ -45,6 +45,19 @@ def make_env(cfg: TrainConfig, num_envs: int, seed: int) -> BatchedEnv:
     return envs.make(cfg.env.id, num_envs, seed, **cfg.env_kwargs())
 
 
+def make_actor_env(cfg: TrainConfig, num_envs: int, seed: int) -> BatchedEnv:
+    """An actor's envs: `make_env`, with the first episodes cut at random under
+    --decorrelate-steps (never the evaluation's)."""
+    env = make_env(cfg, num_envs, seed)
+    if cfg.env.decorrelate_steps:
+        try:
+            env.decorrelate(cfg.env.decorrelate_steps, seed)
+        except BaseException:
+            env.close()
+            raise
+    return env
+
+
 def make_agent(
     cfg: TrainConfig,
     observation_shape,

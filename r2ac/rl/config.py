@@ -37,6 +37,10 @@ class EnvConfig:
     """Env name `<family>/<task>` (see `r2ac envs`)."""
     options: Annotated[tuple[str, ...], tyro.conf.arg(name="env-options")] = ()
     """Env options as key=value pairs, e.g. delay=64 (typed by the env's constructor)."""
+    decorrelate_steps: int = 0
+    """Actors' envs: end each stream's first episode after a random 1..K steps (truncated,
+    so bootstrapped), so that episodes of one fixed length (RepeatPrevious, CountRecall) do
+    not keep every stream in step for the whole run; 0: off. Evaluation never cuts."""
 
 
 @dataclass(frozen=True)
@@ -417,6 +421,7 @@ _RANGES = (
     ("eval_episodes", lambda v: v <= MAX_EVAL_EPISODES, f"at most {MAX_EVAL_EPISODES:,}"),
 )
 _NON_NEGATIVE = (
+    "decorrelate_steps",
     "num_actors",
     "num_threads",
     "lr_warmup_updates",

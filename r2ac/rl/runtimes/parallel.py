@@ -44,7 +44,7 @@ import torch.multiprocessing as mp
 from torch.utils import _pytree as pytree
 
 from r2ac.rl.actor import Actor, EpisodeLog, Segment, cat_segments
-from r2ac.rl.build import actor_seed, agent_for_env, make_env
+from r2ac.rl.build import actor_seed, agent_for_env, make_actor_env, make_env
 from r2ac.rl.config import TrainConfig, learner_carries
 from r2ac.rl.run_dir import RunDir
 from r2ac.rl.runtimes.base import ActorError, Batch, Runtime
@@ -104,7 +104,7 @@ def _act(spec: ActorSpec, cfg: TrainConfig, conn: Connection, slots, board: Weig
     torch.set_num_threads(1)
     seed = actor_seed(cfg.run.seed, spec.index, spec.generation)
     torch.manual_seed(seed)
-    env = make_env(cfg, cfg.runtime.num_envs, seed)
+    env = make_actor_env(cfg, cfg.runtime.num_envs, seed)
     try:
         agent = agent_for_env(cfg, env, load_stem=False)
         light = learner_carries(cfg)  # the learner carries the sensitivities

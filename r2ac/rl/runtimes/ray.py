@@ -63,7 +63,7 @@ from torch.utils import _pytree as pytree
 from r2ac.environ import environ
 from r2ac.errors import ConfigError
 from r2ac.rl.actor import Actor, EpisodeLog, cat_segments
-from r2ac.rl.build import actor_seed, agent_for_env, make_env
+from r2ac.rl.build import actor_seed, agent_for_env, make_actor_env, make_env
 from r2ac.rl.config import TrainConfig, learner_carries
 from r2ac.rl.run_dir import RunDir
 from r2ac.rl.runtimes import wire
@@ -193,7 +193,7 @@ class RayActor:
         torch.manual_seed(seed)
         if self.epoch >= 0:
             self.env.close()
-        self.env = make_env(cfg, cfg.runtime.num_envs, seed)
+        self.env = make_actor_env(cfg, cfg.runtime.num_envs, seed)
         if self.epoch < 0:
             self.agent = agent_for_env(cfg, self.env, self.dtype, load_stem=False)
         light = learner_carries(cfg)  # the learner carries the sensitivities

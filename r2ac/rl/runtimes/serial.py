@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 
 from r2ac.rl.actor import Actor, StateSlots, cat_segments
-from r2ac.rl.build import actor_seed, agent_for_env, make_env
+from r2ac.rl.build import actor_seed, agent_for_env, make_actor_env
 from r2ac.rl.config import TrainConfig
 from r2ac.rl.run_dir import RunDir
 from r2ac.rl.runtimes.base import Batch, Runtime, copy_weights, set_rng_state
@@ -32,7 +32,7 @@ class SerialRuntime(Runtime):
     def __init__(self, cfg: TrainConfig, run: RunDir | None = None):
         super().__init__(cfg, run)
         seeds = [actor_seed(cfg.run.seed, i) for i in range(cfg.segments_per_batch)]
-        envs = [make_env(cfg, cfg.runtime.num_envs, s) for s in seeds]
+        envs = [make_actor_env(cfg, cfg.runtime.num_envs, s) for s in seeds]
         acting = agent_for_env(cfg, envs[0])
         # the actors carry into slices of two batch buffers (no join of their states)
         self.slots = StateSlots(acting, cfg.runtime.num_envs, len(envs))
