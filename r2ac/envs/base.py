@@ -70,10 +70,10 @@ class StepResult(NamedTuple):
 
 class FirstEpisodeCut:
     """Ends each stream's first episode after a random 1..max_steps steps, as a time limit
-    (truncated: the learner bootstraps). Episodes of one fixed length (RepeatPrevious: 52
+    (truncated: the learner bootstraps). Episodes of one fixed length L (RepeatPrevious: 51
     steps) otherwise keep every stream in step for the whole run, so that each batch holds
     one phase of the episode in all its streams (every episode's end in one batch of each
-    52 / M) and the gradients cycle with that phase. `start` draws anew (at every reset)."""
+    L / M) and the gradients cycle with that phase. `start` draws anew (at every reset)."""
 
     def __init__(self, num_envs: int, max_steps: int, seed: int):
         if max_steps < 1:
