@@ -31,9 +31,6 @@ from contextlib import nullcontext
 import torch
 
 from r2ac.rl.config import from_dict, validate
-from r2ac.rl.distributions import distribution
-from r2ac.rl.losses import action_log_probs
-from r2ac.rl.ppo import clipped_policy_loss, standardise, value_loss
 from r2ac.rl.run_dir import REQUIRED_FIELDS, TRAINING_CHECKPOINT
 from r2ac.rl.train_cli import make_runtime
 from r2ac.runs import checkpoint
@@ -60,19 +57,8 @@ def flat_grad(params: list[torch.nn.Parameter]) -> torch.Tensor:
     )
 
 
-def ppo_terms(learner, logits, values, seg, targets) -> dict[str, torch.Tensor]:
-    """PPO's loss and its three terms, each with its graph (`ppo_losses` detaches the terms)."""
-    loss_cfg, space = learner.cfg.loss, learner.agent.action_space
-    log_pi = action_log_probs(logits, seg.actions, space)  # (M, B)
-    advantages = standardise(targets.advantages)
-    policy, _ = clipped_policy_loss(
-        log_pi, targets.behaviour_log_pi, advantages, loss_cfg.clip_coef
-    )
-    scale = learner.agent.heads.value_scale().detach()
-    scaled = [v / scale for v in (values, targets.returns, targets.old_values)]
-    value = loss_cfg.baseline_cost * value_loss(*scaled, clip=loss_cfg.value_clip)
-    entropy = -loss_cfg.entropy_cost * distribution(space, logits).entropy().mean()
-    return {"loss": policy + value + entropy, "policy": policy, "value": value, "entropy": entropy}
+# --term: the key of each term in `ppo_losses` (each with its coefficient)
+TERMS = {"loss": "loss", "policy": "pg_loss", "value": "baseline_loss", "entropy": "entropy_loss"}
 
 
 def batch_gradients(runtime, seg, term: str, groups) -> dict[str, dict[str, torch.Tensor]]:
@@ -89,7 +75,8 @@ def batch_gradients(runtime, seg, term: str, groups) -> dict[str, dict[str, torc
                 seg.obs[:M], seg.last_reward[:M], seg.reset[:M], state, carry=False,
                 last_action=seg.last_action[:M],
             )  # fmt: skip
-            ppo_terms(learner, logits, values, seg, targets)[term].backward()
+            losses = learner.ppo_loss(logits, values, seg, targets, keep_graph=True)
+            losses[TERMS[term]].backward()
         out[rule] = {name: flat_grad(params) for name, params in groups.items()}
     out["history"] = {g: out["rtrl"][g] - out["tbptt"][g] for g in groups}
     return out
@@ -133,7 +120,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint")
     parser.add_argument("batches", type=int, nargs="?", default=100)
-    parser.add_argument("--term", default="loss", choices=("loss", "policy", "value", "entropy"))
+    parser.add_argument("--term", default="loss", choices=tuple(TERMS))
     parser.add_argument(
         "--warmup", type=int, default=16, help="batches collected first, without gradients"
     )

@@ -229,14 +229,17 @@ class Learner:
         losses["loss"].backward()
         return losses
 
-    def ppo_loss(self, logits, values, seg: Segment, targets: BatchTargets) -> dict:
-        """`ppo_losses` with this config (a test calls it on a reference's outputs)."""
+    def ppo_loss(
+        self, logits, values, seg: Segment, targets: BatchTargets, keep_graph: bool = False
+    ) -> dict:
+        """`ppo_losses` with this config (a test calls it on a reference's outputs;
+        scripts/gradient_noise.py differentiates its terms one at a time: `keep_graph`)."""
         cfg = self.cfg
         scale = self.agent.heads.value_scale().detach()
         return ppo_losses(
             logits, values, seg.actions, targets, cfg.loss.clip_coef, cfg.loss.value_clip,
             cfg.loss.baseline_cost, cfg.loss.entropy_cost, value_scale=scale,
-            space=self.agent.action_space,
+            space=self.agent.action_space, keep_graph=keep_graph,
         )  # fmt: skip
 
     def prepare(self, seg: Segment) -> BatchTargets | None:

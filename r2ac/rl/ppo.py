@@ -124,6 +124,7 @@ def ppo_losses(
     entropy_cost: float,
     value_scale: float | torch.Tensor = 1.0,
     space: ActionSpace | None = None,
+    keep_graph: bool = False,
 ) -> dict[str, torch.Tensor]:
     """PPO's losses of one minibatch: logits ``(M, B, P)`` (the distribution of `space`;
     None: Discrete), actions ``(M, B, *S)``, values ``(M, B)``.
@@ -131,6 +132,7 @@ def ppo_losses(
     The advantages are standardised over the minibatch; `value_scale` (PopArt's sigma)
     divides values, returns and old values, so the critic learns normalised returns.
     ``loss = policy + baseline_cost * value + entropy_cost * (-entropy)``, all means.
+    The terms come detached (for logging) unless `keep_graph` (to differentiate one alone).
     """
     log_pi = action_log_probs(logits, actions, space)  # (M, B)
     advantages = standardise(targets.advantages)
@@ -139,11 +141,12 @@ def ppo_losses(
     baseline = baseline_cost * value_loss(*scaled, clip=value_clip)
     neg_entropy = -distribution(space, logits).entropy().mean()
     entropy = entropy_cost * neg_entropy
+    term = (lambda x: x) if keep_graph else torch.Tensor.detach
     return {
         "loss": policy + baseline + entropy,
-        "pg_loss": policy.detach(),
-        "baseline_loss": baseline.detach(),
-        "entropy_loss": entropy.detach(),
+        "pg_loss": term(policy),
+        "baseline_loss": term(baseline),
+        "entropy_loss": term(entropy),
         "entropy": -neg_entropy.detach(),
         "clip_fraction": clipped,
     }

@@ -60,6 +60,13 @@ def test_the_two_gradients_are_the_learners_and_a_tbptt_agents():
     for name, params in gn.parameter_groups(bptt).items():
         torch.testing.assert_close(grads["tbptt"][name], gn.flat_grad(params))
     assert grads["history"]["core"].abs().max() > 0  # the sensitivities did carry something
+    # --term: the three terms' gradients add up to the loss's
+    parts = [gn.batch_gradients(runtime, seg, t, groups) for t in ("policy", "value", "entropy")]
+    for rule in ("rtrl", "tbptt"):
+        for name in groups:
+            total = sum(part[rule][name] for part in parts)
+            torch.testing.assert_close(total, grads[rule][name], rtol=1e-5, atol=1e-7)
+            assert all(part[rule][name].abs().max() > 0 for part in parts[:2])
     assert grads["history"]["heads"].abs().max() == 0
 
 
