@@ -14,16 +14,12 @@ from __future__ import annotations
 import datetime
 import importlib
 import json
-import os
-import platform
 import shlex
 import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
-
-import torch
 
 from r2ac.errors import ConfigError, check_writable
 from r2ac.experiments import grids, report, runner
@@ -70,11 +66,13 @@ def _usage() -> str:
 
 
 def _header(name: str, seeds: int, argv: list[str]) -> str:
-    from r2ac.runs.run_dir import git_revision
+    from r2ac.runs.run_dir import git_revision, machine
 
+    box = machine()
     return (
-        f"Command: `r2ac experiment {name} {shlex.join(argv)}`. Machine: {platform.machine()}, "
-        f"{os.cpu_count()} CPUs, torch {torch.__version__}; git {git_revision()[:10]}; "
+        f"Command: `r2ac experiment {name} {shlex.join(argv)}`. Machine: {box['cpu']} "
+        f"({box['cpu_capability']}), {box['cpu_count']} CPUs, torch {box['torch']}; "
+        f"git {git_revision()[:10]}; "
         f"{seeds} seeds per cell; report written {datetime.datetime.now():%Y-%m-%d %H:%M}."
     )
 

@@ -27,7 +27,15 @@ import torch
 from r2ac.errors import ConfigError, check_writable
 from r2ac.rl.config import TrainConfig, flatten, from_dict, to_dict
 from r2ac.runs import checkpoint
-from r2ac.runs.run_dir import LockedDir, git_revision, holds_nothing, read_json, write_json
+from r2ac.runs.run_dir import (
+    LockedDir,
+    git_revision,
+    holds_nothing,
+    machine,
+    machine_changes,
+    read_json,
+    write_json,
+)
 from r2ac.runs.schema import NUMBER, OPTIMIZER, STATE_DICT, WEIGHTS_FILE, ListOf, Opt
 
 COLUMNS = (
@@ -154,6 +162,7 @@ class RunDir(LockedDir):
             "config": to_dict(cfg),
             "git_revision": git_revision(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "machine": machine(),
         }
         write_json(run.config_path, meta)
         return run
@@ -184,6 +193,12 @@ class RunDir(LockedDir):
             raise ConfigError(f"{self.config_path}: {exc}") from exc
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{self.config_path}: unreadable config ({exc})") from exc
+
+    def machine_changes(self) -> list[str]:
+        """How this machine differs from the one that created the run, in what changes floats
+        (`r2ac.runs.run_dir.machine_changes`); [] for runs that did not record theirs."""
+        meta = read_json(self.config_path)
+        return machine_changes(meta.get("machine") if isinstance(meta, dict) else None, machine())
 
     def save_checkpoint(self, payload: dict[str, Any]) -> None:
         checkpoint.save_atomic({"agent": payload["agent"]}, self.agent_path)

@@ -33,6 +33,8 @@ from r2ac.rl.runtimes.base import ActorError, TrainingDiverged
 from r2ac.runs.checkpoint import CheckpointError
 from r2ac.runs.stop import TrainingInterrupted, exit_code, raise_on_signal, signal_name
 
+log = logging.getLogger(__name__)
+
 
 def _pop_option(argv: list[str], name: str) -> str | None:
     """Remove `--name VALUE` or `--name=VALUE` from argv; return VALUE."""
@@ -163,6 +165,12 @@ def _resumed_runtime(cfg: TrainConfig, run: RunDir):
     """The runtime with the checkpoint's state; a checkpoint whose structure passed the check
     but whose values do not fit (e.g. an RNG state of the wrong form) is refused in one line."""
     payload = run.load_checkpoint()
+    changes = run.machine_changes()
+    if changes:  # the run goes on, but an uninterrupted run here or there would differ
+        log.warning(
+            "resuming on another machine (%s): training continues, not bit-identically",
+            "; ".join(changes),
+        )
     try:
         check_same_config(run, cfg, payload)
         runtime = make_runtime(cfg, run)

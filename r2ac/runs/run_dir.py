@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,53 @@ def git_revision() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def cpu_model() -> str:
+    """The CPU's model name ("AMD EPYC ..."), or the architecture where the OS does not say."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict[str, str | int]:
+    """What a run's numbers depend on beyond its config and code: a serial run is bit-identical
+    on the same CPU capability and packages, but other SIMD kernels (torch's "AVX2" against
+    "AVX512") sum floats in another order, and a 1 M-frame RL run then ends elsewhere."""
+    import numpy
+    import torch
+
+    return {
+        "cpu": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_count": os.cpu_count() or 0,
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "python": platform.python_version(),
+        "load_average": " ".join(f"{v:.2f}" for v in os.getloadavg()),
+    }
+
+
+# The entries of `machine()` that change a run's floats.
+SAME_FLOATS_KEYS = ("cpu_capability", "torch", "numpy")
+
+
+def machine_changes(recorded: object, now: dict) -> list[str]:
+    """The float-relevant entries in which `now` differs from a run's `recorded` machine, as
+    "key: then -> now" ([] when they agree or nothing was recorded)."""
+    if not isinstance(recorded, dict):
+        return []
+    return [
+        f"{key}: {recorded[key]} -> {now.get(key)}"
+        for key in SAME_FLOATS_KEYS
+        if key in recorded and recorded[key] != now.get(key)
+    ]
 
 
 def write_json(path: str | Path, obj: Any) -> Path:

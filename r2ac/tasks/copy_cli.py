@@ -12,7 +12,6 @@ exit 130 / 143; the same command with `--resume` continues bit-identically.
 from __future__ import annotations
 
 import os
-import platform
 import shlex
 import signal
 import sys
@@ -25,24 +24,13 @@ import tyro
 from r2ac.errors import ConfigError, check_writable
 from r2ac.perf import check_memory, keep_freed_memory
 from r2ac.runs.checkpoint import LOCK_NAME
-from r2ac.runs.run_dir import LockedDir, git_revision, read_json, write_json
+from r2ac.runs.run_dir import LockedDir, git_revision, machine, read_json, write_json
 from r2ac.runs.stop import TrainingInterrupted, exit_code, raise_on_signal, signal_name
 from r2ac.tasks.copy import CHECKPOINT_NAME, CopyConfig, curve, metrics, resume, training
 from r2ac.tasks.copy.config import DTYPES
 from r2ac.tasks.copy.data import make_test_set
 
 PROG = "r2ac copy"
-
-
-def machine() -> dict[str, str | int]:
-    return {
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count() or 0,
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "load_average": " ".join(f"{v:.2f}" for v in os.getloadavg()),
-    }
 
 
 def write_config(cfg: CopyConfig) -> dict:

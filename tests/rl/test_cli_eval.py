@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from r2ac.rl import evaluate, train_cli
 from r2ac.rl.config import validate
 from r2ac.rl.presets import PRESETS
 from r2ac.runs import checkpoint
+from r2ac.runs.run_dir import machine_changes
 
 from .rl_helpers import tiny
 
@@ -189,3 +192,37 @@ def test_load_a_pretrained_stem_and_freeze_it(tmp_path):
         train_cli.main([*args, "--out-dir", str(tmp_path / "x"), "--load-stem", str(missing)]) == 2
     )
     assert not (tmp_path / "x").exists()
+
+
+def test_machine_changes_names_only_what_changes_floats():
+    now = {
+        "cpu": "B",
+        "cpu_capability": "AVX2",
+        "torch": "2.13.0",
+        "numpy": "2.4",
+        "load_average": "1",
+    }
+    same = {**now, "cpu": "A", "load_average": "9"}  # another model, same kernels: no notice
+    assert machine_changes(same, now) == []
+    assert machine_changes(None, now) == [] and machine_changes("junk", now) == []
+    assert machine_changes({"cpu_capability": "AVX512"}, now) == ["cpu_capability: AVX512 -> AVX2"]
+    older = {**now, "torch": "2.12.0", "numpy": "2.3"}
+    assert machine_changes(older, now) == ["torch: 2.12.0 -> 2.13.0", "numpy: 2.3 -> 2.4"]
+
+
+def test_a_run_records_its_machine_and_a_resume_elsewhere_says_so(tmp_path, caplog):
+    out = tmp_path / "run"
+    assert train_cli.main([*TINY_ARGS, "--out-dir", str(out), "--no-eval-at-end"]) == 0
+    meta = json.loads((out / "config.json").read_text())
+    recorded = dict(meta["machine"])
+    assert recorded["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert (recorded["torch"], recorded["cpu_count"]) == (torch.__version__, os.cpu_count())
+    with caplog.at_level(logging.WARNING, logger="r2ac.rl.train_cli"):
+        assert train_cli.main(["--resume", str(out)]) == 0
+    assert "another machine" not in caplog.text
+    meta["machine"]["cpu_capability"] = "AVX512-elsewhere"
+    (out / "config.json").write_text(json.dumps(meta))
+    with caplog.at_level(logging.WARNING, logger="r2ac.rl.train_cli"):
+        assert train_cli.main(["--resume", str(out)]) == 0
+    expected = f"cpu_capability: AVX512-elsewhere -> {recorded['cpu_capability']}"
+    assert "resuming on another machine" in caplog.text and expected in caplog.text
