@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
+import torch
 
 from r2ac.errors import ConfigError
 from r2ac.experiments import cli, grids, report, runner
@@ -155,6 +157,7 @@ def test_grid_trains_reports_and_resumes(tiny_grid, tmp_path, capsys):
         )
     md = (out / "results.md").read_text()
     assert "per column: " + report.eval_protocol(TINY.tasks[0]) in md
+    assert f"({torch.backends.cpu.get_cpu_capability()}), {os.cpu_count()} CPUs" in md  # machine
     scores = json.loads((out / "results.json").read_text())["runs"]
     assert len(scores) == 4 and all(-1.0 <= r["eval_mean"] <= 1.0 for r in scores.values())
     # The table cell is the mean +- std of the two seeds' eval scores.
