@@ -60,8 +60,15 @@ def machine() -> dict[str, str | int]:
         "torch": torch.__version__,
         "numpy": numpy.__version__,
         "python": platform.python_version(),
-        "load_average": " ".join(f"{v:.2f}" for v in os.getloadavg()),
+        "load_average": _load_average(),
     }
+
+
+def _load_average() -> str:
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg())
+    except (AttributeError, OSError):  # not every OS keeps one
+        return "unknown"
 
 
 # The entries of `machine()` that change a run's floats.
