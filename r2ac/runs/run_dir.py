@@ -1,4 +1,5 @@
-"""A locked run directory, task-neutral: the lock, stale temp files, JSON and the git revision.
+"""A locked run directory, task-neutral: the lock, stale temp files, JSON, the git revision and
+the machine a run ran on.
 
 `r2ac train` (r2ac.rl.run_dir.RunDir, which adds config.json, metrics and checkpoints) and
 `r2ac copy` (r2ac.tasks.copy_cli) both hold their directory through `LockedDir`, so a second
