@@ -18,6 +18,14 @@ Two modes:
     python scripts/recall_probe.py elstm-bptt 3 128 2000                 # core, lag, N, batches
     python scripts/recall_probe.py elstm-rtrl 3 128 300 --segment 4 --passes 4
 
+`--policy-gradient` replaces the supervised loss by the policy gradient of POPGym's reward
+(REINFORCE, one sampled action a step, reward +1 for the right symbol and -1 for a wrong one,
+the batch's mean reward as baseline, entropy bonus `--entropy-cost`): the signal an RL agent
+gets, without a critic, PPO or credit assignment across steps (each step's reward is its own).
+The accuracy printed is the greedy action's.
+
+    python scripts/recall_probe.py elstm-rtrl 3 128 2000 --segment 4 --policy-gradient
+
 Prints loss and accuracy (every step with a target; online: of each segment's first pass,
 before its update) five times during training, and the first batch at which the running
 accuracy over 20 batches reached 99%.
@@ -50,6 +58,26 @@ def cross_entropy_on_targets(logits, symbols, start: int, lag: int):
     return loss, (out.argmax(-1) == targets).sum().item(), targets.numel()
 
 
+def policy_gradient_on_targets(logits, symbols, start: int, lag: int, entropy_cost: float):
+    """REINFORCE on the steps of `logits` (T', B, K) that have a target: one action sampled a
+    step, reward +1 if it is the symbol `lag` steps back, else -1, minus the mean reward of
+    those steps (the baseline); minus `entropy_cost` x the mean entropy. Returns the loss, the
+    greedy action's correct count and the number of scored steps; None where nothing is scored."""
+    T = logits.shape[0]
+    first = max(0, lag - start)
+    if first >= T:
+        return None
+    steps = torch.arange(start + first, start + T)
+    targets = symbols[steps - lag]  # (T'', B)
+    policy = torch.distributions.Categorical(logits=logits[first:])
+    actions = policy.sample()  # (T'', B)
+    reward = (actions == targets).to(logits.dtype) * 2.0 - 1.0
+    advantage = reward - reward.mean()
+    loss = -(policy.log_prob(actions) * advantage).mean() - entropy_cost * policy.entropy().mean()
+    correct = (logits[first:].argmax(-1) == targets).sum().item()
+    return loss, correct, targets.numel()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("core")
@@ -64,6 +92,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--start-correction", action="store_true")
+    parser.add_argument("--policy-gradient", action="store_true", help="REINFORCE, not labels")
+    parser.add_argument("--entropy-cost", type=float, default=0.01)
     args = parser.parse_args()
     if args.segment < 0 or args.passes < 1 or (args.passes > 1 and not args.segment):
         parser.error("--segment >= 0 and --passes >= 1; --passes > 1 needs --segment")
@@ -102,7 +132,12 @@ def main() -> None:
                 if snapshot is not None and k > 0:  # c(t0) + S(t0) . (theta - snapshot)
                     start_state = core.first_order_start(state, snapshot)
                 h, _ = core(stem(x_seg), start_state, carry=False)  # (M, B, N)
-                got = cross_entropy_on_targets(head(h), symbols, start, args.lag)
+                if args.policy_gradient:
+                    got = policy_gradient_on_targets(
+                        head(h), symbols, start, args.lag, args.entropy_cost
+                    )
+                else:
+                    got = cross_entropy_on_targets(head(h), symbols, start, args.lag)
                 if got is None:
                     break
                 loss, right, n = got
@@ -121,7 +156,8 @@ def main() -> None:
         if update % max(1, args.updates // 5) == 0:
             print(
                 f"{args.core} lag={args.lag} N={args.hidden} M={M} passes={args.passes}"
-                f"{' corrected' if args.start_correction else ''} "
+                f"{' corrected' if args.start_correction else ''}"
+                f"{' policy-gradient' if args.policy_gradient else ''} "
                 f"batch {update} ({steps} updates) loss {loss_sum / count:.3f} accuracy "
                 f"{accuracy:.3f} ({time.perf_counter() - start_time:.0f} s)",
                 flush=True,

@@ -52,3 +52,29 @@ def test_the_first_order_start_runs_and_bad_combinations_are_refused():
     assert done.returncode == 2 and "--passes > 1 needs --segment" in done.stderr
     done = run("gru-bptt", "3", "8", "2", "--segment", "4", "--passes", "2", "--start-correction")
     assert done.returncode == 2 and "not gru-bptt" in done.stderr
+
+
+def test_the_policy_gradient_rewards_the_symbol_lag_steps_back():
+    script = _script()
+    K, B, lag = 4, 2000, 3
+    torch.manual_seed(0)  # the actions are sampled
+    symbols = torch.randint(0, K, (8, B))
+    sure = torch.full((4, B, K), -30.0)
+    sure.scatter_(-1, symbols[1:5, :, None], 30.0)  # local steps 0..3 = global 4..7 say t - 3
+    loss, correct, count = script.policy_gradient_on_targets(sure, symbols, 4, lag, 0.01)
+    # every sampled action right: reward +1 everywhere, advantage 0, entropy ~0
+    assert (correct, count) == (4 * B, 4 * B) and abs(loss.item()) < 1e-9
+    uniform = torch.zeros(4, B, K, requires_grad=True)
+    loss, correct, count = script.policy_gradient_on_targets(uniform, symbols, 4, lag, 0.0)
+    loss.backward()
+    targets = symbols[1:5]
+    on_target = uniform.grad.gather(-1, targets[..., None]).squeeze(-1)  # (4, B)
+    # a descent step raises the target's logit and lowers the others' (on average)
+    assert on_target.mean() < -1e-5 and (uniform.grad.sum(-1).abs().max() < 1e-9)
+    assert script.policy_gradient_on_targets(uniform[:2], symbols, 0, 3, 0.0) is None
+
+
+def test_the_policy_gradient_mode_runs():
+    done = run("elstm-rtrl", "3", "8", "2", "--segment", "4", "--length", "12", "--policy-gradient")
+    assert done.returncode == 0, done.stderr
+    assert "passes=1 policy-gradient batch 2 (9 updates)" in done.stdout
