@@ -44,16 +44,25 @@ SOLVED = 0.99  # running accuracy that counts as holding the recall
 WINDOW = 20  # batches in the running accuracy
 
 
-def cross_entropy_on_targets(logits, symbols, start: int, lag: int):
-    """Loss and correct count of the steps start.. of `logits` (T', B, K) that have a target
-    (global step t >= lag answers symbols[t - lag]); None where the segment has none."""
+def scored_steps(logits, symbols, start: int, lag: int):
+    """The steps start.. of `logits` (T', B, K) that have a target (global step t >= lag
+    answers symbols[t - lag]) and their targets: (logits (T'', B, K), targets (T'', B)), or
+    None where the segment has none."""
     T = logits.shape[0]
     first = max(0, lag - start)  # first local step with a target
     if first >= T:
         return None
     steps = torch.arange(start + first, start + T)
-    targets = symbols[steps - lag]  # (T'', B)
-    out = logits[first:]
+    return logits[first:], symbols[steps - lag]
+
+
+def cross_entropy_on_targets(logits, symbols, start: int, lag: int):
+    """Loss and correct count of the steps of `logits` that have a target (`scored_steps`);
+    None where the segment has none."""
+    scored = scored_steps(logits, symbols, start, lag)
+    if scored is None:
+        return None
+    out, targets = scored
     loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), targets.reshape(-1))
     return loss, (out.argmax(-1) == targets).sum().item(), targets.numel()
 
@@ -63,19 +72,16 @@ def policy_gradient_on_targets(logits, symbols, start: int, lag: int, entropy_co
     step, reward +1 if it is the symbol `lag` steps back, else -1, minus the mean reward of
     those steps (the baseline); minus `entropy_cost` x the mean entropy. Returns the loss, the
     greedy action's correct count and the number of scored steps; None where nothing is scored."""
-    T = logits.shape[0]
-    first = max(0, lag - start)
-    if first >= T:
+    scored = scored_steps(logits, symbols, start, lag)
+    if scored is None:
         return None
-    steps = torch.arange(start + first, start + T)
-    targets = symbols[steps - lag]  # (T'', B)
-    policy = torch.distributions.Categorical(logits=logits[first:])
+    out, targets = scored
+    policy = torch.distributions.Categorical(logits=out)
     actions = policy.sample()  # (T'', B)
     reward = (actions == targets).to(logits.dtype) * 2.0 - 1.0
     advantage = reward - reward.mean()
     loss = -(policy.log_prob(actions) * advantage).mean() - entropy_cost * policy.entropy().mean()
-    correct = (logits[first:].argmax(-1) == targets).sum().item()
-    return loss, correct, targets.numel()
+    return loss, (out.argmax(-1) == targets).sum().item(), targets.numel()
 
 
 def main() -> None:
