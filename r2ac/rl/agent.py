@@ -52,7 +52,9 @@ class Agent(nn.Module):
     ``head_hidden`` > 0 puts a shared ReLU layer between core and heads; ``value_detach``
     keeps the value loss's gradient out of the core and the stem (`PolicyValueHeads`).
     ``num_actions`` is an `ActionSpace` (an int: Discrete with that many actions); the policy
-    head outputs its distribution's parameters (`distribution`).
+    head outputs its distribution's parameters (`distribution`). ``stem_norm`` puts a
+    LayerNorm (with its affine gain and bias) on the stem's features before the core, so
+    their scale stays O(1) whatever the stem learns (docs/rl.md, "The stem's scale").
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class Agent(nn.Module):
         value_detach: bool = False,
         reward_clip: float = 1.0,
         feed_last_reward: bool = True,
+        stem_norm: bool = False,
     ):
         super().__init__()
         if not isinstance(core, RecurrentCore):
@@ -101,6 +104,8 @@ class Agent(nn.Module):
         self.freeze_stem = freeze_stem
         if freeze_stem:
             self.stem.requires_grad_(False)
+        # registered only when asked: without it the parameters and checkpoints are as before
+        self.stem_norm = nn.LayerNorm(stem.out_features) if stem_norm else None
 
     def initial_state(self, batch_size: int, with_sensitivities: bool | None = None) -> Any:
         return self.core.initial_state(batch_size, with_sensitivities)
@@ -158,6 +163,8 @@ class Agent(nn.Module):
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze_stem):
             features = self.stem(obs.flatten(0, 1))  # (T * B, F)
         features = features.reshape(n_steps, batch_size, -1)  # (T, B, F)
+        if self.stem_norm is not None:
+            features = self.stem_norm(features)
         parts = [features]
         if self.feed_last_reward:
             r_tm1 = clip_rewards(last_reward.to(features.dtype), self.reward_clip)  # (T, B)

@@ -97,6 +97,7 @@ def make_agent(
         reward_scale=cfg.loss.reward_scale,
         reward_clip=cfg.loss.reward_clip,
         feed_last_reward=cfg.model.last_reward,
+        stem_norm=cfg.model.stem_norm,
     ).to(dtype)
     if cfg.model.policy_init_scale != 1.0:  # after the default init: the same random draws
         with torch.no_grad():

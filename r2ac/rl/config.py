@@ -83,6 +83,11 @@ class ModelConfig:
     """Weights-only agent checkpoint (e.g. RUN/checkpoints/agent.pt) to load the stem from."""
     freeze_stem: bool = False
     """Freeze the stem (no gradients): a pre-trained one, or a random one for the built-in tasks."""
+    stem_norm: bool = False
+    """LayerNorm on the stem's features before the core (the reward and action inputs are
+    left as they are). Why: nothing else bounds the features' scale, and an eLSTM trained by
+    exact RTRL under the policy gradient lets it grow until its gates saturate (f -> 0 or 1)
+    and its memory is lost (docs/rl.md, "The stem's scale")."""
     prev_action: bool = False
     """Feed the previous action (one-hot, zeros at an episode start) to the core, as POPGym's
     baselines do (their `PreviousAction` wrapper)."""

@@ -270,3 +270,36 @@ def test_value_detach_keeps_the_value_loss_out_of_the_core_and_the_stem(head_hid
                 assert g_s[name] is not None and g_s[name].abs().max() > 0, name
             elif grad is not None or g_s[name] is not None:
                 assert torch.allclose(grad, g_s[name], atol=1e-7, rtol=1e-6), name
+
+
+def test_stem_norm_normalises_the_features_only_and_adds_nothing_when_off():
+    """--stem-norm: the core sees the stem's features through a LayerNorm (each step's features
+    at mean 0 and variance 1 at the init's gain 1 and bias 0, however large the stem's output),
+    the last reward as before; off, the agent's parameters and checkpoint keys are unchanged."""
+    from .rl_helpers import agents_with, tiny
+
+    plain, normed = agents_with(tiny(), "stem_norm", (False, True))
+    assert not any(n.startswith("stem_norm") for n in plain.state_dict())
+    assert {n for n in normed.state_dict()} - {n for n in plain.state_dict()} == {
+        "stem_norm.weight",
+        "stem_norm.bias",
+    }
+    assert all(
+        torch.equal(p, dict(normed.named_parameters())[n]) for n, p in plain.named_parameters()
+    )
+    with torch.no_grad():  # a stem whose output has grown large
+        for agent in (plain, normed):
+            agent.stem.layers[-2].weight.mul_(100.0)
+    g = torch.Generator().manual_seed(4)
+    obs = torch.randn(5, 3, plain.stem.layers[0].in_features, generator=g)  # (T, B, obs)
+    last_reward = 3.0 * torch.randn(5, 3, generator=g)
+    features = plain.stem.out_features
+    x_plain = plain.core_input(obs, last_reward, None)  # (T, B, F + 1)
+    x_normed = normed.core_input(obs, last_reward, None)
+    assert x_plain[..., :features].abs().max() > 10.0
+    mean, var = x_normed[..., :features].mean(-1), x_normed[..., :features].var(-1, unbiased=False)
+    torch.testing.assert_close(mean, torch.zeros_like(mean), atol=1e-5, rtol=0)
+    torch.testing.assert_close(var, torch.ones_like(var), atol=1e-3, rtol=0)
+    torch.testing.assert_close(x_normed[..., features:], x_plain[..., features:])
+    expected = torch.nn.functional.layer_norm(x_plain[..., :features], (features,))
+    torch.testing.assert_close(x_normed[..., :features], expected)
