@@ -26,6 +26,15 @@ The accuracy printed is the greedy action's.
 
     python scripts/recall_probe.py elstm-rtrl 3 128 2000 --segment 4 --policy-gradient
 
+`--stem-norm` puts a LayerNorm on the stem's features before the core, as `r2ac train
+--stem-norm` does. With an eLSTM core each report also gives the scale of the stem's features
+(mean |x|) and the quantiles 10/50/90 % of the cells' memory spans 1 / (1 - mean f) over a
+fresh batch: exact RTRL under the policy gradient without the norm lets the features grow
+until the forget gates saturate (spans of 1 and of thousands of steps), docs/rl.md "The
+stem's scale".
+
+    python scripts/recall_probe.py elstm-rtrl 3 128 300 --segment 4 --policy-gradient --stem-norm
+
 Prints loss and accuracy (every step with a target; online: of each segment's first pass,
 before its update) five times during training, and the first batch at which the running
 accuracy over 20 batches reached 99%.
@@ -84,6 +93,34 @@ def policy_gradient_on_targets(logits, symbols, start: int, lag: int, entropy_co
     return loss, (out.argmax(-1) == targets).sum().item(), targets.numel()
 
 
+@torch.no_grad()
+def forget_spans(core, features) -> torch.Tensor:
+    """Each eLSTM cell's memory span 1 / (1 - mean f(t)) over `features` (T, B, D), the
+    steps after the first 10 (past the zero start state); sorted, (N,)."""
+    from r2ac.rtrl.elstm import math as em
+
+    N = core.hidden_size
+    pre = torch.nn.functional.linear(
+        features, torch.cat([core.F, core.Z]), torch.cat([core.b_f, core.b_z])
+    )  # (T, B, 2N)
+    c0 = features.new_zeros(features.shape[1], N)
+    _, gates = em.recurrence_steps(pre[..., :N], pre[..., N:], core.w_f, core.w_z, c0, None)
+    return (1.0 / (1.0 - gates.f[10:].mean((0, 1)))).sort().values
+
+
+def gate_report(core, stem, K: int, T: int) -> str:
+    """The stem's feature scale and the forget spans' quantiles on a fresh batch of 256
+    sequences (eLSTM cores; '' for the others)."""
+    if not hasattr(core, "w_f"):
+        return ""
+    with torch.no_grad():
+        symbols = torch.randint(0, K, (T, 256), generator=torch.Generator().manual_seed(1))
+        x = stem(torch.nn.functional.one_hot(symbols, K).float())  # (T, 256, D)
+    spans = forget_spans(core, x)
+    q = [spans[int(f * (len(spans) - 1))].item() for f in (0.1, 0.5, 0.9)]
+    return f" |x| {x.abs().mean():.2f} spans {q[0]:.1f}/{q[1]:.1f}/{q[2]:.1f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("core")
@@ -100,6 +137,7 @@ def main() -> None:
     parser.add_argument("--start-correction", action="store_true")
     parser.add_argument("--policy-gradient", action="store_true", help="REINFORCE, not labels")
     parser.add_argument("--entropy-cost", type=float, default=0.01)
+    parser.add_argument("--stem-norm", action="store_true", help="LayerNorm on the features")
     args = parser.parse_args()
     if args.segment < 0 or args.passes < 1 or (args.passes > 1 and not args.segment):
         parser.error("--segment >= 0 and --passes >= 1; --passes > 1 needs --segment")
@@ -108,7 +146,11 @@ def main() -> None:
     K, T, B = args.symbols, args.length, args.batch
     M = args.segment or T
     stem = torch.nn.Sequential(
-        torch.nn.Linear(K, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU()
+        torch.nn.Linear(K, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        *([torch.nn.LayerNorm(64)] if args.stem_norm else []),
     )
     core = make_core(args.core, 64, args.hidden)
     if args.start_correction and not (core.has_first_order_start and core.carries_sensitivities):
@@ -163,9 +205,11 @@ def main() -> None:
             print(
                 f"{args.core} lag={args.lag} N={args.hidden} M={M} passes={args.passes}"
                 f"{' corrected' if args.start_correction else ''}"
-                f"{' policy-gradient' if args.policy_gradient else ''} "
+                f"{' policy-gradient' if args.policy_gradient else ''}"
+                f"{' stem-norm' if args.stem_norm else ''} "
                 f"batch {update} ({steps} updates) loss {loss_sum / count:.3f} accuracy "
-                f"{accuracy:.3f} ({time.perf_counter() - start_time:.0f} s)",
+                f"{accuracy:.3f}{gate_report(core, stem, K, T)} "
+                f"({time.perf_counter() - start_time:.0f} s)",
                 flush=True,
             )
     where = "not reached" if solved_at is None else f"batch {solved_at}"

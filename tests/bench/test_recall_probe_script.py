@@ -78,3 +78,35 @@ def test_the_policy_gradient_mode_runs():
     done = run("elstm-rtrl", "3", "8", "2", "--segment", "4", "--length", "12", "--policy-gradient")
     assert done.returncode == 0, done.stderr
     assert "passes=1 policy-gradient batch 2 (9 updates)" in done.stdout
+
+
+def test_forget_spans_are_one_over_one_minus_the_mean_forget_gate():
+    from r2ac.rtrl.registry import make_core
+
+    script = _script()
+    core = make_core("elstm-rtrl", 5, 3)
+    with torch.no_grad():
+        core.F.zero_()
+        core.w_f.zero_()
+        core.b_f.copy_(torch.tensor([1.0, 9.0, 99.0]).log())  # f = 1/2, 9/10, 99/100
+    features = torch.randn(14, 2, 5)  # (T, B, D)
+    spans = script.forget_spans(core, features)
+    torch.testing.assert_close(spans, torch.tensor([2.0, 10.0, 100.0]), rtol=1e-4, atol=0)
+
+
+def test_the_stem_norm_mode_runs_and_reports_the_spans():
+    done = run(
+        "elstm-rtrl",
+        "3",
+        "8",
+        "2",
+        "--segment",
+        "4",
+        "--length",
+        "14",
+        "--policy-gradient",
+        "--stem-norm",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "policy-gradient stem-norm batch 2 (12 updates)" in done.stdout
+    assert " spans " in done.stdout and " |x| " in done.stdout
