@@ -162,7 +162,7 @@ class RunDir(LockedDir):
             "config": to_dict(cfg),
             "git_revision": git_revision(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "machine": machine(),
+            "machine": machine(cfg.runtime.num_threads),  # the runtime sets them after this
         }
         write_json(run.config_path, meta)
         return run

@@ -46,10 +46,11 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine() -> dict[str, str | int]:
+def machine(threads: int = 0) -> dict[str, str | int]:
     """What a run's numbers depend on beyond its config and code: a serial run is bit-identical
     on the same CPU capability and packages, but other SIMD kernels (torch's "AVX2" against
-    "AVX512") sum floats in another order, and a 1 M-frame RL run then ends elsewhere."""
+    "AVX512") sum floats in another order, and a 1 M-frame RL run then ends elsewhere.
+    `threads`: the torch threads the run will use (0: this process's count now)."""
     import numpy
     import torch
 
@@ -57,7 +58,7 @@ def machine() -> dict[str, str | int]:
         "cpu": cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count() or 0,
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": threads or torch.get_num_threads(),
         "torch": torch.__version__,
         "numpy": numpy.__version__,
         "python": platform.python_version(),
