@@ -10,7 +10,7 @@
  *
  * with c indexing the 2N columns [f-part | z-part]. `r2ac_carry_fused` does it all in one pass:
  * per stream, u and G for a thread's columns are computed into its cache (`stream_inputs`), and
- * each (6 x 64) tile of the block is loaded once, feeds the history sum, is scaled, gets its T
+ * each (MR x NR VL) register tile of the block is loaded once, feeds the history sum, is scaled, gets its T
  * rank-1 updates in registers, and is stored once (`tile`). It also runs without the history
  * (an actor's carry) and out of place (the carried block written to a second buffer);
  * `r2ac_carry_gates` first derives the trace from the gates an actor's steps kept, and
@@ -21,25 +21,34 @@
  * sum); without one (an actor's carry) and with at least as many streams as threads they split
  * the streams, and each sweeps its blocks row band by row band, reading and writing FZ in
  * order (`carry_streams`: 0.56-0.76x the time with 2 threads, docs/rules/rtrl.md).
- * Written with GCC vector extensions: AVX-512 where -march=native has it (one register per
- * 16 floats), split into narrower registers elsewhere.
+ * Written with GCC vector extensions, VL floats a vector: 16 (one AVX-512 register) where
+ * -march=native has AVX-512, else 8 (one AVX2 register), with a register tile to match.
  */
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef float v16u __attribute__((vector_size(64), aligned(4))); /* unaligned access */
-
-#define MR 6  /* rows (inputs d) per register tile */
-#define NR 4  /* 16-float column vectors per register tile: 64 columns */
+/* The register tile: MR rows x NR vectors of VL floats, sized to the vector registers
+ * -march=native gives (acc takes MR * NR of them): 24 of AVX-512's 32; without AVX-512, 8-float
+ * vectors in a tile of AVX2's 16 (wider tiles spill their accumulators to the stack). */
+#if defined(__AVX512F__)
 #define VL 16
+#define MR 6  /* rows (inputs d) per register tile */
+#define NR 4  /* VL-float column vectors per register tile: 64 columns */
+#else
+#define VL 8
+#define MR 4
+#define NR 2 /* 16 columns: 8 accumulators, 2 of G, 2 of u and a splat */
+#endif
 #define PS 8  /* packed slot per (tile, step): MR inputs, padded to 8 floats */
 #define HISTORY_AHEAD 1024 /* floats: how far ahead r2ac_history prefetches FZ (4 KB) */
 
-static inline v16 load(const float *p) { return *(const v16u *)p; }
-static inline void store(float *p, v16 v) { *(v16u *)p = v; }
-static inline v16 splat(float s) { return (v16){s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }
+typedef float vec __attribute__((vector_size(VL * 4)));
+typedef float vecu __attribute__((vector_size(VL * 4), aligned(4))); /* unaligned access */
+
+static inline vec load(const float *p) { return *(const vecu *)p; }
+static inline void store(float *p, vec v) { *(vecu *)p = v; }
+static inline vec splat(float s) { return (vec){0} + s; }
 
 /* One tile of R rows x J vectors: out = G*old + A^T U with old read at src (out may be src),
  * and with H, h += dh*old. R, J and H are constants at every call site, so the loops unroll,
@@ -49,14 +58,14 @@ static inline __attribute__((always_inline)) void tile(
     int64_t ldh, const float *g, const float *dh, const float *a_packed, const float *u,
     int64_t ldu, const float *next)
 {
-    v16 acc[MR][NR], gv[NR], dv[NR];
+    vec acc[MR][NR], gv[NR], dv[NR];
     for (int j = 0; j < J; j++) {
         gv[j] = load(g + j * VL);
         if (H) dv[j] = load(dh + j * VL);
     }
     for (int r = 0; r < R; r++)
         for (int j = 0; j < J; j++) {
-            v16 old = load(src + r * ldfz + j * VL);
+            vec old = load(src + r * ldfz + j * VL);
             if (H) store(h + r * ldh + j * VL, load(h + r * ldh + j * VL) + dv[j] * old);
             acc[r][j] = gv[j] * old;
         }
@@ -64,10 +73,10 @@ static inline __attribute__((always_inline)) void tile(
         /* Fetch the next tile a line per step: in a training loop FZ (tens of MB) comes from
          * DRAM, and these loads are spread out instead of queued at once. */
         if (t < MR * J) __builtin_prefetch(next + (t / J) * ldfz + (t % J) * VL, 1, 3);
-        v16 bv[NR];
+        vec bv[NR];
         for (int j = 0; j < J; j++) bv[j] = load(u + t * ldu + j * VL);
         for (int r = 0; r < R; r++) {
-            v16 av = splat(a_packed[t * PS + r]);
+            vec av = splat(a_packed[t * PS + r]);
             for (int j = 0; j < J; j++) acc[r][j] += av * bv[j];
         }
     }
@@ -193,12 +202,16 @@ static void stream_inputs(int64_t T, int64_t B, int64_t N, int64_t b, int64_t c_
     }
 }
 
-/* This thread's columns [c_lo, c_hi) of 2N = C columns split into 16-float vectors. */
+/* This thread's columns [c_lo, c_hi) of 2N = C columns, in whole tiles of NR vectors (the last
+ * thread also takes the columns after the last whole tile): every column is then swept in a
+ * tile of the shape `block_by_rows` gives it, and so gets the same numbers (FMA contraction
+ * may differ between tile shapes) whether the threads split the columns or the streams. */
 static void thread_columns(int64_t C, int64_t *c_lo, int64_t *c_hi)
 {
-    int64_t n_threads = omp_get_num_threads(), id = omp_get_thread_num(), n_chunks = C / VL;
-    *c_lo = VL * (n_chunks * id / n_threads);
-    *c_hi = VL * (n_chunks * (id + 1) / n_threads);
+    int64_t n_threads = omp_get_num_threads(), id = omp_get_thread_num();
+    int64_t W = NR * VL, n_chunks = C / W;
+    *c_lo = W * (n_chunks * id / n_threads);
+    *c_hi = id == n_threads - 1 ? C : W * (n_chunks * (id + 1) / n_threads);
 }
 
 /* The private history sum h (D, width) of columns [c_lo, c_hi) -> rows c_lo.. of hist (C, D). */
