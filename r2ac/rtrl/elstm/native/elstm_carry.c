@@ -71,8 +71,10 @@ static inline __attribute__((always_inline)) void tile(
         }
     for (int64_t t = 0; t < T; t++) {
         /* Fetch the next tile a line per step: in a training loop FZ (tens of MB) comes from
-         * DRAM, and these loads are spread out instead of queued at once. */
-        if (t < MR * J) __builtin_prefetch(next + (t / J) * ldfz + (t % J) * VL, 1, 3);
+         * DRAM, and these loads are spread out instead of queued at once. A tile row holds
+         * J * VL floats, `lines` 64-byte lines (at least one). */
+        const int lines = J * VL >= 16 ? J * VL / 16 : 1;
+        if (t < MR * lines) __builtin_prefetch(next + (t / lines) * ldfz + (t % lines) * 16, 1, 3);
         vec bv[NR];
         for (int j = 0; j < J; j++) bv[j] = load(u + t * ldu + j * VL);
         for (int r = 0; r < R; r++) {
