@@ -22,3 +22,12 @@ def _no_signal_left_unhonoured():
 
     stop._unhonoured = None
     yield
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """A test whose command sets torch's thread count (`--num-threads`, `--threads`) leaves the
+    next test the suite's own count."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)

@@ -32,13 +32,6 @@ COPY = [
 ]  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
 def test_a_repeated_sigterm_only_repeats_the_request_and_a_second_sigint_stops_now():
     with StopRequest() as stop:
         os.kill(os.getpid(), signal.SIGTERM)

@@ -210,24 +210,16 @@ def test_machine_changes_names_only_what_changes_floats():
     assert machine_changes(older, now) == ["torch: 2.12.0 -> 2.13.0", "numpy: 2.3 -> 2.4"]
 
 
-@pytest.fixture
-def keep_torch_threads():
-    """Restore torch's thread count after a test whose runs set --num-threads."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-def test_a_run_records_its_machine_and_a_resume_elsewhere_says_so(
-    tmp_path, caplog, keep_torch_threads
-):
+def test_a_run_records_its_machine_and_a_resume_elsewhere_says_so(tmp_path, caplog):
     out = tmp_path / "run"
-    # the runtime sets --num-threads after the record is written: the record says 1
-    args = [*TINY_ARGS, "--out-dir", str(out), "--no-eval-at-end", "--num-threads", "1"]
+    # the runtime sets --num-threads after the record is written: the record says 2, where
+    # this process (tests/conftest.py) runs 1
+    assert torch.get_num_threads() == 1
+    args = [*TINY_ARGS, "--out-dir", str(out), "--no-eval-at-end", "--num-threads", "2"]
     assert train_cli.main(args) == 0
     meta = json.loads((out / "config.json").read_text())
     recorded = dict(meta["machine"])
-    assert recorded["torch_threads"] == 1
+    assert recorded["torch_threads"] == 2
     assert recorded["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert (recorded["torch"], recorded["cpu_count"]) == (torch.__version__, os.cpu_count())
     with caplog.at_level(logging.WARNING, logger="r2ac.rl.train_cli"):
