@@ -82,11 +82,12 @@ class StateSlots:
     lie in one buffer: `joined` hands it over whole, instead of a join that copies every
     stream's state (for the eLSTM's sensitivities, B x 2N x D floats an update). A batch
     is done with before the actors write into its buffer again: the serial runtime's order
-    (collect, update, collect, ...)."""
+    (collect, update, collect, ...). `count=1`: one buffer, for actors that carry in place
+    after the update (`Actor(defer_carry=True)`)."""
 
-    def __init__(self, agent: Agent, streams_per_actor: int, num_actors: int):
+    def __init__(self, agent: Agent, streams_per_actor: int, num_actors: int, count: int = 2):
         B = streams_per_actor
-        self.buffers = [agent.initial_state(B * num_actors) for _ in range(2)]
+        self.buffers = [agent.initial_state(B * num_actors) for _ in range(count)]
         self.slots = [
             tuple(select_streams(buf, slice(i * B, (i + 1) * B)) for buf in self.buffers)
             for i in range(num_actors)
@@ -108,10 +109,17 @@ class Actor:
     and its segments' start states are light; a learner that carries the sensitivities
     itself (r2ac/rl/runtimes/learner_carry.py) completes them.
 
-    `carry_slots`: two full states of the actor's streams (slices of its runtime's batch
-    buffers, `StateSlots`) that the segment-wise carry writes into in turn, so that the
-    runtime finds the actors' start states already side by side; the state a segment
-    starts from is never written while that segment is in use (until the next collect)."""
+    `carry_slots`: full states of the actor's streams (slices of its runtime's batch
+    buffers, `StateSlots`) that the segment-wise carry writes into, so that the runtime finds
+    the actors' start states already side by side. Two, written in turn: the state a segment
+    starts from is never written while that segment is in use (until the next collect).
+
+    `defer_carry` (with a core that `defers_carry`, and carry slots): `collect` keeps the
+    traces and the weights it acted with, and the carry runs at `finish_carry`, which the
+    serial runtime calls once the learner is done with the batch: in place over the segment's
+    start state, in the first slot (one buffer, not two, and read while the learner's last
+    pass has left it in cache). The same numbers as carrying at once. The segment's start
+    state then holds the carried state: a batch is used up by its update."""
 
     def __init__(
         self,
@@ -120,7 +128,8 @@ class Actor:
         seed: int,
         unroll_length: int,
         sensitivities: bool = True,
-        carry_slots: tuple[Any, Any] | None = None,
+        carry_slots: tuple[Any, ...] | None = None,
+        defer_carry: bool = False,
     ):
         self.agent, self.env, self.unroll_length = agent, env, unroll_length
         self.dtype = next(agent.parameters()).dtype
@@ -135,6 +144,8 @@ class Actor:
         self.reset = torch.ones(B, dtype=torch.bool)  # (B,)
         self.state = agent.initial_state(B, None if sensitivities else False)
         self.carry_slots = carry_slots
+        self.defer_carry = defer_carry and carry_slots is not None and agent.core.defers_carry
+        self._pending: tuple[Any, list, Any] | None = None  # start, traces, carry weights
 
     def segment_buffers(self) -> dict[str, torch.Tensor]:
         """Empty tensors of one segment's fields (M+1 inputs, M actions and outcomes): what
@@ -165,6 +176,7 @@ class Actor:
     @torch.no_grad()
     def collect(self) -> tuple[Segment, EpisodeLog]:
         """Act M steps in every stream; return the segment and the episodes that ended."""
+        self.finish_carry()
         agent, buf, log = self.agent, self.segment_buffers(), EpisodeLog()
         start = self.state
         state = agent.core.light_state(start)  # `start` itself when there is nothing to drop
@@ -203,9 +215,22 @@ class Actor:
             self.last_action = zero_where(action, done)
             self.reset = done
         self._record_input(buf, self.unroll_length)
-        out = self._free_slot(start)
-        self.state = agent.core.carry_traces(start, traces, out=out)  # the segment-wise carry
+        if self.defer_carry:  # `state` stays `start` until finish_carry
+            self._pending = (start, traces, agent.core.carry_weights())
+        else:
+            out = self._free_slot(start)
+            self.state = agent.core.carry_traces(start, traces, out=out)  # the segment-wise carry
         return Segment(**buf, state=start), log
+
+    def finish_carry(self) -> None:
+        """Run the carry `collect` deferred (if any), into the first carry slot: in place when
+        the segment started from it. Call it once the segment's start state is no longer read."""
+        if self._pending is None:
+            return
+        start, traces, weights = self._pending
+        self._pending = None
+        out = self.carry_slots[0]
+        self.state = self.agent.core.carry_traces(start, traces, out=out, weights=weights)
 
     def _free_slot(self, start: Any) -> Any:
         """The carry slot that does not hold `start` (None without slots)."""
@@ -233,6 +258,7 @@ class Actor:
 
     def get_state(self) -> dict[str, Any]:
         """Everything needed to continue bit-identically (env state if the env supports it)."""
+        self.finish_carry()
         try:
             env_state = self.env.get_state()
         except (NotImplementedError, AttributeError):
@@ -250,6 +276,7 @@ class Actor:
     def set_state(self, saved: dict[str, Any]) -> bool:
         """Restore get_state(); returns False (episodes restart) if the env state is missing."""
         self.generator.set_state(saved["generator"])
+        self._pending = None
         if saved["env"] is None:
             return False
         self.env.set_state(saved["env"])

@@ -71,6 +71,10 @@ class RecurrentCore(nn.Module, metaclass=abc.ABCMeta):
     skips_carry: ClassVar[bool] = False
     # Implements `recurrent_snapshot` and `first_order_start` (with a sensitivity rule).
     has_first_order_start: ClassVar[bool] = False
+    # `carry_traces(..., weights=carry_weights())` may run after the parameters have moved:
+    # its traces and those weights, taken when acting, are all it reads. The serial runtime's
+    # actors then carry after the learner's update, in place (Actor, `defer_carry`).
+    defers_carry: ClassVar[bool] = False
     # Set by `without_history` only: the forward then adds no history term.
     _history_off: bool = False
 
@@ -142,15 +146,20 @@ class RecurrentCore(nn.Module, metaclass=abc.ABCMeta):
         `light_state(state)`), from the full state `state` before them, which is left intact:
         what `advance_state` over the same inputs returns, to rounding.
 
-        `out`: a full state of the same streams, not sharing memory with `state`, to hold the
-        result (its tensors are overwritten and it is returned): an actor that carries into a
-        slice of its runtime's batch buffer spares the join of the actors' states. A core
-        may write there directly (the eLSTM's native carry); the default copies."""
+        `out`: a full state of the same streams, not sharing memory with `state` (a core with
+        `defers_carry` also takes `state` itself: a carry in place), to hold the result (its
+        tensors are overwritten and it is returned): an actor that carries into a slice of its
+        runtime's batch buffer spares the join of the actors' states. A core may write there
+        directly (the eLSTM's native carry); the default copies."""
         if self.light_state(state) is state:  # nothing was dropped: the steps carried it
             return write_state(out, traces[-1].state)
         xs = [t.x for t in traces]
         reset = cat_resets([t.reset for t in traces], xs)  # (T, B) or None
         return write_state(out, self.advance_state(torch.cat(xs), state, reset=reset))
+
+    def carry_weights(self) -> Any:
+        """Copies of the parameters `carry_traces` reads, for a core with `defers_carry`."""
+        raise NotImplementedError(f"{type(self).__name__} carries at once (defers_carry False)")
 
     @contextlib.contextmanager
     def without_history(self) -> Iterator[None]:

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from r2ac.rl.config import validate
 from r2ac.rl.runtimes.serial import SerialRuntime
+from r2ac.rl.train_cli import parse_config
 from r2ac.runs import checkpoint
 
 from .rl_helpers import tiny
@@ -106,18 +108,42 @@ def test_sigkill_then_resume_gives_the_uninterrupted_weights(tmp_path, extra):
 
 @pytest.mark.parametrize("core", ["elstm-rtrl", "rtu-rtrl", "gru-bptt"])
 def test_the_batch_state_is_the_actors_carry_buffer_and_changes_nothing(core, monkeypatch):
-    """The actors carry into slices of two buffers in turn, so from the second batch on the
-    learner gets a buffer whole (no join of the actors' states), alternating; the weights
-    after training equal those of the joining path bit for bit (eLSTM at N = 8: the native
-    kernel writes into the slices)."""
+    """The actors carry into slices of batch buffers, so from the second batch on the learner
+    gets a buffer whole (no join of the actors' states): two in turn, or for the eLSTM (whose
+    actors carry in place after the update) one; the weights after training equal those of
+    the joining path bit for bit (eLSTM at N = 8: the native kernel writes into the slices)."""
     cfg = tiny(core=core, batch_size=6)  # 2 actors of 3 streams
     runtime = SerialRuntime(cfg)
     buffers = runtime.slots.buffers
+    assert len(buffers) == (1 if core.startswith("elstm") else 2)
     states = [runtime.next_batch().segment.state for _ in range(4)]
     assert all(s is not b for s in states[:1] for b in buffers)  # the first batch joins
-    assert [s is buffers[k % 2] for k, s in enumerate(states[1:])] == [True] * 3
+    alternate = [buffers[k % len(buffers)] for k in range(3)]
+    assert [s is b for s, b in zip(states[1:], alternate, strict=True)] == [True] * 3
     runtime.close()
     carried = _train(core=core, batch_size=6)
     monkeypatch.setattr("r2ac.rl.actor.StateSlots.joined", lambda self, states: None)
     joined = _train(core=core, batch_size=6)
     assert all(torch.equal(carried[k], joined[k]) for k in carried)
+
+
+@pytest.mark.parametrize("algorithm", [[], PPO_ARGS])
+def test_the_deferred_in_place_carry_changes_nothing(algorithm, monkeypatch):
+    """The eLSTM's actors carry after each update, in place, with the weights they acted with:
+    the same weights after training, bit for bit, as carrying at once into a second buffer
+    (IMPALA's one pass, and PPO's passes: the learner reads the start state several times
+    before the carry overwrites it). Its sensitivities are non-zero, so the carry matters."""
+    extra = ["--core", "elstm-rtrl", "--seed", "3", *algorithm]
+    cfg = validate(parse_config([*CLI_ARGS, *extra]))
+    deferred = SerialRuntime(cfg)
+    assert all(actor.defer_carry for actor in deferred.actors)
+    deferred.train()
+    sens = deferred.actors[0].state.sens
+    assert float(sens.FZ.abs().max()) > 0
+    monkeypatch.setattr("r2ac.rtrl.elstm.layer.ELSTM.defers_carry", False)
+    eager = SerialRuntime(cfg)
+    assert not any(actor.defer_carry for actor in eager.actors)
+    eager.train()
+    a, b = deferred.agent.state_dict(), eager.agent.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert all(torch.equal(x, y) for x, y in zip(sens, eager.actors[0].state.sens, strict=True))

@@ -18,7 +18,7 @@ from r2ac.rtrl.gradcheck import (
     make_problem,
     reference_gradients,
 )
-from r2ac.rtrl.state import cat_keeping_layout, cat_streams, select_streams
+from r2ac.rtrl.state import cat_keeping_layout, cat_streams, select_streams, write_state
 
 from .common import ACT_CALLS, ACT_RESETS, act_segment, max_rel_error
 
@@ -252,10 +252,11 @@ def test_carry_traces_into_out_writes_the_same_state_there(name, dtype):
         core.carry_traces(start, traces, out=core.initial_state(4))
 
 
-def test_the_native_carry_writes_into_out_and_refuses_overlap(monkeypatch):
+def test_the_native_carry_writes_into_out_in_place_and_refuses_overlap(monkeypatch):
     """The eLSTM's native carry (float32, CPU, the layer's layout) is given `out`'s memory to
-    write into (nothing to copy after it), and refuses an `out` that overlaps the state it
-    carries from."""
+    write into (nothing to copy after it): the state it carries from itself (in place, the
+    serial runtime's deferred carry) gives the same numbers; an `out` that overlaps that
+    state otherwise is refused."""
     from r2ac.rtrl.elstm import native
 
     torch.manual_seed(0)
@@ -278,8 +279,14 @@ def test_the_native_carry_writes_into_out_and_refuses_overlap(monkeypatch):
     assert len(given) == 1 and given[0][0].data_ptr() == out.sens.FZ.data_ptr()
     assert got is out and float(out.sens.FZ.abs().sum()) > 0
     assert all(torch.equal(a, b) for a, b in zip(leaves(got), leaves(want), strict=True))
+    buffer = core.initial_state(4)
+    shifted = [select_streams(buffer, slice(k, k + 3)) for k in (0, 1)]
+    write_state(shifted[0], start)
     with pytest.raises(ValueError, match="shares memory"):
-        core.carry_traces(start, traces, out=start)
+        core.carry_traces(shifted[0], traces, out=shifted[1])
+    in_place = core.carry_traces(start, traces, out=start, weights=core.carry_weights())
+    assert in_place is start and given[-1][0].data_ptr() == start.sens.FZ.data_ptr()
+    assert all(torch.equal(a, b) for a, b in zip(leaves(start), leaves(want), strict=True))
 
 
 @pytest.mark.parametrize("name", NAMES)

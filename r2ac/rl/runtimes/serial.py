@@ -8,7 +8,10 @@ states, last observations / rewards / reset flags, and the counters.
 
 Segments arrive as a list (`Actor.collect` in turn) and are joined along the streams; the
 start states are not: the actors carry into their slices of two batch buffers in turn
-(`StateSlots`), so a batch's start state is one buffer, taken whole. Weights leave by sharing: on the CPU
+(`StateSlots`), so a batch's start state is one buffer, taken whole. With a core that can
+carry from its traces later (the eLSTM), one buffer: the actors defer their carries until
+`publish_weights` (after the update) and run them in place (`Actor`, `defer_carry`), so a
+batch's start state is overwritten then. Weights leave by sharing: on the CPU
 the actors act with the learner's own modules, and with `--device cuda` with a CPU copy
 that `publish_weights` refreshes after each update.
 """
@@ -34,10 +37,12 @@ class SerialRuntime(Runtime):
         seeds = [actor_seed(cfg.run.seed, i) for i in range(cfg.segments_per_batch)]
         envs = [make_actor_env(cfg, cfg.runtime.num_envs, s) for s in seeds]
         acting = agent_for_env(cfg, envs[0])
-        # the actors carry into slices of two batch buffers (no join of their states)
-        self.slots = StateSlots(acting, cfg.runtime.num_envs, len(envs))
+        # the actors carry into slices of batch buffers (no join of their states): of one,
+        # in place after each update, where the core can carry from its traces later
+        defer = acting.core.defers_carry
+        self.slots = StateSlots(acting, cfg.runtime.num_envs, len(envs), count=1 if defer else 2)
         self.actors = [
-            Actor(acting, env, s, cfg.loss.unroll_length, carry_slots=slots)
+            Actor(acting, env, s, cfg.loss.unroll_length, carry_slots=slots, defer_carry=defer)
             for env, s, slots in zip(envs, seeds, self.slots.slots, strict=True)
         ]
         self.acting_agent = self.set_agent(acting)
@@ -51,6 +56,10 @@ class SerialRuntime(Runtime):
     def publish_weights(self) -> None:
         if self.acting_agent is not self.agent:
             copy_weights(self.acting_agent, self.agent)
+        # the learner is done with the batch: the actors' deferred carries, in place, while
+        # its last pass has left the start states in cache
+        for actor in self.actors:
+            actor.finish_carry()
 
     def runtime_state(self) -> dict:
         return {"actors": [a.get_state() for a in self.actors]}

@@ -185,6 +185,7 @@ class ELSTM(RecurrentCore):
     State = ELSTMState
     skips_carry = True
     has_first_order_start = True
+    defers_carry = True
 
     def __init__(
         self,
@@ -321,14 +322,24 @@ class ELSTM(RecurrentCore):
         c = c_all[-1]  # (B, N)
         return h, ELSTMState(c, None), ELSTMTrace(x, reset, gates, c)
 
+    def carry_weights(self) -> tuple[Tensor, Tensor]:
+        """(w_f, w_z), copied: with the gates of the traces, all a carry reads."""
+        return self.w_f.detach().clone(), self.w_z.detach().clone()
+
     @torch.no_grad()
     def carry_traces(
-        self, state: ELSTMState, traces: Sequence[ELSTMTrace], out: ELSTMState | None = None
+        self,
+        state: ELSTMState,
+        traces: Sequence[ELSTMTrace],
+        out: ELSTMState | None = None,
+        weights: tuple[Tensor, Tensor] | None = None,
     ) -> ELSTMState:
         """The state after the acted steps, with the sensitivities carried from `state`'s over
         the steps' gates (`elstm_math.carry_from_gates`: in float32 on CPU one pass of the
-        native kernel, the local derivatives included; `state` is left intact). `out` as in
-        `RecurrentCore.carry_traces`: the native kernel writes its sensitivities there."""
+        native kernel, the local derivatives included; `state` is left intact unless it is
+        `out`). `out` as in `RecurrentCore.carry_traces`: the native kernel writes its
+        sensitivities there, `state`'s own included (in place). `weights`: `carry_weights()`
+        taken when the traces were acted (default: the current w_f, w_z)."""
         c = traces[-1].c
         if not (self.carries_sensitivities and state.sens is not None):
             return write_state(out, ELSTMState(c, None))
@@ -336,7 +347,7 @@ class ELSTM(RecurrentCore):
         gates = em.GateTrace(*(torch.cat(parts) for parts in zip(*(t.gates for t in traces))))
         x = torch.cat(xs)  # (T, B, D)
         keep = keep_mask(cat_resets([t.reset for t in traces], xs), x.dtype)  # (T, B, 1) | None
-        w = (self.w_f, self.w_z)
+        w = (self.w_f, self.w_z) if weights is None else weights
         into = None if out is None else out.sens
         sens = em.carry_from_gates(state.sens, gates, keep, w, x, self.fused_step, out=into)
         return write_state(out, ELSTMState(c, sens))

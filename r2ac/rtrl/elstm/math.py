@@ -228,9 +228,10 @@ def carry_from_gates(
     w = (w_f, w_z) and inputs x (T, B, D): `local_derivatives`, then `carry_segment` (or
     `carry_step`, `fused` or not, for T = 1); in float32 on CPU both in the native kernel.
 
-    `out`: sensitivities of the same streams in the layer's layout, not sharing memory with
-    `sens`, that the native kernel writes the result into (returned); other paths (and
-    other layouts) return new tensors, which the caller copies (`write_state`)."""
+    `out`: sensitivities of the same streams in the layer's layout, either `sens`'s own
+    tensors (a carry in place: the kernel reads each element before it writes it) or sharing
+    no memory with them, that the native kernel writes the result into (returned); other
+    paths (and other layouts) return new tensors, which the caller copies (`write_state`)."""
     stored = _stored_blocks(sens.FZ)  # (B, D, 2, N) or None
     if _native(stored, sens.wb, x):
         into = None if out is None else _native_output(out, stored, sens.wb)
@@ -256,7 +257,8 @@ def _native_output(
             f"for a carry of {tuple(stored.permute(0, 2, 3, 1).shape)} / {tuple(wb.shape)}"
         )
     for target, source in ((blocks, stored), (out.wb, wb)):
-        if _overlap(target, source):
+        in_place = target.data_ptr() == source.data_ptr() and target.stride() == source.stride()
+        if _overlap(target, source) and not in_place:
             raise ValueError("carry: `out` shares memory with the sensitivities it carries")
     return blocks, out.wb
 

@@ -316,7 +316,8 @@ def carry_from_gates(
 ) -> tuple[Tensor, Tensor]:
     """`carry` with the trace derived in the kernel from the steps' gates: f, z, cp (T, B, N),
     keep (T, B, 1) or None, w = (w_f, w_z) (N,) (elstm_math.local_derivatives). `out`:
-    contiguous blocks and wb of the input's shapes, not overlapping it, to write into."""
+    contiguous blocks and wb of the input's shapes to write into: the input's own (in place:
+    each element is read before it is written) or not overlapping it."""
     _checked(stored, wb, x)
     B, D, _, N = stored.shape
     if out is None:
