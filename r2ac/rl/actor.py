@@ -117,8 +117,8 @@ class Actor:
     `defer_carry` (with a core that `defers_carry`, and carry slots): `collect` keeps the
     traces and the weights it acted with, and the carry runs at `finish_carry`, which the
     serial runtime calls once the learner is done with the batch: in place over the segment's
-    start state, in the first slot (one buffer, not two, and read while the learner's last
-    pass has left it in cache). The same numbers as carrying at once. The segment's start
+    start state, in the first slot (one buffer, not two: the carry writes the lines it has
+    just read, not a second buffer's). The same numbers as carrying at once. The segment's start
     state then holds the carried state: a batch is used up by its update."""
 
     def __init__(

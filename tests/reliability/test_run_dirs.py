@@ -81,7 +81,10 @@ def test_resume_refuses_a_config_json_edited_since_the_checkpoint(run_copy, caps
     assert "eval_episodes" not in lines[0]
 
 
-def test_default_run_names_do_not_collide(tmp_path):
+def test_default_run_names_do_not_collide(tmp_path, monkeypatch):
+    """Two runs of one process in the same second get different names. The clock is held at
+    one second: the test must not depend on both calls falling into it (they once did not)."""
+    monkeypatch.setattr("r2ac.rl.run_dir.time.strftime", lambda fmt, *when: "20261128-034147")
     cfg = parse_config(tiny_args(2))
     first = default_out_dir(cfg, tmp_path)
     assert f"-{os.getpid()}" in first

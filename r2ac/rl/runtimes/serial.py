@@ -56,8 +56,8 @@ class SerialRuntime(Runtime):
     def publish_weights(self) -> None:
         if self.acting_agent is not self.agent:
             copy_weights(self.acting_agent, self.agent)
-        # the learner is done with the batch: the actors' deferred carries, in place, while
-        # its last pass has left the start states in cache
+        # the learner is done with the batch: the actors' deferred carries, in place over
+        # its start state
         for actor in self.actors:
             actor.finish_carry()
 
