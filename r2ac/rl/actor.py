@@ -143,8 +143,12 @@ class Actor:
         )  # (B, *S)
         self.reset = torch.ones(B, dtype=torch.bool)  # (B,)
         self.state = agent.initial_state(B, None if sensitivities else False)
-        self.carry_slots = carry_slots
-        self.defer_carry = defer_carry and carry_slots is not None and agent.core.defers_carry
+        self.carry_slots, self.defer_carry = carry_slots, defer_carry
+        if defer_carry and (carry_slots is None or not agent.core.defers_carry):
+            raise ValueError(
+                f"defer_carry needs carry slots and a core that defers its carry "
+                f"({type(agent.core).__name__}.defers_carry is {agent.core.defers_carry})"
+            )
         self._pending: tuple[Any, list, Any] | None = None  # start, traces, carry weights
 
     def segment_buffers(self) -> dict[str, torch.Tensor]:

@@ -110,3 +110,16 @@ def test_carry_from_traces_equals_the_segment_recompute(core, dtype, tol):
             err = float((a - b).abs().max() / b.abs().max())
             assert err < tol, (core, err)
     assert resets > 0  # episodes ended inside segments
+
+
+def test_a_deferred_carry_is_refused_where_it_cannot_run():
+    """`defer_carry` needs carry slots (where the carry writes) and a core whose carry reads
+    only its traces and the weights kept with them: otherwise one clear error."""
+    cfg = tiny(core="gru-bptt")
+    env = make_env(cfg, 2, 0)
+    agent = agent_for_env(cfg, env)
+    with pytest.raises(ValueError, match="defers_carry is False"):
+        Actor(agent, env, 0, 4, carry_slots=(agent.initial_state(2),), defer_carry=True)
+    elstm = tiny(core="elstm-rtrl")
+    with pytest.raises(ValueError, match="defer_carry needs carry slots"):
+        Actor(agent_for_env(elstm, env), env, 0, 4, defer_carry=True)
