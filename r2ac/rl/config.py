@@ -135,6 +135,15 @@ class LossConfig:
     """Weight of the baseline loss."""
     entropy_cost: float = 0.01
     """Weight of the entropy regulariser."""
+    entropy_floor: float = 0.0
+    """A floor (nats) under the policy's mean entropy per step; 0: none. Below it the learner
+    raises the entropy cost by dual ascent (`entropy_floor_rate` per nat of deficit and
+    optimiser step), above it lowers the raise again to 0, so that a policy cannot go
+    deterministic before it has anything to be sure of. The floor follows the learning-rate
+    schedule (with --lr-decay it falls to 0 with it). docs/rl.md, "An entropy floor"."""
+    entropy_floor_rate: float = 0.01
+    """With --entropy-floor: how fast the entropy cost moves, per nat of (floor - entropy)
+    and optimiser step."""
     algorithm: Literal["impala", "ppo"] = "impala"
     """impala: V-trace actor-critic, losses summed over steps; ppo: the PPO-clip objective
     against the behaviour policy, advantages standardised per minibatch, losses as means."""
@@ -391,6 +400,8 @@ _FINITE = (
     "reward_clip",
     "baseline_cost",
     "entropy_cost",
+    "entropy_floor",
+    "entropy_floor_rate",
     "grad_clip",
     "forget_bias",
     "policy_init_scale",
@@ -417,6 +428,8 @@ _RANGES = (
     ("reward_clip", lambda v: v >= 0, ">= 0 (0: no clipping)"),
     ("baseline_cost", lambda v: v >= 0, ">= 0"),
     ("entropy_cost", lambda v: v >= 0, ">= 0"),
+    ("entropy_floor", lambda v: v >= 0, ">= 0 (0: none)"),
+    ("entropy_floor_rate", lambda v: v > 0, "> 0"),
     ("seed", lambda v: 0 <= v < 2**63, ">= 0"),
     ("popart_beta", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("popart_sigma_floor", lambda v: v >= 0, ">= 0"),

@@ -84,6 +84,7 @@ def segment_losses(
     value_scale: float | torch.Tensor = 1.0,
     returns: VTraceReturns | None = None,
     space: ActionSpace | None = None,
+    entropy_cost: float | None = None,
 ) -> dict[str, torch.Tensor]:
     """IMPALA losses of a segment from the agent's outputs on its M+1 steps.
 
@@ -94,7 +95,8 @@ def segment_losses(
     actor on the rewards' own scale); `loss.popart_sigma_floor` > 0 divides the advantages
     by max(value_scale, floor) instead. With `loss.advantage_norm` the advantages are
     standardised over the batch instead (PPO's convention, which POPGym's baselines use):
-    the policy gradient is then independent of the reward scale.
+    the policy gradient is then independent of the reward scale. `entropy_cost` (None:
+    `loss.entropy_cost`) is the learner's, raised under an entropy floor.
     """
     M = seg.actions.shape[0]
     if returns is None:
@@ -112,7 +114,7 @@ def segment_losses(
         returns.vs / value_scale,
         advantages,
         baseline_cost=loss.baseline_cost,
-        entropy_cost=loss.entropy_cost,
+        entropy_cost=loss.entropy_cost if entropy_cost is None else entropy_cost,
         space=space,
     )
 
@@ -177,6 +179,13 @@ def batch_targets(
     return BatchTargets(advantages, returns, values[:M], behaviour)
 
 
+def raised_entropy_boost(boost: float, entropy: float, floor: float, rate: float) -> float:
+    """One dual-ascent step of the entropy floor's multiplier: the cost added to the entropy
+    cost grows by `rate` per nat the entropy is below `floor`, shrinks as much per nat above
+    it, and never goes below 0 (above the floor the entropy cost is the configured one)."""
+    return max(0.0, boost + rate * (floor - entropy))
+
+
 def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
     """The mean of each metric over the steps of one batch."""
     return {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
@@ -197,6 +206,24 @@ class Learner:
         carries = agent.core.carries_sensitivities
         self.history_epochs = cfg.optim.rtrl_history_epochs if carries else 0
         self.start_correction = cfg.optim.rtrl_start_correction and carries
+        # --entropy-floor: what dual ascent adds to the entropy cost (0 while above the floor)
+        self.entropy_boost = 0.0
+
+    def entropy_cost(self) -> float:
+        """The entropy cost of the next step: the configured one plus the floor's raise."""
+        return self.cfg.loss.entropy_cost + self.entropy_boost
+
+    def _follow_entropy_floor(self, entropy: float) -> None:
+        """After a step: move the raise toward keeping `entropy` (that step's mean) at the
+        floor, which scales with the learning-rate schedule (group 0 runs at the base lr)."""
+        loss = self.cfg.loss
+        if not loss.entropy_floor:
+            return
+        schedule = self.optimizer.param_groups[0]["lr"] / self.cfg.optim.learning_rate
+        floor = loss.entropy_floor * schedule
+        self.entropy_boost = raised_entropy_boost(
+            self.entropy_boost, entropy, floor, loss.entropy_floor_rate
+        )
 
     def backward(self, seg: Segment) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Unroll, compute the losses and call backward once (gradients accumulate).
@@ -209,7 +236,8 @@ class Learner:
         space = self.agent.action_space
         returns = segment_returns(logits, values, seg, self.cfg.loss, space)
         scale = self.agent.heads.value_scale().detach()
-        losses = segment_losses(logits, values, seg, self.cfg.loss, scale, returns, space)
+        cost = self.entropy_cost()
+        losses = segment_losses(logits, values, seg, self.cfg.loss, scale, returns, space, cost)
         losses["loss"].backward()
         return losses, returns.vs
 
@@ -238,7 +266,7 @@ class Learner:
         scale = self.agent.heads.value_scale().detach()
         return ppo_losses(
             logits, values, seg.actions, targets, cfg.loss.clip_coef, cfg.loss.value_clip,
-            cfg.loss.baseline_cost, cfg.loss.entropy_cost, value_scale=scale,
+            cfg.loss.baseline_cost, self.entropy_cost(), value_scale=scale,
             space=self.agent.action_space, keep_graph=keep_graph,
         )  # fmt: skip
 
@@ -267,11 +295,12 @@ class Learner:
             return self._passes(seg)
         self.optimizer.zero_grad(set_to_none=True)
         losses, value_targets = self.backward(seg)
-        lr = self.optimizer.param_groups[0]["lr"]
+        lr, entropy_cost = self.optimizer.param_groups[0]["lr"], self.entropy_cost()
         grad_norm = self._step()
-        self.scheduler.step()
         metrics = {k: float(v.detach()) for k, v in losses.items()}
-        metrics.update(grad_norm=grad_norm, lr=lr)
+        self._follow_entropy_floor(metrics["entropy"])
+        self.scheduler.step()
+        metrics.update(grad_norm=grad_norm, lr=lr, entropy_cost=entropy_cost)
         return self._move_value_stats(metrics, value_targets)
 
     def _passes(self, seg: Segment) -> dict[str, float]:
@@ -300,7 +329,8 @@ class Learner:
                     else:
                         losses = self.ppo_backward(sub, targets.select(block))
                 row = {k: float(v.detach()) for k, v in losses.items()}
-                row["grad_norm"] = self._step()
+                row.update(grad_norm=self._step(), entropy_cost=self.entropy_cost())
+                self._follow_entropy_floor(row["entropy"])
                 if targets is None:
                     row = self._move_value_stats(row, value_targets)
                 rows.append(row)
@@ -326,6 +356,7 @@ class Learner:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "generator": self.generator.get_state(),
+            "entropy_boost": self.entropy_boost,
         }
 
     def load_state_dict(self, saved: dict) -> None:
@@ -333,3 +364,4 @@ class Learner:
         self.scheduler.load_state_dict(saved["scheduler"])
         if "generator" in saved:  # checkpoints of earlier versions have none
             self.generator.set_state(saved["generator"])
+        self.entropy_boost = float(saved.get("entropy_boost", 0.0))  # 0 in older checkpoints

@@ -51,6 +51,7 @@ COLUMNS = (
     "baseline_loss",
     "entropy_loss",
     "entropy",
+    "entropy_cost",  # the configured one, or raised under --entropy-floor
     "grad_norm",
     "lr",
     "policy_lag",
@@ -74,7 +75,7 @@ ACTOR_STATE = {
 }
 TRAINING_CHECKPOINT = {
     "agent": STATE_DICT,
-    "learner": {"optimizer": OPTIMIZER, "scheduler": dict},
+    "learner": {"optimizer": OPTIMIZER, "scheduler": dict, "entropy_boost": Opt(NUMBER)},
     "rng": {"torch": torch.Tensor, "numpy": (tuple, list), "python": (tuple, list)},
     "counters": {
         "update": Opt(int),

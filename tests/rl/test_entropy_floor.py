@@ -1,0 +1,116 @@
+"""--entropy-floor: the learner raises the entropy cost by dual ascent while the policy's
+entropy is below the floor, and the raise is the only thing that changes."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from r2ac.errors import ConfigError
+from r2ac.rl.actor import Actor
+from r2ac.rl.build import agent_for_env, make_env
+from r2ac.rl.config import validate
+from r2ac.rl.learner import Learner, raised_entropy_boost
+
+from .rl_helpers import tiny
+
+
+def test_the_raise_grows_below_the_floor_shrinks_above_it_and_stays_non_negative():
+    assert math.isclose(raised_entropy_boost(0.0, 0.3, 0.8, 0.01), 0.005)
+    assert math.isclose(raised_entropy_boost(0.005, 1.3, 0.8, 0.01), 0.0)  # 0.005 - 0.005
+    assert raised_entropy_boost(0.002, 1.3, 0.8, 0.01) == 0.0  # clamped, not -0.003
+    assert math.isclose(raised_entropy_boost(0.1, 0.8, 0.8, 0.01), 0.1)  # at the floor: kept
+
+
+def _learner_and_batches(cfg, batches: int):
+    """A learner and `batches` segments collected with the weights before any update."""
+    torch.manual_seed(0)
+    env = make_env(cfg, cfg.runtime.num_envs, seed=3)
+    agent = agent_for_env(cfg, env, torch.float64)
+    actor = Actor(agent, env, seed=3, unroll_length=cfg.loss.unroll_length)
+    segments = [actor.collect()[0] for _ in range(batches)]
+    env.close()
+    return Learner(agent, cfg), segments
+
+
+@pytest.mark.parametrize("algorithm", ["impala", "ppo"])
+def test_below_the_floor_each_step_raises_the_cost_and_trains_as_that_entropy_cost(algorithm):
+    """A floor above any reachable entropy: every step's raise is rate x (floor x schedule -
+    that step's entropy), and the weights after it are those of a learner configured with
+    entropy_cost = base + the raise it had (same batches, same steps)."""
+    kw = dict(batch_size=3, num_envs=3, learning_rate=1e-2, lr_decay=True, total_frames=3 * 4 * 4)
+    if algorithm == "ppo":
+        kw.update(algorithm="ppo", targets="gae", epochs=2, minibatches=1)
+    floor, rate = 5.0, 0.02  # delayed cue has 2 actions: entropy <= ln 2 < 5
+    cfg = tiny(entropy_floor=floor, entropy_floor_rate=rate, **kw)
+    validate(cfg)
+    learner, segments = _learner_and_batches(cfg, 3)
+    steps = 2 if algorithm == "ppo" else 1
+    boost = 0.0
+    for update, seg in enumerate(segments):
+        schedule = 1.0 - update / cfg.updates_total  # the linear decay, no warm-up
+        before = learner.entropy_boost
+        twin_cfg = cfg.updated(entropy_floor=0.0, entropy_cost=cfg.loss.entropy_cost + before)
+        twin, _ = _learner_and_batches(twin_cfg, 0)
+        twin.agent.load_state_dict(learner.agent.state_dict())
+        # a copy: the optimiser would share the moment tensors, which step in place
+        twin.optimizer.load_state_dict(copy.deepcopy(learner.optimizer.state_dict()))
+        twin.scheduler.load_state_dict(learner.scheduler.state_dict())
+        twin.generator.set_state(learner.generator.get_state())
+        metrics = learner.update(seg)
+        if steps == 1:  # one step: the twin's is the same step exactly
+            twin.update(seg)
+            mine, its = learner.agent.state_dict(), twin.agent.state_dict()
+            assert all(torch.equal(mine[k], its[k]) for k in mine)
+        assert metrics["entropy"] < math.log(2) + 1e-9
+        # each step raised the cost by rate x (floor x schedule - its entropy) > 0
+        assert learner.entropy_boost > before + steps * rate * (floor * schedule - math.log(2))
+        boost = learner.entropy_boost
+    assert metrics["entropy_cost"] > cfg.loss.entropy_cost
+    assert boost > 0
+
+
+def test_above_the_floor_nothing_changes():
+    """A floor of 0.01 nats under a near-uniform policy: the cost stays the configured one,
+    and training is bit-identical to training without a floor."""
+    cfg = tiny(batch_size=3, num_envs=3, algorithm="ppo", targets="gae", epochs=2)
+    with_floor = cfg.updated(entropy_floor=0.01)
+    a, segments = _learner_and_batches(cfg, 3)
+    b, _ = _learner_and_batches(with_floor, 0)
+    b.agent.load_state_dict(a.agent.state_dict())
+    for seg in segments:
+        ma, mb = a.update(seg), b.update(seg)
+        assert mb["entropy_cost"] == ma["entropy_cost"] == cfg.loss.entropy_cost
+    assert b.entropy_boost == 0.0
+    wa, wb = a.agent.state_dict(), b.agent.state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_the_raise_travels_in_the_learner_state():
+    cfg = tiny(entropy_floor=5.0)
+    learner, segments = _learner_and_batches(cfg, 1)
+    learner.update(segments[0])
+    assert learner.entropy_boost > 0
+    fresh, _ = _learner_and_batches(cfg, 0)
+    fresh.load_state_dict(learner.state_dict())
+    assert fresh.entropy_boost == learner.entropy_boost
+    old = {k: v for k, v in learner.state_dict().items() if k != "entropy_boost"}
+    fresh.load_state_dict(old)  # a checkpoint of an earlier version: no raise
+    assert fresh.entropy_boost == 0.0
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        ({"entropy_floor": -0.1}, "entropy_floor=-0.1"),
+        ({"entropy_floor": float("nan")}, "entropy_floor=nan"),
+        ({"entropy_floor": 0.5, "entropy_floor_rate": 0.0}, "entropy_floor_rate=0.0"),
+    ],
+)
+def test_bad_entropy_floors_are_one_line_errors(kw, words):
+    with pytest.raises(ConfigError) as err:
+        validate(tiny(**kw))
+    assert words in str(err.value) and "\n" not in str(err.value)
