@@ -215,12 +215,11 @@ class Learner:
 
     def _follow_entropy_floor(self, entropy: float) -> None:
         """After a step: move the raise toward keeping `entropy` (that step's mean) at the
-        floor, which scales with the learning-rate schedule (group 0 runs at the base lr)."""
-        loss = self.cfg.loss
+        floor, which scales with the learning-rate schedule's factor of this batch."""
+        loss, sched = self.cfg.loss, self.scheduler
         if not loss.entropy_floor:
             return
-        schedule = self.optimizer.param_groups[0]["lr"] / self.cfg.optim.learning_rate
-        floor = loss.entropy_floor * schedule
+        floor = loss.entropy_floor * sched.lr_lambdas[0](sched.last_epoch)
         self.entropy_boost = raised_entropy_boost(
             self.entropy_boost, entropy, floor, loss.entropy_floor_rate
         )

@@ -114,3 +114,12 @@ def test_bad_entropy_floors_are_one_line_errors(kw, words):
     with pytest.raises(ConfigError) as err:
         validate(tiny(**kw))
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_floor_with_learning_rate_0_still_raises_the_cost():
+    """The floor scales with the schedule's factor, not lr / base lr (0 / 0 at lr 0)."""
+    cfg = tiny(entropy_floor=5.0, learning_rate=0.0)
+    learner, segments = _learner_and_batches(cfg, 1)
+    metrics = learner.update(segments[0])
+    expected = cfg.loss.entropy_floor_rate * (5.0 - metrics["entropy"])
+    assert math.isclose(learner.entropy_boost, expected, rel_tol=1e-12)
