@@ -30,7 +30,7 @@ def scores(env_name: str, streams: int, episodes: int, seed: int) -> tuple[str, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--episodes-per-stream", type=int, default=25)
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)

@@ -122,7 +122,7 @@ def gate_report(core, stem, K: int, T: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("core")
     parser.add_argument("lag", type=int)
     parser.add_argument("hidden", type=int)

@@ -109,7 +109,9 @@ def gradient_report(runtime: SerialRuntime, batches: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="r2ac diagnose", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="r2ac diagnose", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--batches", type=int, default=52, help="batches for the critic")
     parser.add_argument("--grad-batches", type=int, default=20, help="batches for the split")
