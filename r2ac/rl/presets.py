@@ -196,6 +196,8 @@ PRESETS: dict[str, TrainConfig] = {
 # Values a preset gives the cores of one family only (the tuning protocol's step 5, docs/rl.md:
 # a family that needs its own values gets them written next to the preset). They apply when
 # `--core` is of that family, under any flag the command line gives (`preset_for`).
+# A key may also name one core ("elstm-rtrl") for an option only that rule has; its values
+# win over its family's.
 # popgym, lstm: grad clip 0.5 won the LSTM's screen on RepeatPreviousEasy (tuning seeds 10 / 11:
 # -0.033 / 1.000 against the preset's -0.502 / -0.500) and lowered the eLSTM's check run
 # (-0.233 against -0.177), so it is the LSTM's alone (docs/log/learner.md, fourth session).
@@ -220,9 +222,10 @@ def preset(name: str) -> TrainConfig:
 
 
 def family_values(name: str | None, core: str) -> dict[str, Any]:
-    """The values preset `name` gives `core`'s family (`FAMILY_VALUES`), by flat names."""
-    family = core.split("-", 1)[0]
-    return dict(FAMILY_VALUES.get(name or "", {}).get(family, {}))
+    """The values preset `name` gives `core` (`FAMILY_VALUES`), by flat names: its family's
+    ("elstm"), then those of the core itself ("elstm-rtrl"), which win."""
+    given = FAMILY_VALUES.get(name or "", {})
+    return {**given.get(core.split("-", 1)[0], {}), **given.get(core, {})}
 
 
 def preset_for(name: str, core: str) -> TrainConfig:
@@ -243,7 +246,7 @@ def _listed(values: dict[str, Any], quote: str = "") -> str:
 def _family_suffix(name: str, quote: str = "") -> str:
     """The suffix "; lstm cores: grad_clip=0.5" per family value of preset `name` ("" if none)."""
     return "".join(
-        f"; {family} cores: {_listed(extra, quote)}"
+        f"; {family}{'' if '-' in family else ' cores'}: {_listed(extra, quote)}"
         for family, extra in FAMILY_VALUES.get(name, {}).items()
     )
 

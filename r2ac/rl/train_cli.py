@@ -89,8 +89,17 @@ def _family_values(cfg: TrainConfig, name: str | None, argv: list[str]) -> Train
     """The preset's values for the chosen core's family (`presets.FAMILY_VALUES`), where no
     flag of the command line set them."""
     values = family_values(name, cfg.model.core)
-    flags = {k: "--" + k.replace("_", "-") for k in values}
-    given = {k for k, f in flags.items() if any(a == f or a.startswith(f + "=") for a in argv)}
+
+    def spellings(field: str) -> tuple[str, ...]:  # a bool is also set by --no-FIELD
+        flag = field.replace("_", "-")
+        return ("--" + flag, "--no-" + flag) if isinstance(values[field], bool) else ("--" + flag,)
+
+    given = {
+        k
+        for k in values
+        for f in spellings(k)
+        if any(a == f or a.startswith(f + "=") for a in argv)
+    }
     keep = {k: v for k, v in values.items() if k not in given}
     return cfg.updated(**keep) if keep else cfg
 

@@ -118,3 +118,25 @@ def test_a_family_value_applies_to_its_family_under_the_flags():
     assert epochs("--preset", "popgym", "--core", "felstm-rtrl") == 2
     assert epochs("--preset", "popgym", "--core", "gru-bptt") == 2
     assert check_overrides("popgym", {"core": "elstm-bptt"}).flat()["epochs"] == 4
+
+
+def test_a_core_value_beats_its_familys_and_a_bool_yields_to_either_spelling(monkeypatch):
+    """FAMILY_VALUES may name a core ("elstm-rtrl") beside its family ("elstm"): the core's
+    value wins for that core only; a bool value yields to its flag and to --no-FLAG."""
+    from r2ac.experiments.runner import check_overrides
+    from r2ac.rl import presets
+
+    values = {"elstm": {"epochs": 4, "stem_norm": True}, "elstm-rtrl": {"epochs": 3}}
+    monkeypatch.setitem(presets.FAMILY_VALUES, "popgym", values)
+
+    def flat(*argv):
+        return parse_config(["--preset", "popgym", *argv]).flat()
+
+    assert flat("--core", "elstm-rtrl")["epochs"] == 3
+    assert flat("--core", "elstm-bptt")["epochs"] == 4
+    assert flat("--core", "elstm-rtrl", "--epochs", "5")["epochs"] == 5
+    assert flat("--core", "elstm-bptt")["stem_norm"] is True
+    assert flat("--core", "elstm-bptt", "--no-stem-norm")["stem_norm"] is False
+    assert flat("--core", "gru-bptt")["stem_norm"] is False
+    assert check_overrides("popgym", {"core": "elstm-rtrl"}).flat()["epochs"] == 3
+    assert "elstm cores: `epochs=4`, `stem_norm=True`; elstm-rtrl: `epochs=3`" in preset_table()
