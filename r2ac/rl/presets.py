@@ -210,8 +210,17 @@ PRESETS: dict[str, TrainConfig] = {
 # screen (tuning seeds 10-14: mean 0.416, 3 of 5 solved, against 4 epochs' -0.128, 0 of 5) but
 # lowered elstm-bptt's (8 epochs, seed 10: -0.300 against 4 epochs' 0.562) and the CountRecall
 # check (-0.878 against -0.844): not taken (docs/log/learner.md). The 4 epochs stay.
+# Sixteenth session: N = 256, the stem's norm, an entropy floor of 0.8 nats, lr 2e-3 held
+# constant, and for exact RTRL the first-order start state won elstm-rtrl's screen (tuning
+# seeds 10-14: mean 0.843, 3 of 5 solved, against -0.128, 0 of 5); checks: CountRecallEasy
+# -0.851 against -0.838 (seed 10), elstm-bptt RepeatPreviousEasy (docs/log/learner.md).
+_ELSTM_POPGYM = dict(hidden_size=256, stem_norm=True, entropy_floor=0.8, learning_rate=2e-3)
 FAMILY_VALUES: dict[str, dict[str, dict[str, Any]]] = {
-    "popgym": {"elstm": {"epochs": 4}, "lstm": {"grad_clip": 0.5}},
+    "popgym": {
+        "elstm": {"epochs": 4, **_ELSTM_POPGYM, "lr_decay": False},
+        "elstm-rtrl": {"rtrl_start_correction": True},
+        "lstm": {"grad_clip": 0.5},
+    },
 }
 
 

@@ -92,7 +92,15 @@ def test_a_family_value_applies_to_its_family_under_the_flags():
     from r2ac.rl.presets import FAMILY_VALUES
 
     assert FAMILY_VALUES["popgym"]["lstm"] == {"grad_clip": 0.5}
-    assert FAMILY_VALUES["popgym"]["elstm"] == {"epochs": 4}
+    assert FAMILY_VALUES["popgym"]["elstm"] == {
+        "epochs": 4,
+        "hidden_size": 256,
+        "stem_norm": True,
+        "entropy_floor": 0.8,
+        "learning_rate": 2e-3,
+        "lr_decay": False,
+    }
+    assert FAMILY_VALUES["popgym"]["elstm-rtrl"] == {"rtrl_start_correction": True}
 
     def clip(*argv):
         return parse_config(list(argv)).flat()["grad_clip"]
@@ -118,6 +126,18 @@ def test_a_family_value_applies_to_its_family_under_the_flags():
     assert epochs("--preset", "popgym", "--core", "felstm-rtrl") == 2
     assert epochs("--preset", "popgym", "--core", "gru-bptt") == 2
     assert check_overrides("popgym", {"core": "elstm-bptt"}).flat()["epochs"] == 4
+
+    def flat(*argv):
+        return parse_config(["--preset", "popgym", *argv]).flat()
+
+    assert flat("--core", "elstm-rtrl")["rtrl_start_correction"] is True
+    assert flat("--core", "elstm-bptt")["rtrl_start_correction"] is False
+    assert (
+        flat("--core", "elstm-rtrl", "--no-rtrl-start-correction")["rtrl_start_correction"] is False
+    )
+    assert flat("--core", "elstm-bptt", "--lr-decay")["lr_decay"] is True
+    assert flat("--core", "elstm-bptt")["lr_decay"] is False
+    assert flat("--core", "gru-bptt")["lr_decay"] is True
 
 
 def test_a_core_value_beats_its_familys_and_a_bool_yields_to_either_spelling(monkeypatch):
