@@ -216,10 +216,16 @@ PRESETS: dict[str, TrainConfig] = {
 # -0.851 against -0.838 (seed 10), elstm-bptt RepeatPreviousEasy 0.578 against 0.562 (seed
 # 10). Reported seeds (choose nothing): elstm-rtrl 0.729, elstm-bptt 0.308 (before: -0.221,
 # 0.894); elstm-bptt's own values are still to be screened (docs/log/learner.md).
-_ELSTM_POPGYM = dict(hidden_size=256, stem_norm=True, entropy_floor=0.8, learning_rate=2e-3)
 FAMILY_VALUES: dict[str, dict[str, dict[str, Any]]] = {
     "popgym": {
-        "elstm": {"epochs": 4, **_ELSTM_POPGYM, "lr_decay": False},
+        "elstm": dict(
+            epochs=4,
+            hidden_size=256,
+            stem_norm=True,
+            entropy_floor=0.8,
+            learning_rate=2e-3,
+            lr_decay=False,
+        ),
         "elstm-rtrl": {"rtrl_start_correction": True},
         "lstm": {"grad_clip": 0.5},
     },
