@@ -11,6 +11,11 @@ from r2ac.rl.train_cli import parse_config
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "rl.md"
 
 
+def flat(*argv: str) -> dict:
+    """The flat config `r2ac train --preset popgym ARGV` runs."""
+    return parse_config(["--preset", "popgym", *argv]).flat()
+
+
 def test_docs_show_every_preset_as_defined():
     text = DOCS.read_text()
     start, end = text.index("<!-- preset-table -->\n"), text.index("<!-- /preset-table -->")
@@ -127,9 +132,6 @@ def test_a_family_value_applies_to_its_family_under_the_flags():
     assert epochs("--preset", "popgym", "--core", "gru-bptt") == 2
     assert check_overrides("popgym", {"core": "elstm-bptt"}).flat()["epochs"] == 4
 
-    def flat(*argv):
-        return parse_config(["--preset", "popgym", *argv]).flat()
-
     assert flat("--core", "elstm-rtrl")["rtrl_start_correction"] is True
     assert flat("--core", "elstm-bptt")["rtrl_start_correction"] is False
     assert (
@@ -148,9 +150,6 @@ def test_a_core_value_beats_its_familys_and_a_bool_yields_to_either_spelling(mon
 
     values = {"elstm": {"epochs": 4, "stem_norm": True}, "elstm-rtrl": {"epochs": 3}}
     monkeypatch.setitem(presets.FAMILY_VALUES, "popgym", values)
-
-    def flat(*argv):
-        return parse_config(["--preset", "popgym", *argv]).flat()
 
     assert flat("--core", "elstm-rtrl")["epochs"] == 3
     assert flat("--core", "elstm-bptt")["epochs"] == 4
