@@ -297,9 +297,10 @@ def _elstm_run(core, x, reset, state=None):
 def test_the_first_order_start_is_the_derivative_of_the_carried_state():
     """c(t0; theta + e delta) = c(t0) + e S(t0) . delta + O(e^2), float64, with episode resets
     inside the segments: central differences agree to ~e^2, one-sided errors shrink as e^2;
-    both layouts of FZ give the same numbers."""
+    both layouts of FZ give the same numbers (D = 21: the stored layout's sum runs over two
+    blocks of inputs, one of them partial)."""
     torch.manual_seed(0)
-    T, B, D, N = 12, 3, 5, 7
+    T, B, D, N = 12, 3, 21, 7
     core = ELSTM(D, N, "rtrl", dtype=torch.float64, inplace_carry=False)
     x = torch.randn(T, B, D, dtype=torch.float64)
     reset = torch.zeros(T, B, dtype=torch.bool)

@@ -120,6 +120,24 @@ def test_out_of_place_carry_and_history_equal_pytorch_path(T, B, N, D, resets, m
 
 @needs_kernel
 @pytest.mark.parametrize("T, B, N, D, resets", SHAPES)
+def test_first_order_start_equals_pytorch_path(T, B, N, D, resets, monkeypatch):
+    """The kernel's sum for the first-order start state (start_sum): the PyTorch path's numbers
+    (its blocks of 16 inputs), the sensitivities left intact."""
+    sens, *_ = random_segment(T, B, N, D, resets)
+    gen = torch.Generator().manual_seed(1)
+    d_FZ, d_wb = torch.randn(2, N, D, generator=gen), torch.randn(4, N, generator=gen)
+    before = [t.clone() for t in sens]
+    calls = []
+    kernel = native.start_sum
+    monkeypatch.setattr(native, "start_sum", lambda *a: (calls.append(1), kernel(*a))[1])
+    got = em.first_order_start(sens, d_FZ, d_wb)
+    assert len(calls) == 1 and all(torch.equal(a, b) for a, b in zip(sens, before))
+    monkeypatch.setattr(native, "load", lambda: None)
+    close_to((got,), (em.first_order_start(sens, d_FZ, d_wb),))
+
+
+@needs_kernel
+@pytest.mark.parametrize("T, B, N, D, resets", SHAPES)
 def test_carry_from_gates_equals_local_derivatives_then_carry(T, B, N, D, resets, monkeypatch):
     """The actor's carry (r2ac_carry_gates: the trace derived from the gates in the kernel)
     against local_derivatives + carry_segment / carry_step in PyTorch, resets included."""

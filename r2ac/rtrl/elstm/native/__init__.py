@@ -3,8 +3,9 @@
 `elstm_carry.c` does, in one pass over the O(B*N*D) sensitivities, what the PyTorch path does
 in several at the end of a segment's backward: the carry inputs (u, G), the history
 contraction, the scale by G and the carry GEMM (docs/rules/rtrl.md, "Native kernel"); the
-same pass without the history is an actor's carry into new buffers (`carry`), and the history
-alone is a learner's that does not carry (`history`).
+same pass without the history is an actor's carry into new buffers (`carry`), the history
+alone is a learner's that does not carry (`history`), and `start_sum` is the first-order start
+state's pass (docs/rules/passes.md).
 
 It is plain C, built on first use with the system C compiler (`cc -O3 -march=native
 -fopenmp`, about a second) and cached under `~/.cache/r2ac/native` (or `$R2AC_NATIVE_CACHE`),
@@ -195,6 +196,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     fn = lib.r2ac_history
     fn.restype = ctypes.c_int
     fn.argtypes = [i64] * 3 + [ptr] * 5
+    fn = lib.r2ac_start
+    fn.restype = ctypes.c_int
+    fn.argtypes = [i64] * 3 + [ptr] * 3
     fn = lib.r2ac_carry_gates
     fn.restype = ctypes.c_int
     fn.argtypes = [i64] * 4 + [ptr] * 3 + [i64] * 2 + [ptr] * 8
@@ -354,3 +358,19 @@ def history(stored: Tensor, wb: Tensor, d_hat: Tensor) -> tuple[Tensor, Tensor]:
     if rc != 0:
         raise NativeKernelError(f"r2ac_history returned {rc}")
     return hist, d_wb
+
+
+def start_sum(stored: Tensor, d_blocks: Tensor) -> Tensor:
+    """sum_d stored[:, d] * d_blocks[d], (B, 2, N), from the blocks (B, D, 2, N) and the change
+    of [F; Z] in their layout, d_blocks (D, 2, N): the first-order start state's FZ part."""
+    if _lib is None:
+        raise NativeKernelError("native kernel not loaded (call load() first)")
+    d_blocks = d_blocks.contiguous()
+    if not (supports(stored) and d_blocks.dtype == stored.dtype):
+        raise NativeKernelError("operands not in the kernel's layout (see supports)")
+    B, D, _, N = stored.shape
+    out = stored.new_empty(B, 2, N)
+    rc = _lib.r2ac_start(B, D, N, stored.data_ptr(), d_blocks.data_ptr(), out.data_ptr())
+    if rc != 0:
+        raise NativeKernelError(f"r2ac_start returned {rc}")
+    return out

@@ -15,6 +15,7 @@
  * (an actor's carry) and out of place (the carried block written to a second buffer);
  * `r2ac_carry_gates` first derives the trace from the gates an actor's steps kept, and
  * `r2ac_history` is the history alone (a learner that does not carry).
+ * `r2ac_start` is the first-order start state's sum (docs/rules/passes.md).
  *
  * Threads come from OpenMP; the library links the libgomp that PyTorch already loaded, so both
  * share one thread team. With a history they split the 2N columns (each owns its columns of the
@@ -428,6 +429,29 @@ int r2ac_history(int64_t B, int64_t D, int64_t N, const float *fz, float *hist,
         free(h);
     }
     return failed ? 2 : 0;
+}
+
+/* The first-order start state's sum over the inputs (docs/rules/passes.md):
+ *   out (B, C) = sum_d fz[b, d, :] * dw[d, :],  C = 2N,
+ * fz as in r2ac_history, dw (D, C) the change of [F; Z] in the same layout. One streaming pass
+ * over FZ (dw and a stream's row of out stay in cache), the streams split between threads.
+ * Returns 0, or 1 if N is not a multiple of 8. */
+int r2ac_start(int64_t B, int64_t D, int64_t N, const float *fz, const float *dw, float *out)
+{
+    int64_t C = 2 * N;
+    if (N % 8 != 0) return 1;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < B; b++) {
+        float *o = out + b * C;
+        const float *fz_b = fz + b * D * C;
+        for (int64_t c = 0; c < C; c += VL) store(o + c, splat(0.0f));
+        for (int64_t d = 0; d < D; d++)
+            for (int64_t c = 0; c < C; c += VL) {
+                __builtin_prefetch(fz_b + d * C + c + HISTORY_AHEAD, 0, 2);
+                store(o + c, load(o + c) + load(fz_b + d * C + c) * load(dw + d * C + c));
+            }
+    }
+    return 0;
 }
 
 /* The carry of r2ac_carry_fused without a history, from the gates of the segment's steps
