@@ -363,11 +363,8 @@ def history(stored: Tensor, wb: Tensor, d_hat: Tensor) -> tuple[Tensor, Tensor]:
 def start_sum(stored: Tensor, d_blocks: Tensor) -> Tensor:
     """sum_d stored[:, d] * d_blocks[d], (B, 2, N), from the blocks (B, D, 2, N) and the change
     of [F; Z] in their layout, d_blocks (D, 2, N): the first-order start state's FZ part."""
-    if _lib is None:
-        raise NativeKernelError("native kernel not loaded (call load() first)")
     d_blocks = d_blocks.contiguous()
-    if not (supports(stored) and d_blocks.dtype == stored.dtype):
-        raise NativeKernelError("operands not in the kernel's layout (see supports)")
+    _checked(stored, d_blocks)  # the same layout and dtype checks as for wb
     B, D, _, N = stored.shape
     out = stored.new_empty(B, 2, N)
     rc = _lib.r2ac_start(B, D, N, stored.data_ptr(), d_blocks.data_ptr(), out.data_ptr())
