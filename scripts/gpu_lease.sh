@@ -5,6 +5,7 @@
 # earlier one fails. Run from the repository root with carry [".whl"] (made here first by
 # `bash scripts/gpu_session.sh wheels`):
 #   bash scripts/gpu_lease.sh            # ~9.5 minutes (limits sum to 570 s); all lands in $OUT
+#   bash scripts/gpu_lease.sh tune       # ~5 minutes: carry tests, Triton sweep, bench with its best
 # Step limits (seconds) can be changed by LIMIT_ENV, LIMIT_TESTS, LIMIT_BENCH, LIMIT_PROFILE,
 # LIMIT_COST, LIMIT_E2E, and the e2e run length per rule by E2E_SECONDS. The first lease
 # (2026-11-27, docs/log/gpu.md) took: env 15 s, tests 80 s, bench-shapes 40 s, profile 33 s,
@@ -23,6 +24,17 @@ step() {  # step LIMIT ARGS...: one gpu_session.sh step, limited; a failure does
     STEP_LIMIT=$limit bash "$S" "$@" || echo "=== [gpu_lease] step failed: $*"
     tar czf "$FINAL/gpu-lease.tgz" -C "$OUT" .
 }
+if [ "${1:-}" = tune ]; then  # a short lease: the GPU tests of the carry, the Triton sweep,
+    # and the bench at the paper's and the large shapes with the sweep's fastest launch
+    [ -n "${TUNE_SKIP_TESTS:-}" ] || step "${LIMIT_TESTS:-70}" tests tests/test_perf.py \
+        tests/gpu/test_gpu_carry_cuda.py
+    # shellcheck disable=SC2086  # TUNE_ARGS: more arguments for the sweep, e.g. --groups ...
+    step "${LIMIT_TUNE:-150}" tune ${TUNE_ARGS:-}
+    R2AC_TRITON_CONFIG="$(cat "$OUT/tune-best.txt" 2>/dev/null)" step "${LIMIT_BENCH:-75}" \
+        bench-shapes 100,256,1024,257 50,64,2048,257 100,128,512,257 100,32,512,257 1,32,512,257
+    echo "=== [gpu_lease] $(date -u +%T) done"
+    exit 0
+fi
 step "${LIMIT_ENV:-20}" env
 step "${LIMIT_TESTS:-130}" tests  # +20 s since the first lease: the CUDA-graph candidates
 # the paper's shapes first, then larger N and B (the whole --grid gpu does not fit one lease)

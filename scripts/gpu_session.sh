@@ -14,6 +14,7 @@
 #   bash scripts/gpu_session.sh bench-shapes T,B,N,D...   # bench core at the shapes named
 #   bash scripts/gpu_session.sh cost CORE...  # bench cost --device cuda: one learner update
 #   bash scripts/gpu_session.sh profile       # scripts/profile_gpu_carry.py: the carry's kernels
+#   bash scripts/gpu_session.sh tune [--shapes ...]  # scripts/tune_gpu_triton.py: the Triton launch
 # scripts/gpu_lease.sh runs them all, in priority order, inside one device command.
 # Each step writes its log and results under $OUT (the device tool's folder; out/gpu here)
 # and stops itself after $STEP_LIMIT seconds (default 570) so that what it wrote comes back.
@@ -102,6 +103,11 @@ step_cost() {  # one learner update at M = 100, per core, on CUDA (time, and the
         --spans 100 --repeats 5 --warmup 2 --threads 8 --out "$OUT/cost"
 }
 
+step_tune() {  # the Triton kernel's launch swept (scripts/tune_gpu_triton.py); best in tune-best.txt
+    setup_path
+    run_logged tune-triton.txt "$PY" scripts/tune_gpu_triton.py "$@" \
+        --json-out "$OUT/tune-triton.json" --best-out "$OUT/tune-best.txt"
+}
 step_profile() {  # where the history term + carry spends its time, per candidate
     setup_path
     run_logged profile-carry.txt "$PY" scripts/profile_gpu_carry.py "$@"
@@ -165,6 +171,7 @@ case "$step" in
     bench-shapes) step_bench_shapes "$@" ;;
     cost) step_cost "$@" ;;
     profile) step_profile "$@" ;;
+    tune) step_tune "$@" ;;
     e2e) step_e2e ;;
     wheels) step_wheels ;;
     *)

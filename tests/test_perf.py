@@ -31,7 +31,8 @@ def alloc_probe(mib: int, device: str) -> AllocRow:
         del t
 
     allocate()  # the first call loads the kernels and warms the allocators up
-    return AllocRow(mib, device, peak_memory_mib(allocate, device), peak_memory_mib(lambda: None))
+    empty = peak_memory_mib(lambda: None, device)  # on the same device as the tensor
+    return AllocRow(mib, device, peak_memory_mib(allocate, device), empty)
 
 
 def test_cpu_peak_rises_by_the_size_of_a_tensor_in_a_fresh_process():

@@ -179,13 +179,23 @@ def test_the_cpu_keeps_its_path_and_selects_nothing():
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA here: tests/gpu runs the kernel")
-@pytest.mark.parametrize("shares", [1, 3])
-def test_the_triton_kernel_under_the_interpreter_equals_the_torch_path(monkeypatch, shares):
+@pytest.mark.parametrize(
+    "shares, launch",
+    [
+        (1, None),
+        (3, None),
+        (2, "32x128 t16 w8 s2 ieee p4"),
+        (2, "32x64 t16 w4 s- tf32x3 p4 streams"),
+    ],
+)  # launch: $R2AC_TRITON_CONFIG (None: the default), tiles and chunks cut short differently
+def test_the_triton_kernel_under_the_interpreter_equals_the_torch_path(monkeypatch, shares, launch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when the kernel is decorated
+    if launch:
+        monkeypatch.setenv("R2AC_TRITON_CONFIG", launch)
     sys.modules.pop("r2ac.rtrl.elstm.gpu_triton", None)
     try:
         gt = importlib.import_module("r2ac.rtrl.elstm.gpu_triton")
-        monkeypatch.setattr(gt, "_stream_shares", lambda B, tiles, device: shares)
+        monkeypatch.setattr(gt, "_stream_shares", lambda B, tiles, device, per_sm: shares)
         for dtype, tol, T in ((F64, 1e-12, 5), (F32, 1e-5, 5), (F32, 1e-5, 40)):
             # tiles cut short in D and 2N; float32 sums steps by tl.dot in chunks of 32 steps:
             # T = 40 is a whole chunk and a cut one
@@ -196,3 +206,18 @@ def test_the_triton_kernel_under_the_interpreter_equals_the_torch_path(monkeypat
                 assert err < tol, (op, dtype, err)
     finally:
         sys.modules.pop("r2ac.rtrl.elstm.gpu_triton", None)  # compiled kernels for later imports
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_the_triton_launch_config_reads_back_and_bad_text_is_one_config_error():
+    from r2ac.rtrl.elstm import gpu_triton as gt
+
+    configs = [
+        gt.KernelConfig(128, 32, 16, 8, 3, "tf32", 2),
+        gt.KernelConfig(32, 64, stream_grid=True),
+    ]
+    for cfg in [*gt.DEFAULT_CONFIG.values(), *configs]:
+        assert gt.KernelConfig.parse(cfg.describe()) == cfg
+    for bad in ("64x64 t32 w4", "64x64 t32 w4 s- fp16 p4", "64by64 t32 w4 s- tf32 p4"):
+        with pytest.raises(ConfigError, match="R2AC_TRITON_CONFIG=.*expected e.g."):
+            gt.KernelConfig.parse(bad)

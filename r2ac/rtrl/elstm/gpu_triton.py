@@ -2,11 +2,15 @@
 r2ac.rtrl.elstm.gpu_carry; imported only where triton is).
 
 Per stream b the sensitivities FZ are stored as one (D, C = 2N) row-major block (elstm_math's
-`zero_FZ`). A program owns one (BLOCK_D, BLOCK_C) tile of that block and a share of the
-streams (every S-th); for each of its streams it loads the tile once, adds it, weighted by
-d_hat, to its partial history sum, and with CARRY writes back G * FZ + sum_t outer(x(t), u(t)),
-accumulated in registers. FZ is read once and written once, against five passes for the
-PyTorch path; the S partial sums (S * D * C, small next to B * D * C) are added afterwards.
+`zero_FZ`). In `_history_carry_kernel` a program owns one (BLOCK_D, BLOCK_C) tile of that
+block and a share of the streams (every S-th); for each of its streams it loads the tile once,
+adds it, weighted by d_hat, to its partial history sum, and with CARRY writes back G * FZ +
+sum_t outer(x(t), u(t)), accumulated in registers. FZ is read once and written once, against
+five passes for the PyTorch path; the S partial sums (S * D * C, small next to B * D * C) are
+added afterwards. On an H200 that loop over streams was latency-bound (scripts/
+tune_gpu_triton.py, docs/log/gpu.md): with `stream_grid` (float32's default) the history is
+that kernel without CARRY, FZ read only, and the carry is `_carry_tile_kernel`, one program per
+(tile, stream): FZ read twice and written once, in 0.59x the time at (100, 256, 1024, 257).
 
 The sum over the segment's T steps is a small matrix product per stream, x_b^T (BLOCK_D, T)
 times u_b (T, BLOCK_C). In float32 it runs as `tl.dot` over chunks of BLOCK_T steps on the
@@ -23,15 +27,74 @@ run first (`_carry_inputs_kernel`: one scan backwards over the steps per stream 
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, replace
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-BLOCK_D, BLOCK_C, NUM_WARPS = 32, 64, 4  # float64, rank-1 updates
-DOT_BLOCK_D, DOT_BLOCK_C, DOT_BLOCK_T, DOT_WARPS = 64, 64, 32, 4  # float32, tl.dot
-DOT_PRECISION = "tf32x3"  # float32 accuracy on the tensor cores
-PROGRAMS_PER_SM = 4  # streams are split until the grid has about this many programs per SM
+from r2ac.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """How `_history_carry_kernel` is launched: its tile, the steps a tl.dot takes at once,
+    warps and pipeline stages, the dot's precision (None: rank-1 updates, no tl.dot), and how
+    many programs per SM the streams are split over. scripts/tune_gpu_triton.py sweeps it."""
+
+    block_d: int
+    block_c: int
+    block_t: int = 32
+    warps: int = 4
+    stages: int | None = None  # None: Triton's default
+    precision: str | None = "tf32x3"
+    programs_per_sm: int = 4
+    stream_grid: bool = False  # carry: one program per (tile, stream), after a history pass
+
+    def describe(self) -> str:
+        """E.g. '64x64 t32 w4 s- tf32x3 p4' ('s-': default stages; 'rank1': no tl.dot; a
+        last word 'streams': stream_grid), the form `parse` and $R2AC_TRITON_CONFIG take."""
+        return (
+            f"{self.block_d}x{self.block_c} t{self.block_t} w{self.warps} s{self.stages or '-'}"
+            f" {self.precision or 'rank1'} p{self.programs_per_sm}"
+            + (" streams" if self.stream_grid else "")
+        )
+
+    @staticmethod
+    def parse(text: str) -> KernelConfig:
+        try:
+            words = text.split()
+            stream_grid = words[6:] == ["streams"]
+            tile, t, w, st, precision, p = words[:6] if stream_grid else words
+            block_d, block_c = tile.split("x")
+            assert t[0] == "t" and w[0] == "w" and st[0] == "s" and p[0] == "p"
+            assert precision in ("tf32x3", "tf32", "ieee", "rank1")
+            return KernelConfig(
+                int(block_d), int(block_c), int(t[1:]), int(w[1:]),
+                None if st == "s-" else int(st[1:]),
+                None if precision == "rank1" else precision, int(p[1:]), stream_grid,
+            )  # fmt: skip
+        except (ValueError, AssertionError):
+            raise ConfigError(
+                f"{CONFIG_ENV}={text!r}: expected e.g. '64x64 t32 w4 s- tf32x3 p4' (tile DxC,"
+                " steps per dot, warps, stages or s-, tf32x3|tf32|ieee|rank1, programs per SM,"
+                " optionally 'streams')"
+            ) from None
+
+
+CONFIG_ENV = "R2AC_TRITON_CONFIG"  # the float32 launch, for measuring (scripts/gpu_lease.sh)
+
+
+# float32: tl.dot in 3xTF32 (float32 accuracy on the tensor cores), the carry on the stream
+# grid: the fastest launch of scripts/tune_gpu_triton.py on an H200 at 2 of its 3 shapes
+# (docs/log/gpu.md, 2026-11-28: 1.65 ms against 2.81 for the stream loop at (100, 256, 1024,
+# 257)); float64: rank-1 updates on the stream loop (its launch was never swept)
+DEFAULT_CONFIG = {
+    torch.float32: KernelConfig(64, 64, 16, 4, None, "tf32x3", 4, stream_grid=True),
+    torch.float64: KernelConfig(32, 64, 32, 4, None, None, 4),
+}
 
 
 @triton.jit
@@ -75,6 +138,42 @@ def _history_carry_kernel(
                     new += xv[:, None] * uv[None, :]
             tl.store(block, new, mask=mask)
     tl.store(part + share.to(tl.int64) * D * C + tile, hist, mask=mask)
+
+
+@triton.jit
+def _carry_tile_kernel(
+    fz, x, sx_t, sx_b, sx_d, u, g, B, D, C, T,
+    BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, DOT: tl.constexpr, BLOCK_T: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    """The carry alone, one program per (tile, stream): fz[b] tile = g * fz[b] tile +
+    x_b^T u_b over the tile, the sum over steps a small GEMM whose loop over chunks of steps
+    Triton pipelines. Programs of one stream are neighbours in the grid, so x_b and u_b are
+    read from L2. (_history_carry_kernel's stream loop serialises the loads of each stream's
+    x and u behind its dot: the second lease measured it latency-bound, docs/log/gpu.md.)"""
+    rd = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    b = tl.program_id(2).to(tl.int64)
+    md, mc = rd < D, rc < C
+    acc = tl.zeros((BLOCK_D, BLOCK_C), dtype=fz.dtype.element_ty)
+    if DOT:
+        for t0 in range(0, T, BLOCK_T):
+            rt = t0 + tl.arange(0, BLOCK_T)
+            mt = rt < T
+            x_ptr = x + b * sx_b + rd[:, None] * sx_d + rt[None, :] * sx_t
+            xt = tl.load(x_ptr, mask=md[:, None] & mt[None, :], other=0.0)  # (Dt, Tt)
+            u_ptr = u + (rt[:, None] * B + b) * C + rc[None, :]
+            ut = tl.load(u_ptr, mask=mt[:, None] & mc[None, :], other=0.0)  # (Tt, Ct)
+            acc = tl.dot(xt, ut, acc, input_precision=PRECISION)
+    else:
+        for t in range(T):
+            xv = tl.load(x + t * sx_t + b * sx_b + rd * sx_d, mask=md, other=0.0)
+            uv = tl.load(u + (t * B + b) * C + rc, mask=mc, other=0.0)
+            acc += xv[:, None] * uv[None, :]
+    mask = md[:, None] & mc[None, :]
+    block = fz + b * D * C + rd[:, None].to(tl.int64) * C + rc[None, :]
+    scale = tl.load(g + b * C + rc, mask=mc, other=0.0)
+    tl.store(block, tl.load(block, mask=mask, other=0.0) * scale[None, :] + acc, mask=mask)
 
 
 @triton.jit
@@ -130,38 +229,56 @@ def _carry_inputs_and_wb(fh, zh, a, cp, wb) -> tuple[Tensor, Tensor]:
     return u, g2
 
 
-def _stream_shares(B: int, tiles: int, device: torch.device) -> int:
+def _stream_shares(B: int, tiles: int, device: torch.device, programs_per_sm: int) -> int:
     """S: how many programs share the streams of one tile, so that the grid fills the GPU."""
     sms = (
         torch.cuda.get_device_properties(device).multi_processor_count
         if device.type == "cuda"
         else 1
     )
-    return max(1, min(B, -(-PROGRAMS_PER_SM * sms // tiles)))
+    return max(1, min(B, -(-programs_per_sm * sms // tiles)))
+
+
+def float32_override(dtype: torch.dtype) -> KernelConfig | None:
+    """$R2AC_TRITON_CONFIG's launch for float32 operands, if set."""
+    text = os.environ.get(CONFIG_ENV)
+    return KernelConfig.parse(text) if text and dtype == torch.float32 else None
 
 
 def _launch(
     blocks: Tensor, dh: Tensor, x: Tensor | None = None, u: Tensor | None = None,
-    g: Tensor | None = None,
+    g: Tensor | None = None, config: KernelConfig | None = None,
 ) -> Tensor:  # fmt: skip
     """The history sum (D, C) of blocks (B, D, C) weighted by dh (B, C); with x (T, B, D),
-    u (T, B, C) and g (B, C), blocks are carried in place too."""
+    u (T, B, C) and g (B, C), blocks are carried in place too. config: DEFAULT_CONFIG's."""
     B, D, C = blocks.shape
-    dot = blocks.dtype == torch.float32
-    block_d, block_c, warps = (DOT_BLOCK_D, DOT_BLOCK_C, DOT_WARPS) if dot else (
-        BLOCK_D, BLOCK_C, NUM_WARPS)  # fmt: skip
-    grid_dc = (triton.cdiv(D, block_d), triton.cdiv(C, block_c))
-    S = _stream_shares(B, grid_dc[0] * grid_dc[1], blocks.device)
-    part = blocks.new_empty(S, D, C)
+    cfg = config or float32_override(blocks.dtype) or DEFAULT_CONFIG[blocks.dtype]
+    dot = cfg.precision is not None
+    if dot and blocks.dtype != torch.float32:
+        raise ValueError(f"tl.dot runs in float32 only, got {blocks.dtype}")
+    grid_dc = (triton.cdiv(D, cfg.block_d), triton.cdiv(C, cfg.block_c))
+    launch = {"num_warps": cfg.warps}
+    if cfg.stages is not None:
+        launch["num_stages"] = cfg.stages
     carry = x is not None
+    if carry and cfg.stream_grid:  # the history pass reads FZ before the carry writes it
+        hist = _launch(blocks, dh, config=replace(cfg, stream_grid=False))
+        _carry_tile_kernel[(*grid_dc, B)](
+            blocks, x, *x.stride(), u, g, B, D, C, x.shape[0], BLOCK_D=cfg.block_d,
+            BLOCK_C=cfg.block_c, DOT=dot, BLOCK_T=cfg.block_t,
+            PRECISION=cfg.precision or "ieee", **launch,
+        )  # fmt: skip
+        return hist
+    S = _stream_shares(B, grid_dc[0] * grid_dc[1], blocks.device, cfg.programs_per_sm)
+    part = blocks.new_empty(S, D, C)
     if not carry:  # unused pointers: any tensor of the right dtype
         x, u, g, T, strides = blocks, blocks, blocks, 0, (0, 0, 0)
     else:
         T, strides = x.shape[0], x.stride()
     _history_carry_kernel[(*grid_dc, S)](
         blocks, part, x, *strides, u, g, dh, B, D, C, T, S,
-        CARRY=carry, BLOCK_D=block_d, BLOCK_C=block_c, DOT=dot, BLOCK_T=DOT_BLOCK_T,
-        PRECISION=DOT_PRECISION, num_warps=warps,
+        CARRY=carry, BLOCK_D=cfg.block_d, BLOCK_C=cfg.block_c, DOT=dot, BLOCK_T=cfg.block_t,
+        PRECISION=cfg.precision or "ieee", **launch,
     )  # fmt: skip
     return part[0] if S == 1 else part.sum(0)
 
