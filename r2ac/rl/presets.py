@@ -218,6 +218,9 @@ PRESETS: dict[str, TrainConfig] = {
 # 0.894). Seventeenth session: on elstm-bptt's tuning seeds these values 0.570 (1 of 5) beat
 # the values before 0.214 (0 of 5): they stay its own. 6 epochs won elstm-rtrl's screen (0.961,
 # 5 of 5) but lowered the CountRecallEasy check (-0.897 against -0.851): not taken.
+# Eighteenth session (another box): elstm-rtrl 5 epochs (0.730), 6 epochs (0.709, re-run) and no
+# start correction lost to the preset re-run there (0.871); elstm-bptt 6 epochs won its screen
+# (0.914 against 0.570) but lowered the three-seed CountRecall check by 0.021: not taken.
 FAMILY_VALUES: dict[str, dict[str, dict[str, Any]]] = {
     "popgym": {
         "elstm": dict(
