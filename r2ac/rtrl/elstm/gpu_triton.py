@@ -98,6 +98,30 @@ DEFAULT_CONFIG = {
 
 
 @triton.jit
+def _add_outer_sum(
+    acc, x, sx_t, sx_b, sx_d, u, b, B, C, T, rd, rc, md, mc,
+    DOT: tl.constexpr, BLOCK_T: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """acc (Dt, Ct) + sum_t outer(x_b(t), u_b(t)) over stream b's tile rows rd, columns rc:
+    DOT, tl.dot over chunks of BLOCK_T steps; else T rank-1 multiply-adds."""
+    if DOT:
+        for t0 in range(0, T, BLOCK_T):
+            rt = t0 + tl.arange(0, BLOCK_T)
+            mt = rt < T
+            x_ptr = x + b * sx_b + rd[:, None] * sx_d + rt[None, :] * sx_t
+            xt = tl.load(x_ptr, mask=md[:, None] & mt[None, :], other=0.0)  # (Dt, Tt)
+            u_ptr = u + (rt[:, None] * B + b) * C + rc[None, :]
+            ut = tl.load(u_ptr, mask=mt[:, None] & mc[None, :], other=0.0)  # (Tt, Ct)
+            acc = tl.dot(xt, ut, acc, input_precision=PRECISION)
+    else:
+        for t in range(T):
+            xv = tl.load(x + t * sx_t + b * sx_b + rd * sx_d, mask=md, other=0.0)
+            uv = tl.load(u + (t * B + b) * C + rc, mask=mc, other=0.0)
+            acc += xv[:, None] * uv[None, :]
+    return acc
+
+
+@triton.jit
 def _history_carry_kernel(
     fz, part, x, sx_t, sx_b, sx_d, u, g, dh, B, D, C, T, S,
     CARRY: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -121,21 +145,10 @@ def _history_carry_kernel(
         hist += old * weight[None, :]
         if CARRY:
             scale = tl.load(g + b64 * C + rc, mask=mc, other=0.0)
-            new = old * scale[None, :]
-            if DOT:
-                for t0 in range(0, T, BLOCK_T):
-                    rt = t0 + tl.arange(0, BLOCK_T)
-                    mt = rt < T
-                    x_ptr = x + b64 * sx_b + rd[:, None] * sx_d + rt[None, :] * sx_t
-                    xt = tl.load(x_ptr, mask=md[:, None] & mt[None, :], other=0.0)  # (Dt, Tt)
-                    u_ptr = u + (rt[:, None] * B + b64) * C + rc[None, :]
-                    ut = tl.load(u_ptr, mask=mt[:, None] & mc[None, :], other=0.0)  # (Tt, Ct)
-                    new = tl.dot(xt, ut, new, input_precision=PRECISION)
-            else:
-                for t in range(T):
-                    xv = tl.load(x + t * sx_t + b64 * sx_b + rd * sx_d, mask=md, other=0.0)
-                    uv = tl.load(u + (t * B + b64) * C + rc, mask=mc, other=0.0)
-                    new += xv[:, None] * uv[None, :]
+            new = _add_outer_sum(
+                old * scale[None, :], x, sx_t, sx_b, sx_d, u, b64, B, C, T, rd, rc, md, mc,
+                DOT, BLOCK_T, PRECISION,
+            )  # fmt: skip
             tl.store(block, new, mask=mask)
     tl.store(part + share.to(tl.int64) * D * C + tile, hist, mask=mask)
 
@@ -155,21 +168,10 @@ def _carry_tile_kernel(
     rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     b = tl.program_id(2).to(tl.int64)
     md, mc = rd < D, rc < C
-    acc = tl.zeros((BLOCK_D, BLOCK_C), dtype=fz.dtype.element_ty)
-    if DOT:
-        for t0 in range(0, T, BLOCK_T):
-            rt = t0 + tl.arange(0, BLOCK_T)
-            mt = rt < T
-            x_ptr = x + b * sx_b + rd[:, None] * sx_d + rt[None, :] * sx_t
-            xt = tl.load(x_ptr, mask=md[:, None] & mt[None, :], other=0.0)  # (Dt, Tt)
-            u_ptr = u + (rt[:, None] * B + b) * C + rc[None, :]
-            ut = tl.load(u_ptr, mask=mt[:, None] & mc[None, :], other=0.0)  # (Tt, Ct)
-            acc = tl.dot(xt, ut, acc, input_precision=PRECISION)
-    else:
-        for t in range(T):
-            xv = tl.load(x + t * sx_t + b * sx_b + rd * sx_d, mask=md, other=0.0)
-            uv = tl.load(u + (t * B + b) * C + rc, mask=mc, other=0.0)
-            acc += xv[:, None] * uv[None, :]
+    acc = _add_outer_sum(
+        tl.zeros((BLOCK_D, BLOCK_C), dtype=fz.dtype.element_ty), x, sx_t, sx_b, sx_d, u, b, B,
+        C, T, rd, rc, md, mc, DOT, BLOCK_T, PRECISION,
+    )  # fmt: skip
     mask = md[:, None] & mc[None, :]
     block = fz + b * D * C + rd[:, None].to(tl.int64) * C + rc[None, :]
     scale = tl.load(g + b * C + rc, mask=mc, other=0.0)
