@@ -84,6 +84,7 @@ class KernelConfig:
             ) from None
 
 
+MAX_GRID_Z = 65535  # CUDA's limit on a grid's third dimension: more streams, the stream loop
 CONFIG_ENV = "R2AC_TRITON_CONFIG"  # the float32 launch, for measuring (scripts/gpu_lease.sh)
 
 
@@ -160,9 +161,8 @@ def _carry_tile_kernel(
     PRECISION: tl.constexpr,
 ):  # fmt: skip
     """The carry alone, one program per (tile, stream): fz[b] tile = g * fz[b] tile +
-    x_b^T u_b over the tile, the sum over steps a small GEMM whose loop over chunks of steps
-    Triton pipelines. Programs of one stream are neighbours in the grid, so x_b and u_b are
-    read from L2. (_history_carry_kernel's stream loop serialises the loads of each stream's
+    x_b^T u_b over the tile, the sum over steps a small GEMM over chunks of steps. Programs
+    of one stream are neighbours in the grid, so x_b and u_b are mostly read from L2. (_history_carry_kernel's stream loop serialises the loads of each stream's
     x and u behind its dot: the second lease measured it latency-bound, docs/log/gpu.md.)"""
     rd = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
     rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -263,7 +263,7 @@ def _launch(
     if cfg.stages is not None:
         launch["num_stages"] = cfg.stages
     carry = x is not None
-    if carry and cfg.stream_grid:  # the history pass reads FZ before the carry writes it
+    if carry and cfg.stream_grid and B <= MAX_GRID_Z:  # history first: it reads FZ unchanged
         hist = _launch(blocks, dh, config=replace(cfg, stream_grid=False))
         _carry_tile_kernel[(*grid_dc, B)](
             blocks, x, *x.stride(), u, g, B, D, C, x.shape[0], BLOCK_D=cfg.block_d,
