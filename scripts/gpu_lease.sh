@@ -30,8 +30,9 @@ if [ "${1:-}" = tune ]; then  # a short lease: the GPU tests of the carry, the T
         tests/gpu/test_gpu_carry_cuda.py
     # shellcheck disable=SC2086  # TUNE_ARGS: more arguments for the sweep, e.g. --groups ...
     step "${LIMIT_TUNE:-150}" tune ${TUNE_ARGS:-}
-    R2AC_TRITON_CONFIG="$(cat "$OUT/tune-best.txt" 2>/dev/null)" step "${LIMIT_BENCH:-75}" \
-        bench-shapes 100,256,1024,257 50,64,2048,257 100,128,512,257 100,32,512,257 1,32,512,257
+    best="$(cat "$OUT/tune-best.txt" 2>/dev/null)"  # the sweep's fastest launch, if any
+    R2AC_TRITON_CONFIG="$best" step "${LIMIT_BENCH:-75}" bench-shapes 100,256,1024,257 \
+        50,64,2048,257 100,128,512,257 100,32,512,257 1,32,512,257
     echo "=== [gpu_lease] $(date -u +%T) done"
     exit 0
 fi
