@@ -2,12 +2,12 @@
 
 The first lease with the tl.dot kernel (docs/log/gpu.md, second lease) found it at 2.7 ms a
 call at (T, B, N, D) = (100, 256, 1024, 257), where reading and writing FZ once at copy speed
-takes 0.29 ms. This script says why, by measurement: for each shape it times the kernel under
-one change at a time from DEFAULT_CONFIG (tile, steps per tl.dot, warps, pipeline stages, the
-dot's precision, programs per SM) and two controls at the default launch: T = 0 (FZ read,
-scaled and written, no sum over steps: the kernel's memory floor) and the history sum alone
-(FZ read only); and the carry as its own kernel with one program per (tile, stream)
-(`stream_grid`). Every carry is checked against the PyTorch expression in float64 (relative
+takes 0.29 ms. This script says why, by measurement: for each shape it times the current
+default launch (DEFAULT_CONFIG), the one-pass kernel's launch from before the sweep (BASE),
+one change at a time from BASE (tile, steps per tl.dot, warps, pipeline stages, the dot's
+precision, programs per SM, and the carry as its own kernel with one program per (tile,
+stream), `stream_grid`), and two controls at BASE: T = 0 (FZ read, scaled and written, no sum
+over steps: the kernel's memory floor) and the history sum alone (FZ read only). Every carry is checked against the PyTorch expression in float64 (relative
 error; the candidate's tolerance is 1e-4). Prints one table per shape and the fastest
 config; writes the rows as JSON.
 
@@ -31,7 +31,10 @@ from r2ac.bench import bandwidth  # noqa: E402
 from r2ac.perf import time_alternating  # noqa: E402
 from r2ac.rtrl.elstm import gpu_triton as gt  # noqa: E402  (imports triton)
 
-BASE = gt.DEFAULT_CONFIG[torch.float32]
+# the one-pass kernel's launch before the sweep: the reference of the one-at-a-time changes
+# and of the controls (results.md, "GPU", 2026-11-28); "default" is DEFAULT_CONFIG's
+BASE = gt.KernelConfig(64, 64, 32, 4, None, "tf32x3", 4)
+DEFAULT = gt.DEFAULT_CONFIG[torch.float32]
 VARIANTS = {  # one change each from BASE
     "precision": [{"precision": p} for p in ("tf32", "ieee", None)],
     "tile": [
@@ -125,7 +128,8 @@ def sweep(shape, device, copy_gbs: float, repeats: int, groups=None) -> list[dic
 
     print(f"\n== {shape}: FZ {fz_bytes / 2**20:.0f} MiB, read + written at copy speed "
           f"{floor_ms:.3f} ms", flush=True)  # fmt: skip
-    add("default", BASE, lambda: gt._launch(blocks, dh, x, u, g, config=BASE))
+    add("default", DEFAULT, lambda: gt._launch(blocks, dh, x, u, g, config=DEFAULT))
+    add("one-pass", BASE, lambda: gt._launch(blocks, dh, x, u, g, config=BASE))
     x0, u0 = x[:0], u[:0]
     add("control T=0", BASE, lambda: gt._launch(blocks, dh, x0, u0, g, config=BASE), False)
     add("control history", BASE, lambda: gt._launch(blocks, dh, config=BASE), False)
@@ -161,7 +165,7 @@ def main() -> None:
     copy_gbs = bandwidth.copy_bandwidth_gbs(args.device, 256, 10, 3)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)"
     print(f"{name}, torch {torch.__version__}, copy bandwidth "
-          f"(read + write, 256 MiB) {copy_gbs:.0f} GB/s; default {BASE.describe()}")  # fmt: skip
+          f"(read + write, 256 MiB) {copy_gbs:.0f} GB/s; default {DEFAULT.describe()}")  # fmt: skip
     rows, best = [], []
     for text in args.shapes:
         shape = tuple(int(v) for v in text.split(","))

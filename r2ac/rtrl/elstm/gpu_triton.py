@@ -27,6 +27,7 @@ run first (`_carry_inputs_kernel`: one scan backwards over the steps per stream 
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, replace
 
@@ -40,9 +41,10 @@ from r2ac.errors import ConfigError
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """How `_history_carry_kernel` is launched: its tile, the steps a tl.dot takes at once,
-    warps and pipeline stages, the dot's precision (None: rank-1 updates, no tl.dot), and how
-    many programs per SM the streams are split over. scripts/tune_gpu_triton.py sweeps it."""
+    """How the kernels are launched: the tile, the steps a tl.dot takes at once, warps and
+    pipeline stages, the dot's precision (None: rank-1 updates, no tl.dot), how many programs
+    per SM the streams are split over in `_history_carry_kernel`, and whether the carry runs
+    as `_carry_tile_kernel` on the stream grid. scripts/tune_gpu_triton.py sweeps it."""
 
     block_d: int
     block_c: int
@@ -244,7 +246,10 @@ def _stream_shares(B: int, tiles: int, device: torch.device, programs_per_sm: in
 def float32_override(dtype: torch.dtype) -> KernelConfig | None:
     """$R2AC_TRITON_CONFIG's launch for float32 operands, if set."""
     text = os.environ.get(CONFIG_ENV)
-    return KernelConfig.parse(text) if text and dtype == torch.float32 else None
+    return _parse_once(text) if text and dtype == torch.float32 else None
+
+
+_parse_once = functools.lru_cache(maxsize=8)(KernelConfig.parse)  # not on every call
 
 
 def _launch(
