@@ -8,8 +8,9 @@ one change at a time from BASE (tile, steps per tl.dot, warps, pipeline stages, 
 precision, programs per SM, and the carry as its own kernel with one program per (tile,
 stream), `stream_grid`), and two controls at BASE: T = 0 (FZ read, scaled and written, no sum
 over steps: the kernel's memory floor) and the history sum alone (FZ read only). Every carry is checked against the PyTorch expression in float64 (relative
-error; the candidate's tolerance is 1e-4). Prints one table per shape and the fastest
-config; writes the rows as JSON.
+error). Prints one table per shape and the fastest config of float32 accuracy (error under
+1e-6: 3xTF32 and IEEE give ~2e-7, plain TF32 ~2e-5 here and 8e-4 on the bench's operands,
+where GPU carry's check drops it); writes the rows as JSON.
 
     python scripts/tune_gpu_triton.py [--shapes 100,256,1024,257 ...] [--json-out F]
     TRITON_INTERPRET=1 python scripts/tune_gpu_triton.py --device cpu --shapes 5,3,40,37  # plumbing
@@ -35,6 +36,7 @@ from r2ac.rtrl.elstm import gpu_triton as gt  # noqa: E402  (imports triton)
 # and of the controls (results.md, "GPU", 2026-11-28); "default" is DEFAULT_CONFIG's
 BASE = gt.KernelConfig(64, 64, 32, 4, None, "tf32x3", 4)
 DEFAULT = gt.DEFAULT_CONFIG[torch.float32]
+PICK_TOLERANCE = 1e-6  # float32 accuracy: the fastest launch is chosen among these
 VARIANTS = {  # one change each from BASE
     "precision": [{"precision": p} for p in ("tf32", "ieee", None)],
     "tile": [
@@ -60,6 +62,49 @@ VARIANTS = {  # one change each from BASE
             {"block_d": 128, "block_c": 128, "warps": 8, "stages": 3},
             {"block_t": 16},
             {"precision": "tf32"},
+        )
+    ],  # fmt: skip
+    "tile_walk": [  # the stream grid's carry (DEFAULT): FZ loaded before the dots, and one
+        # program walking c_group tiles along C so that x_b's chunks come from L1 after the first
+        {"stream_grid": True, "block_t": 16, **change}
+        for change in (
+            {"preload": True},
+            {"c_group": 2},
+            {"c_group": 4},
+            {"c_group": 8},
+            {"preload": True, "c_group": 2},
+            {"preload": True, "c_group": 4},
+            {"preload": True, "c_group": 8},
+            {"preload": True, "c_group": 4, "block_d": 32},
+            {"preload": True, "c_group": 4, "block_t": 32},
+            {"preload": True, "c_group": 4, "warps": 8, "block_d": 128},
+        )
+    ],  # fmt: skip
+    "small_tiles": [  # the stream grid's carry (DEFAULT) with smaller tiles: more programs
+        {"stream_grid": True, "block_t": 16, **change}
+        for change in (
+            {"block_d": 32, "block_c": 64},
+            {"block_d": 32, "block_c": 64, "preload": True},
+            {"block_d": 32, "block_c": 64, "warps": 2},
+            {"block_d": 32, "block_c": 32},
+            {"block_d": 32, "block_c": 32, "warps": 2},
+            {"block_d": 16, "block_c": 64},
+            {"block_d": 32, "block_c": 64, "stages": 2},
+        )
+    ],  # fmt: skip
+    "two_warps": [  # around the small_tiles group's fastest, 32x64 t16 w2 streams
+        {"stream_grid": True, "block_t": 16, "warps": 2, **change}
+        for change in (
+            {"block_d": 32, "block_c": 64},
+            {"block_d": 32, "block_c": 64, "warps": 1},
+            {"block_d": 64, "block_c": 64},
+            {"block_d": 32, "block_c": 128},
+            {"block_d": 16, "block_c": 64},
+            {"block_d": 16, "block_c": 128},
+            {"block_d": 32, "block_c": 64, "block_t": 32},
+            {"block_d": 32, "block_c": 64, "stages": 2},
+            {"block_d": 32, "block_c": 64, "stages": 3},
+            {"block_d": 32, "block_c": 64, "precision": "tf32"},
         )
     ],  # fmt: skip
     "combined": [
@@ -115,13 +160,13 @@ def sweep(shape, device, copy_gbs: float, repeats: int, groups=None) -> list[dic
             err = relative_error(cfg, ops) if check else float("nan")
             ms = time_alternating({"k": fn}, repeats, 3, device)["k"]
         except Exception as exc:  # noqa: BLE001 - a config that does not compile: report it
-            print(f"  {group:16s} {cfg.describe():34s} failed: {str(exc).splitlines()[0][:80]}")
+            print(f"  {group:16s} {cfg.describe():42s} failed: {str(exc).splitlines()[0][:80]}")
             return
         row = {"shape": list(shape), "group": group, "config": dataclasses.asdict(cfg),
                "ms": ms, "of_floor": floor_ms / ms, "rel_error": err}  # fmt: skip
         rows.append(row)
         print(
-            f"  {group:16s} {cfg.describe():34s} {ms:8.3f} ms  {floor_ms / ms:6.1%} of copy"
+            f"  {group:16s} {cfg.describe():42s} {ms:8.3f} ms  {floor_ms / ms:6.1%} of copy"
             f"  err {err:.1e}",
             flush=True,
         )
@@ -139,10 +184,12 @@ def sweep(shape, device, copy_gbs: float, repeats: int, groups=None) -> list[dic
         for change in changes:
             cfg = dataclasses.replace(BASE, **change)
             add(group, cfg, lambda cfg=cfg: gt._launch(blocks, dh, x, u, g, config=cfg))
-    carried = [r for r in rows if not r["group"].startswith("control") and r["rel_error"] < 1e-4]
+    carried = [
+        r for r in rows if not r["group"].startswith("control") and r["rel_error"] < PICK_TOLERANCE
+    ]
     best = min(carried, key=lambda r: r["ms"])
     name = gt.KernelConfig(**best["config"]).describe()
-    print(f"  fastest within 1e-4: {name} {best['ms']:.3f} ms ({best['of_floor']:.1%} of copy)",
+    print(f"  fastest within {PICK_TOLERANCE:.0e}: {name} {best['ms']:.3f} ms ({best['of_floor']:.1%} of copy)",
           flush=True)  # fmt: skip
     rows.append({"shape": list(shape), "best": name})
     return rows

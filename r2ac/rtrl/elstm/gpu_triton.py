@@ -54,35 +54,46 @@ class KernelConfig:
     precision: str | None = "tf32x3"
     programs_per_sm: int = 4
     stream_grid: bool = False  # carry: one program per (tile, stream), after a history pass
+    preload: bool = False  # stream grid: the FZ tile loaded before the loop over steps
+    c_group: int = 1  # stream grid: the tiles along C one program walks
 
     def describe(self) -> str:
-        """E.g. '64x64 t32 w4 s- tf32x3 p4' ('s-': default stages; 'rank1': no tl.dot; a
-        last word 'streams': stream_grid), the form `parse` and $R2AC_TRITON_CONFIG take."""
-        return (
-            f"{self.block_d}x{self.block_c} t{self.block_t} w{self.warps} s{self.stages or '-'}"
-            f" {self.precision or 'rank1'} p{self.programs_per_sm}"
-            + (" streams" if self.stream_grid else "")
-        )
+        """E.g. '64x64 t32 w4 s- tf32x3 p4' ('s-': default stages; 'rank1': no tl.dot; then
+        'streams' for stream_grid, with 'pre' for preload and 'c4' for c_group 4), the form
+        `parse` and $R2AC_TRITON_CONFIG take."""
+        words = [
+            f"{self.block_d}x{self.block_c}", f"t{self.block_t}", f"w{self.warps}",
+            f"s{self.stages or '-'}", self.precision or "rank1", f"p{self.programs_per_sm}",
+        ]  # fmt: skip
+        if self.stream_grid:
+            words += (
+                ["streams"] + ["pre"] * self.preload + [f"c{self.c_group}"] * (self.c_group > 1)
+            )
+        return " ".join(words)
 
     @staticmethod
     def parse(text: str) -> KernelConfig:
         try:
-            words = text.split()
-            stream_grid = words[6:] == ["streams"]
-            tile, t, w, st, precision, p = words[:6] if stream_grid else words
+            tile, t, w, st, precision, p, *grid = text.split()
             block_d, block_c = tile.split("x")
             assert t[0] == "t" and w[0] == "w" and st[0] == "s" and p[0] == "p"
             assert precision in ("tf32x3", "tf32", "ieee", "rank1")
+            assert not grid or grid[0] == "streams"
+            preload = "pre" in grid
+            c_group = [int(v[1:]) for v in grid[1 + preload :] if v[:1] == "c"]
+            assert len(grid) == bool(grid) + preload + len(c_group)
+            assert len(c_group) <= 1 and min(c_group, default=1) >= 1
             return KernelConfig(
                 int(block_d), int(block_c), int(t[1:]), int(w[1:]),
                 None if st == "s-" else int(st[1:]),
-                None if precision == "rank1" else precision, int(p[1:]), stream_grid,
+                None if precision == "rank1" else precision, int(p[1:]), bool(grid), preload,
+                *c_group,
             )  # fmt: skip
         except (ValueError, AssertionError):
             raise ConfigError(
                 f"{CONFIG_ENV}={text!r}: expected e.g. '64x64 t32 w4 s- tf32x3 p4' (tile DxC,"
                 " steps per dot, warps, stages or s-, tf32x3|tf32|ieee|rank1, programs per SM,"
-                " optionally 'streams')"
+                " optionally 'streams', then 'pre' and/or e.g. 'c4')"
             ) from None
 
 
@@ -91,11 +102,12 @@ CONFIG_ENV = "R2AC_TRITON_CONFIG"  # the float32 launch, for measuring (scripts/
 
 
 # float32: tl.dot in 3xTF32 (float32 accuracy on the tensor cores), the carry on the stream
-# grid: the fastest launch of scripts/tune_gpu_triton.py on an H200 at 2 of its 3 shapes
-# (docs/log/gpu.md, 2026-11-28: 1.65 ms against 2.81 for the stream loop at (100, 256, 1024,
-# 257)); float64: rank-1 updates on the stream loop (its launch was never swept)
+# grid in 32 x 64 tiles of two warps: the fastest launch of scripts/tune_gpu_triton.py on an
+# H200 at all three of its shapes (docs/log/gpu.md, third session: 1.25-1.32 ms against
+# 1.64-1.67 for 64 x 64 tiles of four warps and 2.8 for the one-pass kernel at (100, 256,
+# 1024, 257)); float64: rank-1 updates on the stream loop (its launch was never swept)
 DEFAULT_CONFIG = {
-    torch.float32: KernelConfig(64, 64, 16, 4, None, "tf32x3", 4, stream_grid=True),
+    torch.float32: KernelConfig(32, 64, 16, 2, None, "tf32x3", 4, stream_grid=True),
     torch.float64: KernelConfig(32, 64, 32, 4, None, None, 4),
 }
 
@@ -160,24 +172,35 @@ def _history_carry_kernel(
 def _carry_tile_kernel(
     fz, x, sx_t, sx_b, sx_d, u, g, B, D, C, T,
     BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, DOT: tl.constexpr, BLOCK_T: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, PRELOAD: tl.constexpr, C_GROUP: tl.constexpr,
 ):  # fmt: skip
-    """The carry alone, one program per (tile, stream): fz[b] tile = g * fz[b] tile +
-    x_b^T u_b over the tile, the sum over steps a small GEMM over chunks of steps. Programs
-    of one stream are neighbours in the grid, so x_b and u_b are mostly read from L2. (_history_carry_kernel's stream loop serialises the loads of each stream's
-    x and u behind its dot: the second lease measured it latency-bound, docs/log/gpu.md.)"""
+    """The carry alone, one program per (tile row, C_GROUP tiles, stream): fz[b] tile =
+    g * fz[b] tile + x_b^T u_b over the tile, the sum over steps a small GEMM over chunks of
+    steps. Programs of one stream are neighbours in the grid, so x_b and u_b are mostly read
+    from L2. (_history_carry_kernel's stream loop serialises the loads of each stream's x and
+    u behind its dot: the second lease measured it latency-bound, docs/log/gpu.md.)
+    PRELOAD: the FZ tile is loaded before the loop over steps, so its load overlaps the dots;
+    C_GROUP > 1: one program walks C_GROUP tiles along C, x_b's chunks then hit L1 after the
+    first tile."""
     rd = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
-    rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     b = tl.program_id(2).to(tl.int64)
-    md, mc = rd < D, rc < C
-    acc = _add_outer_sum(
-        tl.zeros((BLOCK_D, BLOCK_C), dtype=fz.dtype.element_ty), x, sx_t, sx_b, sx_d, u, b, B,
-        C, T, rd, rc, md, mc, DOT, BLOCK_T, PRECISION,
-    )  # fmt: skip
-    mask = md[:, None] & mc[None, :]
-    block = fz + b * D * C + rd[:, None].to(tl.int64) * C + rc[None, :]
-    scale = tl.load(g + b * C + rc, mask=mc, other=0.0)
-    tl.store(block, tl.load(block, mask=mask, other=0.0) * scale[None, :] + acc, mask=mask)
+    md = rd < D
+    for j in tl.static_range(C_GROUP):
+        rc = (tl.program_id(1) * C_GROUP + j) * BLOCK_C + tl.arange(0, BLOCK_C)
+        mc = rc < C
+        mask = md[:, None] & mc[None, :]
+        block = fz + b * D * C + rd[:, None].to(tl.int64) * C + rc[None, :]
+        scale = tl.load(g + b * C + rc, mask=mc, other=0.0)
+        if PRELOAD:
+            acc = tl.load(block, mask=mask, other=0.0) * scale[None, :]
+        else:
+            acc = tl.zeros((BLOCK_D, BLOCK_C), dtype=fz.dtype.element_ty)
+        acc = _add_outer_sum(
+            acc, x, sx_t, sx_b, sx_d, u, b, B, C, T, rd, rc, md, mc, DOT, BLOCK_T, PRECISION
+        )
+        if not PRELOAD:
+            acc += tl.load(block, mask=mask, other=0.0) * scale[None, :]
+        tl.store(block, acc, mask=mask)
 
 
 @triton.jit
@@ -270,10 +293,12 @@ def _launch(
     carry = x is not None
     if carry and cfg.stream_grid and B <= MAX_GRID_Z:  # history first: it reads FZ unchanged
         hist = _launch(blocks, dh, config=replace(cfg, stream_grid=False))
-        _carry_tile_kernel[(*grid_dc, B)](
+        grid = (grid_dc[0], triton.cdiv(grid_dc[1], cfg.c_group), B)
+        _carry_tile_kernel[grid](
             blocks, x, *x.stride(), u, g, B, D, C, x.shape[0], BLOCK_D=cfg.block_d,
             BLOCK_C=cfg.block_c, DOT=dot, BLOCK_T=cfg.block_t,
-            PRECISION=cfg.precision or "ieee", **launch,
+            PRECISION=cfg.precision or "ieee", PRELOAD=cfg.preload, C_GROUP=cfg.c_group,
+            **launch,
         )  # fmt: skip
         return hist
     S = _stream_shares(B, grid_dc[0] * grid_dc[1], blocks.device, cfg.programs_per_sm)
