@@ -10,7 +10,10 @@ five passes for the PyTorch path; the S partial sums (S * D * C, small next to B
 added afterwards. On an H200 that loop over streams was latency-bound (scripts/
 tune_gpu_triton.py, docs/log/gpu.md): with `stream_grid` (float32's default) the history is
 that kernel without CARRY, FZ read only, and the carry is `_carry_tile_kernel`, one program per
-(tile, stream): FZ read twice and written once, in 0.59x the time at (100, 256, 1024, 257).
+(tile, stream): FZ read twice and written once, in 0.59x the time at (100, 256, 1024, 257),
+and in 32 x 64 tiles of two warps (more programs in flight) 0.79x that again. Its options
+`preload` and `c_group` (load the FZ tile before the dots; walk several C tiles in one program)
+were measured slower there and stay for other GPUs' sweeps.
 
 The sum over the segment's T steps is a small matrix product per stream, x_b^T (BLOCK_D, T)
 times u_b (T, BLOCK_C). In float32 it runs as `tl.dot` over chunks of BLOCK_T steps on the
