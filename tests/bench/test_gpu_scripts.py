@@ -1,6 +1,7 @@
 """The GPU session's scripts and the kernel comparison scripts, checked on the CPU: the lease
 runs only steps that gpu_session.sh has, and the Python scripts run end to end."""
 
+import json
 import re
 import subprocess
 import sys
@@ -58,3 +59,37 @@ def test_native_carry_ab_finds_the_same_numbers_against_head(kernel):
     ).stdout  # fmt: skip
     lines = [line for line in out.splitlines() if "this/base time" in line]
     assert len(lines) == 2 and all(line.endswith("same numbers True") for line in lines), out
+
+
+def test_the_parallel_screen_runs_each_arm_on_each_seed_and_sums_up(tmp_path):
+    """scripts/screen_parallel.sh (the device host's 16 cores as a tuning screen): two arms
+    x two seeds of a 4,096-frame POPGym run, each line of screen.txt read from the run's own
+    eval.json, and each arm's mean that of its lines."""
+    pytest.importorskip("popgym")
+    env = {"OUT": str(tmp_path / "out"), "SCREEN_WORK": str(tmp_path / "work"),
+           "SCREEN_SEEDS": "1 2", "SCREEN_LIMIT": "300", "PATH": "/usr/bin:/bin",
+           "PYTHON": sys.executable}  # fmt: skip
+    script = ROOT / "scripts" / "screen_parallel.sh"
+    assert subprocess.run(["bash", str(script)], capture_output=True).returncode == 2
+    small = "--total-frames 4096 --num-envs 8 --eval-episodes 2 --eval-sets 1"
+    run = subprocess.run(
+        ["bash", str(script), "gym/popgym-RepeatPreviousEasy-v0", "gru-bptt", f"a={small}",
+         f"b={small} --learning-rate 1e-3"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = (tmp_path / "out" / "screen.txt").read_text().splitlines()
+    runs = [line.split() for line in lines if " seed " in line]
+    assert sorted((w[0], w[2]) for w in runs) == [("a", "1"), ("a", "2"), ("b", "1"), ("b", "2")]
+    for words in runs:
+        saved = json.loads(
+            (tmp_path / "work" / f"{words[0]}_s{words[2]}" / "eval.json").read_text()
+        )
+        assert float(words[4]) == pytest.approx(saved["mean"], abs=5e-4)
+        assert words[8] == "4096" and words[10] == "0"  # frames, exit status
+    for arm in ("a", "b"):
+        mean = sum(float(w[4]) for w in runs if w[0] == arm) / 2
+        summary = next(line for line in lines if line.startswith(f"arm {arm} "))
+        assert float(summary.split()[3]) == pytest.approx(mean, abs=1e-3)
+        assert "over 2 of 2 runs" in summary
+    assert (tmp_path / "out" / "screen.tgz").stat().st_size > 0
