@@ -144,6 +144,13 @@ class LossConfig:
     entropy_floor_rate: float = 0.01
     """With --entropy-floor: how fast the entropy cost moves, per nat of (floor - entropy)
     and optimiser step."""
+    entropy_floor_cap: float = 0.0
+    """With --entropy-floor: the floor is at most this fraction of the largest entropy the
+    action space allows (the uniform policy's: ln n for Discrete(n), summed over the
+    components of MultiDiscrete and MultiBinary; a Box has none, so no cap); 0: no cap. A floor
+    at or above that largest entropy can never be met, and its dual ascent then raises the
+    entropy cost without end (to 18 after 1 M frames on POPGym's two-action envs under a floor
+    of 0.8 nats, holding the policy at uniform). docs/rl.md, "An entropy floor"."""
     algorithm: Literal["impala", "ppo"] = "impala"
     """impala: V-trace actor-critic, losses summed over steps; ppo: the PPO-clip objective
     against the behaviour policy, advantages standardised per minibatch, losses as means."""
@@ -402,6 +409,7 @@ _FINITE = (
     "entropy_cost",
     "entropy_floor",
     "entropy_floor_rate",
+    "entropy_floor_cap",
     "grad_clip",
     "forget_bias",
     "policy_init_scale",
@@ -430,6 +438,7 @@ _RANGES = (
     ("entropy_cost", lambda v: v >= 0, ">= 0"),
     ("entropy_floor", lambda v: v >= 0, ">= 0 (0: none)"),
     ("entropy_floor_rate", lambda v: v > 0, "> 0"),
+    ("entropy_floor_cap", lambda v: 0 <= v < 1, "in [0, 1) (0: no cap)"),
     ("seed", lambda v: 0 <= v < 2**63, ">= 0"),
     ("popart_beta", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("popart_sigma_floor", lambda v: v >= 0, ">= 0"),

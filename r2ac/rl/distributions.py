@@ -146,6 +146,15 @@ def distribution(space: ActionSpace | None, params: torch.Tensor):
     return DiagGaussian(params)
 
 
+def max_entropy(space: ActionSpace) -> float:
+    """The largest entropy a policy over `space` can have (nats): the uniform policy's, ln n
+    per categorical component summed (MultiBinary: ln 2 each); a Box's Gaussian has no
+    largest, so inf."""
+    if space.kind == "box":
+        return math.inf
+    return math.fsum(math.log(n) for n in space.nvec)
+
+
 def check_actions(space: ActionSpace | None, params: torch.Tensor, actions: torch.Tensor) -> None:
     """ValueError unless actions are params' batch shape + the space's action shape."""
     shape = tuple(params.shape[:-1]) + (space.action_shape if space else ())

@@ -13,6 +13,7 @@ untruncated RTRL gradient for an RTRL core and the truncated one for a BPTT core
 
 from __future__ import annotations
 
+import warnings
 from contextlib import nullcontext
 
 import torch
@@ -21,6 +22,7 @@ from r2ac.envs.spaces import ActionSpace
 from r2ac.rl.actor import Segment
 from r2ac.rl.agent import Agent, clip_rewards
 from r2ac.rl.config import LossConfig, TrainConfig, multi_pass
+from r2ac.rl.distributions import max_entropy
 from r2ac.rl.losses import action_log_probs, compute_loss
 from r2ac.rl.ppo import (
     BatchTargets,
@@ -186,6 +188,24 @@ def raised_entropy_boost(boost: float, entropy: float, floor: float, rate: float
     return max(0.0, boost + rate * (floor - entropy))
 
 
+def capped_entropy_floor(loss: LossConfig, space: ActionSpace) -> float:
+    """--entropy-floor, at most --entropy-floor-cap times the space's largest entropy (an
+    unreachable floor would raise the entropy cost without end). A floor that stays at or
+    above the largest entropy gets one warning."""
+    floor, largest = loss.entropy_floor, max_entropy(space)
+    if loss.entropy_floor_cap:
+        floor = min(floor, loss.entropy_floor_cap * largest)
+    if floor and floor >= largest:
+        warnings.warn(
+            f"r2ac: entropy floor {floor:g} nats >= the largest entropy of {space.describe()}"
+            f" ({largest:.3f}): it is never met, so its raise of the entropy cost grows without"
+            " end; set --entropy-floor-cap (e.g. 0.6) or a lower --entropy-floor",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return floor
+
+
 def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
     """The mean of each metric over the steps of one batch."""
     return {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
@@ -208,6 +228,7 @@ class Learner:
         self.start_correction = cfg.optim.rtrl_start_correction and carries
         # --entropy-floor: what dual ascent adds to the entropy cost (0 while above the floor)
         self.entropy_boost = 0.0
+        self.entropy_floor = capped_entropy_floor(cfg.loss, agent.action_space)
 
     def entropy_cost(self) -> float:
         """The entropy cost of the next step: the configured one plus the floor's raise."""
@@ -219,7 +240,7 @@ class Learner:
         loss, sched = self.cfg.loss, self.scheduler
         if not loss.entropy_floor:
             return
-        floor = loss.entropy_floor * sched.lr_lambdas[0](sched.last_epoch)
+        floor = self.entropy_floor * sched.lr_lambdas[0](sched.last_epoch)
         self.entropy_boost = raised_entropy_boost(
             self.entropy_boost, entropy, floor, loss.entropy_floor_rate
         )

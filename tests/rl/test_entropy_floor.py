@@ -124,3 +124,58 @@ def test_a_floor_with_learning_rate_0_still_raises_the_cost():
     metrics = learner.update(segments[0])
     expected = cfg.loss.entropy_floor_rate * (5.0 - metrics["entropy"])
     assert math.isclose(learner.entropy_boost, expected, rel_tol=1e-12)
+
+
+def test_the_largest_entropy_of_each_action_space():
+    from r2ac.envs.spaces import ActionSpace
+    from r2ac.rl.distributions import distribution, max_entropy
+
+    spaces = {
+        ActionSpace.discrete(4): math.log(4),
+        ActionSpace.multi_discrete([8, 8]): 2 * math.log(8),
+        ActionSpace.multi_binary(3): 3 * math.log(2),
+        ActionSpace.box([-2.0], [2.0]): math.inf,
+    }
+    for space, largest in spaces.items():
+        assert max_entropy(space) == pytest.approx(largest, rel=1e-15)
+        if space.kind != "box":  # the uniform policy (zero logits) has it
+            uniform = distribution(space, torch.zeros(space.param_size, dtype=torch.float64))
+            assert float(uniform.entropy()) == pytest.approx(largest, rel=1e-12)
+
+
+def test_the_cap_lowers_only_a_floor_above_its_share_of_the_largest_entropy():
+    from r2ac.envs.spaces import ActionSpace
+    from r2ac.rl.learner import capped_entropy_floor
+
+    loss = tiny(entropy_floor=0.8, entropy_floor_cap=0.6).loss
+    assert capped_entropy_floor(loss, ActionSpace.discrete(2)) == 0.6 * math.log(2)
+    # four actions or more, or a Box: the floor itself, the same float
+    for space in (ActionSpace.discrete(4), ActionSpace.multi_discrete([4, 4]),
+                  ActionSpace.box([-2.0], [2.0])):  # fmt: skip
+        assert capped_entropy_floor(loss, space) == 0.8
+    uncapped = tiny(entropy_floor=0.8).loss
+    with pytest.warns(RuntimeWarning, match=r"entropy floor 0.8 nats >= .*Discrete\(2\).*cap"):
+        assert capped_entropy_floor(uncapped, ActionSpace.discrete(2)) == 0.8
+
+
+def test_the_learner_follows_the_capped_floor():
+    """Two actions, floor 5 nats, cap 0.5: one step at lr 0 raises the cost by rate x
+    (0.5 ln 2 - entropy); the policy's entropy starts near ln 2, so the raise is 0."""
+    cfg = tiny(entropy_floor=5.0, entropy_floor_cap=0.5, learning_rate=0.0)
+    learner, segments = _learner_and_batches(cfg, 1)
+    assert learner.entropy_floor == 0.5 * math.log(2)
+    metrics = learner.update(segments[0])
+    expected = raised_entropy_boost(0.0, metrics["entropy"], 0.5 * math.log(2), 0.01)
+    assert learner.entropy_boost == expected == 0.0 and metrics["entropy"] > 0.5 * math.log(2)
+    capped_high = tiny(entropy_floor=5.0, entropy_floor_cap=0.9999, learning_rate=0.0)
+    learner, segments = _learner_and_batches(capped_high, 1)
+    metrics = learner.update(segments[0])  # a floor of 0.9999 ln 2: still above the entropy?
+    deficit = 0.9999 * math.log(2) - metrics["entropy"]
+    assert learner.entropy_boost == pytest.approx(max(0.0, 0.01 * deficit), abs=1e-15)
+
+
+@pytest.mark.parametrize("cap", [-0.1, 1.0, float("nan")])
+def test_a_cap_outside_0_1_is_a_one_line_error(cap):
+    with pytest.raises(ConfigError) as err:
+        validate(tiny(entropy_floor=0.8, entropy_floor_cap=cap))
+    assert f"entropy_floor_cap={cap}" in str(err.value) and "\n" not in str(err.value)

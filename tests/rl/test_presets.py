@@ -102,6 +102,7 @@ def test_a_family_value_applies_to_its_family_under_the_flags():
         "hidden_size": 256,
         "stem_norm": True,
         "entropy_floor": 0.8,
+        "entropy_floor_cap": 0.6,
         "learning_rate": 2e-3,
         "lr_decay": False,
     }
