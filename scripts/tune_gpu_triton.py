@@ -64,27 +64,10 @@ VARIANTS = {  # one change each from BASE
             {"precision": "tf32"},
         )
     ],  # fmt: skip
-    "tile_walk": [  # the stream grid's carry (DEFAULT): FZ loaded before the dots, and one
-        # program walking c_group tiles along C so that x_b's chunks come from L1 after the first
-        {"stream_grid": True, "block_t": 16, **change}
-        for change in (
-            {"preload": True},
-            {"c_group": 2},
-            {"c_group": 4},
-            {"c_group": 8},
-            {"preload": True, "c_group": 2},
-            {"preload": True, "c_group": 4},
-            {"preload": True, "c_group": 8},
-            {"preload": True, "c_group": 4, "block_d": 32},
-            {"preload": True, "c_group": 4, "block_t": 32},
-            {"preload": True, "c_group": 4, "warps": 8, "block_d": 128},
-        )
-    ],  # fmt: skip
     "small_tiles": [  # the stream grid's carry (DEFAULT) with smaller tiles: more programs
         {"stream_grid": True, "block_t": 16, **change}
         for change in (
             {"block_d": 32, "block_c": 64},
-            {"block_d": 32, "block_c": 64, "preload": True},
             {"block_d": 32, "block_c": 64, "warps": 2},
             {"block_d": 32, "block_c": 32},
             {"block_d": 32, "block_c": 32, "warps": 2},

@@ -186,10 +186,6 @@ def test_the_cpu_keeps_its_path_and_selects_nothing():
         (3, None),
         (2, "32x128 t16 w8 s2 ieee p4"),
         (2, "32x64 t16 w4 s- tf32x3 p4 streams"),
-        # 2N = 80 columns: 5 tiles of 16 in 3 programs (the last one's second tile empty),
-        # 3 tiles of 32 in 2 programs
-        (2, "32x16 t16 w4 s- tf32x3 p4 streams pre c2"),
-        (1, "32x32 t32 w4 s- tf32x3 p4 streams c2"),
     ],
 )  # launch: $R2AC_TRITON_CONFIG (None: the default), tiles and chunks cut short differently
 def test_the_triton_kernel_under_the_interpreter_equals_the_torch_path(monkeypatch, shares, launch):
@@ -219,15 +215,12 @@ def test_the_triton_launch_config_reads_back_and_bad_text_is_one_config_error():
     configs = [
         gt.KernelConfig(128, 32, 16, 8, 3, "tf32", 2),
         gt.KernelConfig(32, 64, stream_grid=True),
-        gt.KernelConfig(32, 64, stream_grid=True, preload=True, c_group=4),
-        gt.KernelConfig(32, 64, stream_grid=True, c_group=2),
     ]
     for cfg in [*gt.DEFAULT_CONFIG.values(), *configs]:
         assert gt.KernelConfig.parse(cfg.describe()) == cfg
     bad_texts = (
         "64x64 t32 w4", "64x64 t32 w4 s- fp16 p4", "64by64 t32 w4 s- tf32 p4",
-        "64x64 t32 w4 s- tf32 p4 pre", "64x64 t32 w4 s- tf32 p4 streams c4 pre",
-        "64x64 t32 w4 s- tf32 p4 streams c0", "64x64 t32 w4 s- tf32 p4 streams c2 c2",
+        "64x64 t32 w4 s- tf32 p4 pre", "64x64 t32 w4 s- tf32 p4 streams streams",
     )  # fmt: skip
     for bad in bad_texts:
         with pytest.raises(ConfigError, match="R2AC_TRITON_CONFIG=.*expected e.g."):

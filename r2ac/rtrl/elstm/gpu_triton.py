@@ -11,9 +11,9 @@ added afterwards. On an H200 that loop over streams was latency-bound (scripts/
 tune_gpu_triton.py, docs/log/gpu.md): with `stream_grid` (float32's default) the history is
 that kernel without CARRY, FZ read only, and the carry is `_carry_tile_kernel`, one program per
 (tile, stream): FZ read twice and written once, in 0.59x the time at (100, 256, 1024, 257),
-and in 32 x 64 tiles of two warps (more programs in flight) 0.79x that again. Its options
-`preload` and `c_group` (load the FZ tile before the dots; walk several C tiles in one program)
-were measured slower there and stay for other GPUs' sweeps.
+and in 32 x 64 tiles of two warps (more programs in flight) 0.79x that again. (Loading the
+FZ tile before the dots, or one program walking several C tiles, were measured slower there
+and removed: docs/log/gpu.md, third session.)
 
 The sum over the segment's T steps is a small matrix product per stream, x_b^T (BLOCK_D, T)
 times u_b (T, BLOCK_C). In float32 it runs as `tl.dot` over chunks of BLOCK_T steps on the
@@ -57,22 +57,15 @@ class KernelConfig:
     precision: str | None = "tf32x3"
     programs_per_sm: int = 4
     stream_grid: bool = False  # carry: one program per (tile, stream), after a history pass
-    preload: bool = False  # stream grid: the FZ tile loaded before the loop over steps
-    c_group: int = 1  # stream grid: the tiles along C one program walks
 
     def describe(self) -> str:
-        """E.g. '64x64 t32 w4 s- tf32x3 p4' ('s-': default stages; 'rank1': no tl.dot; then
-        'streams' for stream_grid, with 'pre' for preload and 'c4' for c_group 4), the form
-        `parse` and $R2AC_TRITON_CONFIG take."""
-        words = [
-            f"{self.block_d}x{self.block_c}", f"t{self.block_t}", f"w{self.warps}",
-            f"s{self.stages or '-'}", self.precision or "rank1", f"p{self.programs_per_sm}",
-        ]  # fmt: skip
-        if self.stream_grid:
-            words += (
-                ["streams"] + ["pre"] * self.preload + [f"c{self.c_group}"] * (self.c_group > 1)
-            )
-        return " ".join(words)
+        """E.g. '64x64 t32 w4 s- tf32x3 p4' ('s-': default stages; 'rank1': no tl.dot; a
+        last word 'streams': stream_grid), the form `parse` and $R2AC_TRITON_CONFIG take."""
+        return (
+            f"{self.block_d}x{self.block_c} t{self.block_t} w{self.warps} s{self.stages or '-'}"
+            f" {self.precision or 'rank1'} p{self.programs_per_sm}"
+            + (" streams" if self.stream_grid else "")
+        )
 
     @staticmethod
     def parse(text: str) -> KernelConfig:
@@ -81,22 +74,17 @@ class KernelConfig:
             block_d, block_c = tile.split("x")
             assert t[0] == "t" and w[0] == "w" and st[0] == "s" and p[0] == "p"
             assert precision in ("tf32x3", "tf32", "ieee", "rank1")
-            assert not grid or grid[0] == "streams"
-            preload = "pre" in grid
-            c_group = [int(v[1:]) for v in grid[1 + preload :] if v[:1] == "c"]
-            assert len(grid) == bool(grid) + preload + len(c_group)
-            assert len(c_group) <= 1 and min(c_group, default=1) >= 1
+            assert grid in ([], ["streams"])
             return KernelConfig(
                 int(block_d), int(block_c), int(t[1:]), int(w[1:]),
                 None if st == "s-" else int(st[1:]),
-                None if precision == "rank1" else precision, int(p[1:]), bool(grid), preload,
-                *c_group,
+                None if precision == "rank1" else precision, int(p[1:]), bool(grid),
             )  # fmt: skip
         except (ValueError, AssertionError):
             raise ConfigError(
                 f"{CONFIG_ENV}={text!r}: expected e.g. '64x64 t32 w4 s- tf32x3 p4' (tile DxC,"
                 " steps per dot, warps, stages or s-, tf32x3|tf32|ieee|rank1, programs per SM,"
-                " optionally 'streams', then 'pre' and/or e.g. 'c4')"
+                " optionally 'streams')"
             ) from None
 
 
@@ -175,35 +163,25 @@ def _history_carry_kernel(
 def _carry_tile_kernel(
     fz, x, sx_t, sx_b, sx_d, u, g, B, D, C, T,
     BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, DOT: tl.constexpr, BLOCK_T: tl.constexpr,
-    PRECISION: tl.constexpr, PRELOAD: tl.constexpr, C_GROUP: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """The carry alone, one program per (tile row, C_GROUP tiles, stream): fz[b] tile =
-    g * fz[b] tile + x_b^T u_b over the tile, the sum over steps a small GEMM over chunks of
-    steps. Programs of one stream are neighbours in the grid, so x_b and u_b are mostly read
-    from L2. (_history_carry_kernel's stream loop serialises the loads of each stream's x and
-    u behind its dot: the second lease measured it latency-bound, docs/log/gpu.md.)
-    PRELOAD: the FZ tile is loaded before the loop over steps, so its load overlaps the dots;
-    C_GROUP > 1: one program walks C_GROUP tiles along C, x_b's chunks then hit L1 after the
-    first tile."""
+    """The carry alone, one program per (tile, stream): fz[b] tile = g * fz[b] tile +
+    x_b^T u_b over the tile, the sum over steps a small GEMM over chunks of steps. Programs
+    of one stream are neighbours in the grid, so x_b and u_b are mostly read from L2.
+    (_history_carry_kernel's stream loop serialises the loads of each stream's x and u behind
+    its dot: the second lease measured it latency-bound, docs/log/gpu.md.)"""
     rd = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     b = tl.program_id(2).to(tl.int64)
-    md = rd < D
-    for j in tl.static_range(C_GROUP):
-        rc = (tl.program_id(1) * C_GROUP + j) * BLOCK_C + tl.arange(0, BLOCK_C)
-        mc = rc < C
-        mask = md[:, None] & mc[None, :]
-        block = fz + b * D * C + rd[:, None].to(tl.int64) * C + rc[None, :]
-        scale = tl.load(g + b * C + rc, mask=mc, other=0.0)
-        if PRELOAD:
-            acc = tl.load(block, mask=mask, other=0.0) * scale[None, :]
-        else:
-            acc = tl.zeros((BLOCK_D, BLOCK_C), dtype=fz.dtype.element_ty)
-        acc = _add_outer_sum(
-            acc, x, sx_t, sx_b, sx_d, u, b, B, C, T, rd, rc, md, mc, DOT, BLOCK_T, PRECISION
-        )
-        if not PRELOAD:
-            acc += tl.load(block, mask=mask, other=0.0) * scale[None, :]
-        tl.store(block, acc, mask=mask)
+    md, mc = rd < D, rc < C
+    acc = _add_outer_sum(
+        tl.zeros((BLOCK_D, BLOCK_C), dtype=fz.dtype.element_ty), x, sx_t, sx_b, sx_d, u, b, B,
+        C, T, rd, rc, md, mc, DOT, BLOCK_T, PRECISION,
+    )  # fmt: skip
+    mask = md[:, None] & mc[None, :]
+    block = fz + b * D * C + rd[:, None].to(tl.int64) * C + rc[None, :]
+    scale = tl.load(g + b * C + rc, mask=mc, other=0.0)
+    tl.store(block, tl.load(block, mask=mask, other=0.0) * scale[None, :] + acc, mask=mask)
 
 
 @triton.jit
@@ -296,12 +274,10 @@ def _launch(
     carry = x is not None
     if carry and cfg.stream_grid and B <= MAX_GRID_Z:  # history first: it reads FZ unchanged
         hist = _launch(blocks, dh, config=replace(cfg, stream_grid=False))
-        grid = (grid_dc[0], triton.cdiv(grid_dc[1], cfg.c_group), B)
-        _carry_tile_kernel[grid](
+        _carry_tile_kernel[(*grid_dc, B)](
             blocks, x, *x.stride(), u, g, B, D, C, x.shape[0], BLOCK_D=cfg.block_d,
             BLOCK_C=cfg.block_c, DOT=dot, BLOCK_T=cfg.block_t,
-            PRECISION=cfg.precision or "ieee", PRELOAD=cfg.preload, C_GROUP=cfg.c_group,
-            **launch,
+            PRECISION=cfg.precision or "ieee", **launch,
         )  # fmt: skip
         return hist
     S = _stream_shares(B, grid_dc[0] * grid_dc[1], blocks.device, cfg.programs_per_sm)
