@@ -230,6 +230,8 @@ PRESETS: dict[str, TrainConfig] = {
 # hidden 128, floor 0.6, clip 0.2 all lost); checks, three seeds against the preset re-run:
 # elstm-rtrl CountRecallEasy -0.882 against -0.925, NoisyPositionOnlyCartPoleEasy 0.566
 # against 0.558, elstm-bptt RepeatPreviousEasy 0.908 against 0.797: taken for the family.
+# Reported seeds (choose nothing): RepeatPreviousEasy elstm-rtrl 0.545 (0.805 at 0.95),
+# elstm-bptt 0.801 (0.309); over eight seeds the screen's lead was inside their spread.
 FAMILY_VALUES: dict[str, dict[str, dict[str, Any]]] = {
     "popgym": {
         "elstm": dict(
