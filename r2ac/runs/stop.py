@@ -10,6 +10,7 @@ process can receive it twice).
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -47,16 +48,58 @@ _last_signum: int | None = None
 _unhonoured: int | None = None
 
 
+# A signal that came while an import ran is sent again this much later (see _may_raise).
+_RETRY_S = 0.02
+# The signal put off past an import and not raised since (the timer sends it only if so).
+_postponed: int | None = None
+_IMPORTLIB = ("importlib._bootstrap", "importlib._bootstrap_external")
+
+
+def _importing(frame) -> bool:
+    """Whether `frame` runs inside an import: importlib's machinery is on the stack (it is
+    there too when C code imports, and under a module body it executes)."""
+    while frame is not None:
+        if frame.f_globals.get("__name__") in _IMPORTLIB:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _send_again(signum: int) -> None:
+    if _postponed == signum:
+        os.kill(os.getpid(), signum)
+
+
+def _may_raise(signum: int, frame) -> bool:
+    """Whether a handler may raise for `signum` now. Not inside an import: native modules'
+    start-up calls back into Python (torch's `_autograd_init` into importlib's module
+    locks), and an exception raised there cannot unwind through their C++ frames: the
+    process crashes (a segfault, or std::terminate's exit -6, seen in CI for a SIGTERM 0.34 s
+    into `r2ac train`). Such a signal is recorded (a command that ends before it is raised
+    still answers for it: `take_unhonoured`) and sent again in 20 ms, until the import ends."""
+    global _postponed, _last_signum, _unhonoured
+    if not _importing(frame):
+        _postponed = None
+        return True
+    _postponed = _last_signum = _unhonoured = signum
+    timer = threading.Timer(_RETRY_S, _send_again, (signum,))
+    timer.daemon = True
+    timer.start()
+    return False
+
+
 def _raise_terminated(signum, frame) -> None:
     global _last_signum, _unhonoured
-    _last_signum = _unhonoured = signal.SIGTERM
-    raise Terminated()
+    if _may_raise(signal.SIGTERM, frame):
+        _last_signum = _unhonoured = signal.SIGTERM
+        raise Terminated()
 
 
 def _raise_interrupted(signum, frame) -> None:
     global _last_signum, _unhonoured
-    _last_signum = _unhonoured = signal.SIGINT
-    raise Interrupted()
+    if _may_raise(signal.SIGINT, frame):
+        _last_signum = _unhonoured = signal.SIGINT
+        raise Interrupted()
 
 
 def _signum(exc: BaseException) -> int:
@@ -68,8 +111,8 @@ def _signum(exc: BaseException) -> int:
 def exit_code(exc: BaseException) -> int:
     """130 for Ctrl-C (KeyboardInterrupt), 143 for SIGTERM (Terminated); the signal is then
     honoured (see `_unhonoured`)."""
-    global _unhonoured
-    _unhonoured = None
+    global _unhonoured, _postponed
+    _unhonoured = _postponed = None
     return 128 + _signum(exc)
 
 
@@ -77,8 +120,8 @@ def take_unhonoured() -> int | None:
     """The signal raised for and never turned into an exit (None if none), cleared: what a
     command that returned normally must still answer for (a library swallowed the exception,
     e.g. Ray's shutdown)."""
-    global _unhonoured
-    signum, _unhonoured = _unhonoured, None
+    global _unhonoured, _postponed
+    signum, _unhonoured, _postponed = _unhonoured, None, None
     return signum
 
 
@@ -104,10 +147,10 @@ def install_handlers() -> dict[int, object]:
     Terminated (both KeyboardInterrupts) (StopRequest and raise_on_signal replace them while they are inside,
     and put them back), and `_quiet_unraisable`. Returns the handlers they replaced (main
     thread only)."""
-    global _last_signum, _unhonoured, _next_unraisablehook
+    global _last_signum, _unhonoured, _postponed, _next_unraisablehook
     if threading.current_thread() is not threading.main_thread():
         return {}
-    _last_signum = _unhonoured = None
+    _last_signum = _unhonoured = _postponed = None
     if sys.unraisablehook is not _quiet_unraisable:
         _next_unraisablehook, sys.unraisablehook = sys.unraisablehook, _quiet_unraisable
     return {
@@ -154,12 +197,12 @@ class StopRequest:
             signal.signal(signum, _raise_interrupted)
 
     def __enter__(self) -> StopRequest:
-        global _unhonoured
+        global _unhonoured, _postponed
         if threading.current_thread() is threading.main_thread():  # signals only go there
             for signum in SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
-        if _unhonoured is not None:  # raised before, and dropped on its way: stop now
-            self.signum, _unhonoured = _unhonoured, None
+        if _unhonoured is not None:  # dropped on its way, or put off past an import: stop now
+            self.signum, _unhonoured, _postponed = _unhonoured, None, None
         return self
 
     def __exit__(self, *exc) -> None:
@@ -178,7 +221,8 @@ def raise_on_signal(update: int) -> Iterator[None]:
     the last checkpoint (the final evaluation), which `--resume` redoes."""
 
     def handler(signum, frame):
-        raise TrainingInterrupted(signum, update, True)
+        if _may_raise(signum, frame):
+            raise TrainingInterrupted(signum, update, True)
 
     previous = {}
     if threading.current_thread() is threading.main_thread():
