@@ -15,8 +15,11 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
+
+from r2ac.runs import stop
 
 from .conftest import TIMEOUT_S, subprocess_env
 
@@ -53,6 +56,29 @@ SCRIPT = textwrap.dedent(
     sys.exit(cli.main())
     """
 )
+
+
+def test_a_signal_during_an_import_is_raised_once_the_import_has_ended(tmp_path, monkeypatch):
+    """In-process: the module's body runs to its end, then the handler raises Terminated."""
+    module = "r2ac_test_slow_import"
+    (tmp_path / f"{module}.py").write_text(
+        "import os, signal, time\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "for _ in range(5):\n"
+        "    time.sleep(0.03)  # the 20 ms retries land inside the import: put off again\n"
+        "FINISHED = True\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    previous = stop.install_handlers()
+    try:
+        with pytest.raises(stop.Terminated):
+            __import__(module)
+            time.sleep(5)  # a retry after the import raises here
+        assert sys.modules[module].FINISHED
+        assert stop.take_unhonoured() == signal.SIGTERM
+    finally:
+        stop.restore_handlers(previous)
+        sys.modules.pop(module, None)
 
 
 def _run(send_at: int, signum: int = signal.SIGTERM) -> subprocess.CompletedProcess:
