@@ -112,7 +112,7 @@ def _signal_at(send_ats: range, calls: int) -> None:
 
 
 def test_a_signal_from_python_calls_inside_torchs_start_up_is_one_line():
-    """Every third call (2 s a run); without the deferral, torch 2.13 crashed at 13 to 16
+    """Every third call (2 s a run); with the old handlers torch 2.13 crashed at 13 to 16
     of its 24 calls."""
     calls = _calls_inside_autograd_init()
     assert calls >= 1  # torch still calls back into Python there, so the test means something
