@@ -10,7 +10,6 @@ process can receive it twice).
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import threading
@@ -49,9 +48,9 @@ _last_signum: int | None = None
 _unhonoured: int | None = None
 
 
-# A signal that came while an import ran is sent again this much later (see _may_raise).
+# A signal that came while an import ran is looked at again this much later (_may_raise).
 _RETRY_S = 0.02
-# The signal put off past an import and not raised since (the timer sends it only if so).
+# The signal put off past an import and not raised since (SIGALRM answers it only if so).
 _postponed: int | None = None
 _IMPORTLIB = ("importlib._bootstrap", "importlib._bootstrap_external")
 
@@ -66,9 +65,15 @@ def _importing(frame) -> bool:
     return False
 
 
-def _send_again(signum: int) -> None:
-    if _postponed == signum:
-        os.kill(os.getpid(), signum)
+def _answer_postponed(alarm, frame) -> None:
+    """SIGALRM, _RETRY_S after a signal was put off: the handler now in place for that
+    signal runs (it raises, or puts it off again while the import goes on). A kernel timer,
+    not a thread: a thread runs when the main thread waits on I/O, so the signal it sent
+    landed right after such a wait (between a print's text and its newline)."""
+    signum = _postponed
+    handler = signal.getsignal(signum) if signum is not None else None
+    if callable(handler):
+        handler(signum, frame)
 
 
 def _may_raise(signum: int, frame) -> bool:
@@ -77,15 +82,15 @@ def _may_raise(signum: int, frame) -> bool:
     locks), and an exception raised there cannot unwind through their C++ frames: the
     process crashes (a segfault, or std::terminate's exit -6, seen in CI for a SIGTERM 0.34 s
     into `r2ac train`). Such a signal is recorded (a command that ends before it is raised
-    still answers for it: `take_unhonoured`) and sent again in 20 ms, until the import ends."""
+    still answers for it: `take_unhonoured`) and looked at again in 20 ms (SIGALRM), until
+    the import has ended."""
     global _postponed, _last_signum, _unhonoured
     if not _importing(frame):
         _postponed = None
         return True
     _postponed = _last_signum = _unhonoured = signum
-    timer = threading.Timer(_RETRY_S, _send_again, (signum,))
-    timer.daemon = True
-    timer.start()
+    signal.signal(signal.SIGALRM, _answer_postponed)
+    signal.setitimer(signal.ITIMER_REAL, _RETRY_S)
     return False
 
 
