@@ -1,10 +1,11 @@
 """The actors' native carry (`r2ac_carry_gates`) of this tree against that of a git revision.
 
     .venv/bin/python scripts/native_carry_ab.py REVISION [--threads 1 2] [--shapes T,B,N,D ...]
-        [--kernel carry|history]
+        [--kernel carry|history|start]
 
 `--kernel history` times the learner's history term alone (`r2ac_history`: one read of FZ, as
-a PPO learner's every pass over a minibatch makes) instead of the actors' carry.
+a PPO learner's every pass over a minibatch makes) instead of the actors' carry; `--kernel
+start` the first-order start state's sum (`r2ac_start`: one more read of FZ a pass).
 
 Builds REVISION's r2ac/rtrl/elstm/native/elstm_carry.c with the same compiler and flags into a
 temporary folder, loads it beside this tree's kernel, checks that both give the same numbers
@@ -59,17 +60,22 @@ def operands(T, B, N, D, seed=0):
 
 def runner(kernel: str, libs: dict, T: int, B: int, N: int, D: int):
     """(run(name) calling library `name`'s kernel on fixed random operands, its outputs by name,
-    GB that one call moves: FZ read and written by the carry, read by the history)."""
+    GB that one call moves: FZ read and written by the carry, read by the history and start)."""
     fz, x, f, z, cp, keep, w_f, w_z, wb = operands(T, B, N, D)
     if kernel == "history":  # hist (C, D) and d_wb (4, N)
         d_hat = torch.randn(B, N, generator=torch.Generator().manual_seed(1))
         outs = {k: (fz.new_empty(2 * N, D), wb.new_empty(4, N)) for k in libs}
+    elif kernel == "start":  # dw (D, C), the change of [F; Z]; out (B, C)
+        dw = torch.randn(D, 2 * N, generator=torch.Generator().manual_seed(1))
+        outs = {k: (fz.new_empty(B, 2 * N), None) for k in libs}
     else:
         outs = {k: (torch.empty_like(fz), torch.empty_like(wb)) for k in libs}
 
     def run(name: str) -> None:
         out, wb_out = outs[name]
-        if kernel == "history":
+        if kernel == "start":
+            rc = libs[name].r2ac_start(B, D, N, fz.data_ptr(), dw.data_ptr(), out.data_ptr())
+        elif kernel == "history":
             wb_out.zero_()  # the kernel sums into d_wb
             rc = libs[name].r2ac_history(
                 B, D, N, fz.data_ptr(), out.data_ptr(), d_hat.data_ptr(), wb.data_ptr(),
@@ -83,7 +89,7 @@ def runner(kernel: str, libs: dict, T: int, B: int, N: int, D: int):
             )  # fmt: skip
         assert rc == 0, rc
 
-    reads = 1 if kernel == "history" else 2
+    reads = 2 if kernel == "carry" else 1
     return run, outs, reads * fz.numel() * fz.element_size() / 1e9
 
 
@@ -108,7 +114,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--shapes", nargs="+", default=["4,32,128,69", "4,8,128,69",
                                                         "100,32,512,257"])  # fmt: skip
-    parser.add_argument("--kernel", choices=["carry", "history"], default="carry")
+    parser.add_argument("--kernel", choices=["carry", "history", "start"], default="carry")
     parser.add_argument("--evict-mb", type=int, default=64, help="MB written before cold calls")
     args = parser.parse_args()
     keep_freed_memory()
@@ -125,7 +131,8 @@ def main() -> None:
                 run, outs, gb = runner(args.kernel, libs, T, B, N, D)
                 for name in libs:
                     run(name)
-                same = all(torch.equal(a, b) for a, b in zip(outs["base"], outs["this"]))
+                pairs = zip(outs["base"], outs["this"])
+                same = all(torch.equal(a, b) for a, b in pairs if a is not None)
                 for cold in (True, False):
                     m = alternated_ms(run, list(libs), junk if cold else None)
                     print(

@@ -93,6 +93,7 @@ SHAPES = [
     (7, 2, 40, 6, ((0, 1), (4, 0))),
     (1, 1, 8, 1, ()),
     (13, 4, 24, 12, ((12, 3), (6, 2))),
+    (5, 9, 16, 7, ((2, 8),)),  # two groups of 4 streams (history, start) and one left over
 ]
 
 
