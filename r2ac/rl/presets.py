@@ -237,10 +237,10 @@ PRESETS: dict[str, TrainConfig] = {
 # MultiarmedBanditEasy check (0.201 against 0.352); elstm-bptt's own screen won
 # RepeatPreviousEasy (0.889 against 0.570) but lowered its NoisyPositionOnlyCartPoleEasy
 # (0.139 against 0.176) and MultiarmedBanditEasy checks: both rules back at 0.95.
-# Twenty-second session: elstm-rtrl stem features 32 / 128 and 8 minibatches could not reach
-# the preset's ten-seed RepeatPreviousEasy mean (0.857); elstm-bptt's own screen of 8
-# minibatches won it (0.877 against 0.560) but lowered MultiarmedBanditEasy (-0.045 against
-# 0.270): nothing taken.
+# Twenty-second session: elstm-rtrl stem features 32 / 128, 8 minibatches and grad clip 16
+# could not reach the preset's ten-seed RepeatPreviousEasy mean (0.857); elstm-bptt's own
+# screen of 8 minibatches won it (0.877 against 0.560) but lowered MultiarmedBanditEasy
+# (-0.045 against 0.270): nothing taken.
 FAMILY_VALUES: dict[str, dict[str, dict[str, Any]]] = {
     "popgym": {
         "elstm": dict(
