@@ -41,10 +41,10 @@ class Interrupted(KeyboardInterrupt):  # noqa: N818  (Ctrl-C, as KeyboardInterru
 # actors started said "stopped by SIGINT", exit 130); that one is then named by this.
 _last_signum: int | None = None
 # The signal the handlers below raised for (or put off past an import, `_may_raise`) and
-# nobody has turned into an exit yet. Python
-# drops an exception raised in some places (an at-fork callback: logging's `_releaseLock`
-# as Ray forks, printed as "Exception ignored"), and the command would run on as if no
-# signal had come; the next StopRequest honours such a one (a clean stop at its first check).
+# nobody has turned into an exit yet. Python drops an exception raised in some places (an
+# at-fork callback: logging's `_releaseLock` as Ray forks, printed as "Exception ignored"),
+# and the command would run on as if no signal had come; the next StopRequest honours such
+# a one (a clean stop at its first check).
 _unhonoured: int | None = None
 
 
