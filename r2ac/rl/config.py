@@ -179,7 +179,10 @@ class OptimConfig:
     rms_eps: float = 0.01
     """RMSProp epsilon."""
     grad_clip: float = 40.0
-    """Global gradient-norm clipping threshold."""
+    """Global gradient-norm clipping threshold (with core_grad_clip: the stem's and heads')."""
+    core_grad_clip: float = 0.0
+    """Clip the recurrent core's gradient norm on its own at this value, and the rest's
+    (stem, heads) at grad_clip (0: one global norm over all parameters at grad_clip)."""
     optimizer: Literal["rmsprop", "adam"] = "rmsprop"
     """Optimiser: rmsprop (IMPALA's; rms_alpha, rms_eps) or adam (default betas, adam_eps)."""
     adam_eps: float = 1e-8
@@ -411,6 +414,7 @@ _FINITE = (
     "entropy_floor_rate",
     "entropy_floor_cap",
     "grad_clip",
+    "core_grad_clip",
     "forget_bias",
     "policy_init_scale",
     "core_lr_scale",
@@ -430,6 +434,7 @@ _RANGES = (
     ("rms_alpha", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("discount", lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("grad_clip", lambda v: v > 0, "> 0"),
+    ("core_grad_clip", lambda v: v >= 0, ">= 0 (0: one global norm)"),
     ("core_lr_scale", lambda v: v > 0, "> 0"),
     ("policy_init_scale", lambda v: v > 0, "> 0"),
     ("reward_scale", lambda v: v > 0, "> 0"),

@@ -218,6 +218,9 @@ class Learner:
     def __init__(self, agent: Agent, cfg: TrainConfig):
         self.agent, self.cfg = agent, cfg
         self.params = [p for p in agent.parameters() if p.requires_grad]
+        core = {id(p) for p in agent.core.parameters()}
+        self.core_params = [p for p in self.params if id(p) in core]
+        self.rest_params = [p for p in self.params if id(p) not in core]
         self.optimizer, self.scheduler = make_optimizer(agent, cfg)
         # Shuffles the streams into minibatches; its own stream, so that acting and the
         # runtimes' RNG are untouched, and saved with the learner for a bit-exact resume.
@@ -302,8 +305,17 @@ class Learner:
         return batch_targets(logits, values, seg, self.cfg, self.agent.action_space)
 
     def _step(self) -> float:
-        """Clip the global gradient norm and step the optimiser; the norm before clipping."""
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip)
+        """Clip the gradient norm (global, or per group with `core_grad_clip`) and step the
+        optimiser; the global norm before clipping."""
+        optim = self.cfg.optim
+        if optim.core_grad_clip > 0:
+            # separate clips, so that exact RTRL's large core gradient (2-10x TBPTT's) does
+            # not shrink the stem's and heads' steps through one shared norm
+            core_norm = torch.nn.utils.clip_grad_norm_(self.core_params, optim.core_grad_clip)
+            rest_norm = torch.nn.utils.clip_grad_norm_(self.rest_params, optim.grad_clip)
+            grad_norm = torch.hypot(core_norm, rest_norm)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, optim.grad_clip)
         self.optimizer.step()
         return float(grad_norm)
 

@@ -152,6 +152,7 @@ def test_select_segment_of_an_index_tensor_copies_the_start_state():
         ({"algorithm": "ppo", "gae_lambda": 1.5}, "gae_lambda=1.5"),
         ({"optimizer": "adam", "adam_eps": 0.0}, "adam_eps=0.0"),
         ({"core_lr_scale": 0.0}, "core_lr_scale"),
+        ({"core_grad_clip": -1.0}, "core_grad_clip=-1.0"),
         ({"rtrl_history_epochs": -1}, "--rtrl-history-epochs must be >= 0"),
         (
             {"rtrl_start_correction": True, "epochs": 2, "core": "gru-bptt"},
@@ -210,3 +211,41 @@ def test_core_lr_scale_gives_the_core_its_own_learning_rate(optimizer):
     assert math.isclose(core["lr"] / rest["lr"], 3.0)
     one, _ = make_optimizer(agent, cfg.updated(core_lr_scale=1.0))
     assert len(one.param_groups) == 1
+
+
+@pytest.mark.parametrize("core_clip", [0.0, 0.3])
+def test_core_grad_clip_clips_the_core_and_the_rest_apart(core_clip):
+    """--core-grad-clip c: the core's gradient is scaled to norm c on its own and the stem's
+    and heads' to grad_clip, each by its own factor; 0 keeps one global norm. The logged norm
+    is the global one before clipping either way."""
+    from r2ac.rl.build import agent_for_env, make_env
+    from r2ac.rl.learner import Learner
+
+    cfg = tiny(learning_rate=0.0, grad_clip=0.2, core_grad_clip=core_clip)
+    env = make_env(cfg, cfg.runtime.num_envs, 0)
+    agent = agent_for_env(cfg, env, torch.float64)
+    env.close()
+    learner = Learner(agent, cfg)
+    core_ids = {id(p) for p in agent.core.parameters()}
+    torch.manual_seed(0)
+    for p in learner.params:
+        p.grad = torch.randn_like(p)
+    before = {id(p): p.grad.clone() for p in learner.params}
+
+    def norm(params, grads):
+        return torch.linalg.vector_norm(torch.stack([grads[id(p)].norm() for p in params]))
+
+    core = [p for p in learner.params if id(p) in core_ids]
+    rest = [p for p in learner.params if id(p) not in core_ids]
+    assert core and rest
+    core_norm, rest_norm = norm(core, before), norm(rest, before)
+    assert core_norm > 0.3 and rest_norm > 0.2  # both clips bind
+    logged = learner._step()
+    assert math.isclose(logged, float(torch.hypot(core_norm, rest_norm)), rel_tol=1e-12)
+    total = float(torch.hypot(core_norm, rest_norm))
+    for p in learner.params:
+        if core_clip:
+            want = (0.3 / core_norm) if id(p) in core_ids else (0.2 / rest_norm)
+        else:
+            want = 0.2 / total
+        torch.testing.assert_close(p.grad, before[id(p)] * want, rtol=1e-6, atol=0)
