@@ -124,13 +124,17 @@ def segment_losses(
 def parameter_groups(agent: Agent, lr: float, core_lr_scale: float) -> list:
     """The trainable parameters: one list, or with `core_lr_scale` != 1 two groups, the
     core's at lr * core_lr_scale and the rest (stem, heads) at lr."""
-    params = [p for p in agent.parameters() if p.requires_grad]
     if core_lr_scale == 1.0:
-        return params
+        return [p for p in agent.parameters() if p.requires_grad]
+    core, rest = core_and_rest(agent)
+    return [{"params": rest}, {"params": core, "lr": lr * core_lr_scale}]
+
+
+def core_and_rest(agent: Agent) -> tuple[list, list]:
+    """The trainable parameters split: the recurrent core's, and the rest (stem, heads)."""
     core = {id(p) for p in agent.core.parameters()}
-    rest = [p for p in params if id(p) not in core]
-    mine = [p for p in params if id(p) in core]
-    return [{"params": rest}, {"params": mine, "lr": lr * core_lr_scale}]
+    params = [p for p in agent.parameters() if p.requires_grad]
+    return [p for p in params if id(p) in core], [p for p in params if id(p) not in core]
 
 
 def make_optimizer(agent: Agent, cfg: TrainConfig):
@@ -218,9 +222,7 @@ class Learner:
     def __init__(self, agent: Agent, cfg: TrainConfig):
         self.agent, self.cfg = agent, cfg
         self.params = [p for p in agent.parameters() if p.requires_grad]
-        core = {id(p) for p in agent.core.parameters()}
-        self.core_params = [p for p in self.params if id(p) in core]
-        self.rest_params = [p for p in self.params if id(p) not in core]
+        self.core_params, self.rest_params = core_and_rest(agent)  # --core-grad-clip
         self.optimizer, self.scheduler = make_optimizer(agent, cfg)
         # Shuffles the streams into minibatches; its own stream, so that acting and the
         # runtimes' RNG are untouched, and saved with the learner for a bit-exact resume.
