@@ -50,7 +50,8 @@ class Agent(nn.Module):
     ``reward_scale`` multiplies the last reward of the input, clipped to
     [-reward_clip, reward_clip] (0: unclipped; the losses see the same clip and scale).
     ``head_hidden`` > 0 puts a shared ReLU layer between core and heads; ``value_detach``
-    keeps the value loss's gradient out of the core and the stem (`PolicyValueHeads`).
+    keeps the value loss's gradient out of the core and the stem, ``entropy_detach`` the entropy
+    regulariser's out of everything below the policy's output layer (`PolicyValueHeads`).
     ``num_actions`` is an `ActionSpace` (an int: Discrete with that many actions); the policy
     head outputs its distribution's parameters (`distribution`). ``stem_norm`` puts a
     LayerNorm (with its affine gain and bias) on the stem's features before the core, so
@@ -68,6 +69,7 @@ class Agent(nn.Module):
         reward_scale: float = 1.0,
         head_hidden: int = 0,
         value_detach: bool = False,
+        entropy_detach: bool = False,
         reward_clip: float = 1.0,
         feed_last_reward: bool = True,
         stem_norm: bool = False,
@@ -93,6 +95,7 @@ class Agent(nn.Module):
             value_norm=value_norm,
             hidden=head_hidden,
             value_detach=value_detach,
+            entropy_detach=entropy_detach,
             log_std=space.dims if space.is_float else 0,
         )
         self.action_space = space
@@ -118,7 +121,8 @@ class Agent(nn.Module):
         state: Any,
         carry: bool = True,
         last_action: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        entropy_params: bool = False,
+    ) -> tuple[Any, ...]:
         """obs ``(T, B, *obs_shape)``, last_reward ``(T, B)``, reset ``(T, B)`` bool or None,
         last_action ``(T, B, *action_shape)`` (the action taken before obs[t]; needed with
         prev_action).
@@ -128,9 +132,14 @@ class Agent(nn.Module):
         reset stream sees exactly what a fresh stream sees.
         `carry=False` tells the core the returned state will not be used (cores that can,
         `core.skips_carry`, skip their sensitivity carry; the returned state is then incomplete).
+        `entropy_params`: also return the parameters the entropy regulariser reads ``(T, B, P)``
+        (`PolicyValueHeads.forward`), as a fourth output.
         """
         x = self.core_input(obs, last_reward, reset, last_action)  # (T, B, D)
         h, state = self.core(x, state, reset=reset, carry=carry)  # (T, B, N)
+        if entropy_params:
+            logits, values, entropy_logits = self.heads(h, entropy_params=True)
+            return logits, values, state, entropy_logits
         logits, values = self.heads(h)  # (T, B, A), (T, B)
         return logits, values, state
 

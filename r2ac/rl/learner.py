@@ -87,6 +87,7 @@ def segment_losses(
     returns: VTraceReturns | None = None,
     space: ActionSpace | None = None,
     entropy_cost: float | None = None,
+    entropy_logits: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """IMPALA losses of a segment from the agent's outputs on its M+1 steps.
 
@@ -98,7 +99,8 @@ def segment_losses(
     by max(value_scale, floor) instead. With `loss.advantage_norm` the advantages are
     standardised over the batch instead (PPO's convention, which POPGym's baselines use):
     the policy gradient is then independent of the reward scale. `entropy_cost` (None:
-    `loss.entropy_cost`) is the learner's, raised under an entropy floor.
+    `loss.entropy_cost`) is the learner's, raised under an entropy floor; `entropy_logits`
+    (None: `logits`) what the entropy term reads (`compute_loss`).
     """
     M = seg.actions.shape[0]
     if returns is None:
@@ -118,6 +120,7 @@ def segment_losses(
         baseline_cost=loss.baseline_cost,
         entropy_cost=loss.entropy_cost if entropy_cost is None else entropy_cost,
         space=space,
+        entropy_logits=None if entropy_logits is None else entropy_logits[:M],
     )
 
 
@@ -255,14 +258,17 @@ class Learner:
 
         Returns the losses and this batch's V-trace value targets vs ``(M, B)``, toward
         which PopArt (`value_norm`) moves its statistics after the optimiser step."""
-        logits, values, _ = self.agent(
-            seg.obs, seg.last_reward, seg.reset, seg.state, carry=False, last_action=seg.last_action
-        )
+        logits, values, _, entropy_logits = self.agent(
+            seg.obs, seg.last_reward, seg.reset, seg.state, carry=False,
+            last_action=seg.last_action, entropy_params=True,
+        )  # fmt: skip
         space = self.agent.action_space
         returns = segment_returns(logits, values, seg, self.cfg.loss, space)
         scale = self.agent.heads.value_scale().detach()
         cost = self.entropy_cost()
-        losses = segment_losses(logits, values, seg, self.cfg.loss, scale, returns, space, cost)
+        losses = segment_losses(
+            logits, values, seg, self.cfg.loss, scale, returns, space, cost, entropy_logits
+        )
         losses["loss"].backward()
         return losses, returns.vs
 
@@ -270,20 +276,27 @@ class Learner:
         """PPO's losses of a minibatch and one backward. The agent runs on the first M steps
         only: the bootstrap value is already in `targets`."""
         M = seg.actions.shape[0]
-        logits, values, _ = self.agent(
+        logits, values, _, entropy_logits = self.agent(
             seg.obs[:M],
             seg.last_reward[:M],
             seg.reset[:M],
             seg.state,
             carry=False,
             last_action=seg.last_action[:M],
-        )  # (M, B, A), (M, B)
-        losses = self.ppo_loss(logits, values, seg, targets)
+            entropy_params=True,
+        )  # (M, B, A), (M, B), state, (M, B, A)
+        losses = self.ppo_loss(logits, values, seg, targets, entropy_logits=entropy_logits)
         losses["loss"].backward()
         return losses
 
     def ppo_loss(
-        self, logits, values, seg: Segment, targets: BatchTargets, keep_graph: bool = False
+        self,
+        logits,
+        values,
+        seg: Segment,
+        targets: BatchTargets,
+        keep_graph: bool = False,
+        entropy_logits: torch.Tensor | None = None,
     ) -> dict:
         """`ppo_losses` with this config (a test calls it on a reference's outputs;
         scripts/gradient_noise.py differentiates its terms one at a time: `keep_graph`)."""
@@ -292,7 +305,7 @@ class Learner:
         return ppo_losses(
             logits, values, seg.actions, targets, cfg.loss.clip_coef, cfg.loss.value_clip,
             cfg.loss.baseline_cost, self.entropy_cost(), value_scale=scale,
-            space=self.agent.action_space, keep_graph=keep_graph,
+            space=self.agent.action_space, keep_graph=keep_graph, entropy_logits=entropy_logits,
         )  # fmt: skip
 
     def prepare(self, seg: Segment) -> BatchTargets | None:

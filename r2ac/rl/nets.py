@@ -200,6 +200,9 @@ class PolicyValueHeads(nn.Module):
     ``value_detach``: the baseline reads ``h`` detached (through the same torso), so the
     value loss trains the torso and the baseline layer but nothing below the heads.
 
+    ``entropy_detach``: the entropy regulariser reads the policy layer on the torso's output
+    detached (`forward(h, entropy_params=True)`), so its gradient reaches that layer only.
+
     ``log_std`` > 0 (a Box action space of that many dimensions) adds a state-independent
     log-std parameter (initialised to 0) that ``forward`` appends to the policy outputs, so
     that they are the whole Gaussian's parameters (r2ac/rl/distributions.py).
@@ -215,9 +218,11 @@ class PolicyValueHeads(nn.Module):
         hidden: int = 0,
         log_std: int = 0,
         value_detach: bool = False,
+        entropy_detach: bool = False,
     ):
         super().__init__()
         self.value_detach = value_detach
+        self.entropy_detach = entropy_detach
         self.torso = (
             nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU()) if hidden else nn.Identity()
         )
@@ -238,9 +243,11 @@ class PolicyValueHeads(nn.Module):
         variance = self.value_sq_mean - self.value_mean**2
         return variance.clamp(min=self.SIGMA_RANGE[0] ** 2).sqrt().clamp(*self.SIGMA_RANGE)
 
-    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, h: torch.Tensor, entropy_params: bool = False) -> tuple[torch.Tensor, ...]:
         """Returns logits ``(..., num_actions)`` (with the log-stds appended: ``(..., 2D)``)
-        and values ``(...)`` (unnormalised)."""
+        and values ``(...)`` (unnormalised); with `entropy_params` also the parameters the
+        entropy regulariser reads: the logits themselves, or with ``entropy_detach`` the same
+        numbers computed from the torso's output detached."""
         features = self.torso(h)  # (..., width)
         value_features = features
         if self.value_detach and torch.is_grad_enabled():  # a second torso pass, cut below it
@@ -248,10 +255,19 @@ class PolicyValueHeads(nn.Module):
         values = self.baseline(value_features).squeeze(-1)  # (...)
         if self.value_norm:
             values = values * self.value_scale() + self.value_mean
+        params = self._policy_params(features)  # (..., P)
+        if not entropy_params:
+            return params, values
+        entropy = params
+        if self.entropy_detach and torch.is_grad_enabled():  # the same numbers, cut below
+            entropy = self._policy_params(features.detach())
+        return params, values, entropy
+
+    def _policy_params(self, features: torch.Tensor) -> torch.Tensor:
         params = self.policy(features)  # (..., A)
         if hasattr(self, "log_std"):
             params = torch.cat([params, self.log_std.expand_as(params)], dim=-1)  # (..., 2D)
-        return params, values
+        return params
 
     @torch.no_grad()
     def update_value_stats(self, targets: torch.Tensor, beta: float) -> None:
