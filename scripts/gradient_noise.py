@@ -71,11 +71,13 @@ def batch_gradients(runtime, seg, term: str, groups) -> dict[str, dict[str, torc
         runtime.agent.zero_grad(set_to_none=True)
         state = seg.state if rule == "rtrl" else core.light_state(seg.state)
         with core.without_history() if rule == "tbptt" else nullcontext():
-            logits, values, _ = runtime.agent(
+            logits, values, _, entropy_logits = runtime.agent(
                 seg.obs[:M], seg.last_reward[:M], seg.reset[:M], state, carry=False,
-                last_action=seg.last_action[:M],
+                last_action=seg.last_action[:M], entropy_params=True,
             )  # fmt: skip
-            losses = learner.ppo_loss(logits, values, seg, targets, keep_graph=True)
+            losses = learner.ppo_loss(
+                logits, values, seg, targets, keep_graph=True, entropy_logits=entropy_logits
+            )
             losses[TERMS[term]].backward()
         out[rule] = {name: flat_grad(params) for name, params in groups.items()}
     out["history"] = {g: out["rtrl"][g] - out["tbptt"][g] for g in groups}

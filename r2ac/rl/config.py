@@ -72,10 +72,10 @@ class ModelConfig:
     competes with the policy's memory (docs/rl.md, "Tuning protocol")."""
     entropy_detach: bool = False
     """The entropy regulariser's gradient reaches the policy's output layer only (its weights
-    and bias, a Box's log-std): the core, the stem and the shared head layer get none. The
-    policy then holds its entropy (and an entropy floor's raised cost, up to 25x the preset's
-    0.01) by the scale of its last layer, and the memory's features are shaped by the policy
-    gradient and the critic alone (docs/rl.md, "Twenty-fourth session")."""
+    and bias, a Box's log-std): the core, the stem and the shared head layer get none, and the
+    policy holds its entropy (an entropy floor's raised cost) by the scale of its last layer.
+    Screened on the eLSTM: it learns RepeatPrevious several times slower without the entropy's
+    pull through the core (docs/rl.md, "Twenty-fourth session"); in no preset."""
     policy_init_scale: float = 1.0
     """Multiply the policy layer's initial weights and bias by this (1: PyTorch's default
     init; 0.01 starts every state at a near-uniform policy, as cleanrl's PPO and RLlib's

@@ -303,3 +303,38 @@ def test_stem_norm_normalises_the_features_only_and_adds_nothing_when_off():
     torch.testing.assert_close(x_normed[..., features:], x_plain[..., features:])
     expected = torch.nn.functional.layer_norm(x_plain[..., :features], (features,))
     torch.testing.assert_close(x_normed[..., :features], expected)
+
+
+@pytest.mark.parametrize("head_hidden", [0, 8])
+def test_entropy_detach_keeps_the_entropy_out_of_everything_below_the_policy_layer(head_hidden):
+    """--entropy-detach: the same outputs and entropy parameters; the entropy's gradient reaches
+    the policy's output layer only (the same there as without the flag; none in the torso, the
+    core or the stem, under exact RTRL too); without the flag the entropy reads the logits."""
+    from .rl_helpers import agents_with, tiny
+
+    shared, detached = agents_with(tiny(head_hidden=head_hidden), "entropy_detach", (False, True))
+    g = torch.Generator().manual_seed(3)
+    obs = torch.randn(4, 3, shared.stem.layers[0].in_features, generator=g)  # (T, B, obs)
+    last_reward = torch.randn(4, 3, generator=g)
+    reset = torch.zeros(4, 3, dtype=torch.bool)
+    reset[2, 1] = True
+
+    def grads(agent):
+        agent.zero_grad(set_to_none=True)
+        out = agent(obs, last_reward, reset, agent.initial_state(3), entropy_params=True)
+        logits, values, _, entropy_logits = out
+        entropy = torch.distributions.Categorical(logits=entropy_logits).entropy().sum()
+        entropy.backward()
+        return logits, entropy_logits, {n: p.grad for n, p in agent.named_parameters()}
+
+    logits_s, read_s, g_s = grads(shared)
+    logits_d, read_d, g_d = grads(detached)
+    assert read_s is logits_s  # off: the entropy reads the logits themselves
+    assert torch.equal(logits_s, logits_d) and torch.equal(read_d, logits_d)
+    for name, grad in g_d.items():
+        if name.startswith("heads.policy."):
+            torch.testing.assert_close(grad, g_s[name], rtol=1e-6, atol=1e-7)
+        else:
+            assert grad is None or not grad.any(), name
+    below = [n for n in g_s if not n.startswith("heads.")]
+    assert below and all(g_s[n] is not None and g_s[n].abs().max() > 0 for n in below)
