@@ -244,6 +244,9 @@ PRESETS: dict[str, TrainConfig] = {
 # --grad-clip 2, --chrono-span 8, --hidden-size 512 and --minibatches 2 lost the ten-seed
 # screen; --baseline-cost 0.25 won it (0.903 against 0.857) and raised three checks but
 # lowered MultiarmedBanditEasy (0.283 against 0.352); 0.35 gave 0.722: nothing taken.
+# Twenty-fourth session: elstm-rtrl --entropy-detach (0.204), --decorrelate-steps 51 (0.174),
+# --head-hidden 256 (0.648) and a floor of 1.0 (0.710) lost the screen by far;
+# --entropy-floor-rate 0.03 was level (0.863) and lowered MultiarmedBanditEasy (0.162): nothing.
 FAMILY_VALUES: dict[str, dict[str, dict[str, Any]]] = {
     "popgym": {
         "elstm": dict(
