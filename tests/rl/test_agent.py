@@ -238,6 +238,16 @@ def test_policy_init_scale_scales_the_policy_layer_only():
     assert default["heads.policy.weight"].abs().max() > 0.01
 
 
+def _detach_inputs(agent):
+    """Inputs of 4 steps x 3 streams, one stream restarting at step 2, for the detach tests."""
+    g = torch.Generator().manual_seed(3)
+    obs = torch.randn(4, 3, agent.stem.layers[0].in_features, generator=g)  # (T, B, obs)
+    last_reward = torch.randn(4, 3, generator=g)  # (T, B)
+    reset = torch.zeros(4, 3, dtype=torch.bool)
+    reset[2, 1] = True
+    return obs, last_reward, reset
+
+
 @pytest.mark.parametrize("head_hidden", [0, 8])
 def test_value_detach_keeps_the_value_loss_out_of_the_core_and_the_stem(head_hidden):
     """--value-detach: the same outputs; the value's gradient reaches the head layers only
@@ -245,11 +255,7 @@ def test_value_detach_keeps_the_value_loss_out_of_the_core_and_the_stem(head_hid
     from .rl_helpers import agents_with, tiny
 
     shared, detached = agents_with(tiny(head_hidden=head_hidden), "value_detach", (False, True))
-    g = torch.Generator().manual_seed(3)
-    obs = torch.randn(4, 3, shared.stem.layers[0].in_features, generator=g)  # (T, B, obs)
-    last_reward = torch.randn(4, 3, generator=g)
-    reset = torch.zeros(4, 3, dtype=torch.bool)
-    reset[2, 1] = True
+    obs, last_reward, reset = _detach_inputs(shared)
 
     def grads(agent, part):
         agent.zero_grad(set_to_none=True)
@@ -313,11 +319,7 @@ def test_entropy_detach_keeps_the_entropy_out_of_everything_below_the_policy_lay
     from .rl_helpers import agents_with, tiny
 
     shared, detached = agents_with(tiny(head_hidden=head_hidden), "entropy_detach", (False, True))
-    g = torch.Generator().manual_seed(3)
-    obs = torch.randn(4, 3, shared.stem.layers[0].in_features, generator=g)  # (T, B, obs)
-    last_reward = torch.randn(4, 3, generator=g)
-    reset = torch.zeros(4, 3, dtype=torch.bool)
-    reset[2, 1] = True
+    obs, last_reward, reset = _detach_inputs(shared)
 
     def grads(agent):
         agent.zero_grad(set_to_none=True)
