@@ -74,6 +74,7 @@ def batch_gradients(runtime, seg, term: str, groups) -> dict[str, dict[str, torc
             logits, values, _, entropy_logits = runtime.agent(
                 seg.obs[:M], seg.last_reward[:M], seg.reset[:M], state, carry=False,
                 last_action=seg.last_action[:M], entropy_params=True,
+                episode_step=seg.episode_step[:M],
             )  # fmt: skip
             losses = learner.ppo_loss(
                 logits, values, seg, targets, keep_graph=True, entropy_logits=entropy_logits

@@ -95,6 +95,7 @@ def make_agent(
         head_hidden=cfg.model.head_hidden,
         value_detach=cfg.model.value_detach,
         entropy_detach=cfg.model.entropy_detach,
+        critic_clock=cfg.model.critic_clock,
         reward_scale=cfg.loss.reward_scale,
         reward_clip=cfg.loss.reward_clip,
         feed_last_reward=cfg.model.last_reward,

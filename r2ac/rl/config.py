@@ -76,6 +76,12 @@ class ModelConfig:
     policy holds its entropy (an entropy floor's raised cost) by the scale of its last layer.
     Screened on the eLSTM: it learns RepeatPrevious several times slower without the entropy's
     pull through the core (docs/rl.md, "Twenty-fourth session"); in no preset."""
+    critic_clock: bool = False
+    """The value head also reads the episode step (steps since the episode's first
+    observation, as saturating ramps at 4, 16, 64, 256 and 1,024 steps), a critic-only input
+    the policy never sees (time-aware values, Pardo et al. 2018). Why: in episodes of a fixed
+    length (RepeatPrevious, CountRecall) the value depends on the time left, which a critic
+    that reads only the core's output must learn through the core, beside the memory."""
     policy_init_scale: float = 1.0
     """Multiply the policy layer's initial weights and bias by this (1: PyTorch's default
     init; 0.01 starts every state at a near-uniform policy, as cleanrl's PPO and RLlib's

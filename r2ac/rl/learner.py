@@ -260,7 +260,7 @@ class Learner:
         which PopArt (`value_norm`) moves its statistics after the optimiser step."""
         logits, values, _, entropy_logits = self.agent(
             seg.obs, seg.last_reward, seg.reset, seg.state, carry=False,
-            last_action=seg.last_action, entropy_params=True,
+            last_action=seg.last_action, entropy_params=True, episode_step=seg.episode_step,
         )  # fmt: skip
         space = self.agent.action_space
         returns = segment_returns(logits, values, seg, self.cfg.loss, space)
@@ -284,6 +284,7 @@ class Learner:
             carry=False,
             last_action=seg.last_action[:M],
             entropy_params=True,
+            episode_step=seg.episode_step[:M],
         )  # (M, B, A), (M, B), state, (M, B, A)
         losses = self.ppo_loss(logits, values, seg, targets, entropy_logits=entropy_logits)
         losses["loss"].backward()
@@ -315,7 +316,7 @@ class Learner:
         with torch.no_grad():
             logits, values, _ = self.agent(
                 seg.obs, seg.last_reward, seg.reset, seg.state, carry=False,
-                last_action=seg.last_action,
+                last_action=seg.last_action, episode_step=seg.episode_step,
             )  # fmt: skip
         return batch_targets(logits, values, seg, self.cfg, self.agent.action_space)
 
