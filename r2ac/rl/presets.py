@@ -247,6 +247,9 @@ PRESETS: dict[str, TrainConfig] = {
 # Twenty-fourth session: elstm-rtrl --entropy-detach (0.204), --decorrelate-steps 51 (0.174),
 # --head-hidden 256 (0.648) and a floor of 1.0 (0.710) lost the screen by far;
 # --entropy-floor-rate 0.03 was level (0.863) and lowered MultiarmedBanditEasy (0.162): nothing.
+# Twenty-fifth session: elstm-rtrl --critic-clock (0.731 over six) and --batch-size 128 (0.816)
+# lost the screen; the clock won gru-bptt's CountRecallEasy screen (-0.817 against -0.856) but
+# lowered its NoisyPositionOnlyCartPole and MultiarmedBandit checks: nothing taken.
 FAMILY_VALUES: dict[str, dict[str, dict[str, Any]]] = {
     "popgym": {
         "elstm": dict(
