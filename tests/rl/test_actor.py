@@ -70,29 +70,14 @@ def test_episode_step_counts_the_steps_since_each_reset_across_segments_and_a_re
     assert restored.set_state(saved) and not restored.episode_step.any()
 
 
-def test_final_values_match_a_manual_unroll():
-    cfg = tiny(
-        env="builtin/watermaze", env_options=("size=3", "episode_steps=5"), core="elstm-bptt"
-    )
-    actor, agent, env = _actor(cfg)
-    infos, step = [], env.step
-    env.step = lambda actions: infos.append(step(actions)) or infos[-1]
-    state0 = actor.state
-    seg, _ = actor.collect()
-    final_obs = torch.from_numpy(infos[4].info["final_obs"])  # (B, 7) truncation at t = 4
-    with torch.no_grad():
-        _, _, state = agent(seg.obs[:5], seg.last_reward[:5], seg.reset[:5], state0)
-        _, v, _ = agent(final_obs[None], seg.rewards[4][None], None, state)
-    assert torch.allclose(v[0], seg.final_values[4], atol=1e-12)
-    assert not torch.equal(final_obs, seg.obs[5])  # the next obs starts a new episode
-
-
-def test_a_clocked_critic_values_the_final_observation_at_its_episode_step():
-    """critic_clock: the bootstrap value of a truncated episode reads the final observation's
-    step (5 after 5 steps), not the step of the next episode's first observation (0)."""
+@pytest.mark.parametrize("critic_clock", [False, True])
+def test_final_values_match_a_manual_unroll(critic_clock):
+    """V(final_obs) of a truncated episode from the state after its last step; with
+    critic_clock at the final observation's step (5 after 5 steps), not at the next episode's
+    first observation's (0)."""
     cfg = tiny(
         env="builtin/watermaze", env_options=("size=3", "episode_steps=5"), core="elstm-bptt",
-        critic_clock=True,
+        critic_clock=critic_clock,
     )  # fmt: skip
     actor, agent, env = _actor(cfg)
     infos, step = [], env.step
@@ -106,7 +91,11 @@ def test_a_clocked_critic_values_the_final_observation_at_its_episode_step():
         _, v, _ = agent(final_obs[None], seg.rewards[4][None], None, state, episode_step=five)
         _, v0, _ = agent(final_obs[None], seg.rewards[4][None], None, state, episode_step=0 * five)
     assert torch.allclose(v[0], seg.final_values[4], atol=1e-12)
-    assert (v[0] - v0[0]).abs().min() > 0
+    assert not torch.equal(final_obs, seg.obs[5])  # the next obs starts a new episode
+    if critic_clock:
+        assert (v[0] - v0[0]).abs().min() > 0
+    else:  # without the clock the step is not read
+        assert torch.equal(v, v0)
 
 
 def test_rtrl_actor_carries_sensitivities_and_matches_a_per_step_carry():
