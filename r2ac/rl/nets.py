@@ -287,17 +287,18 @@ class PolicyValueHeads(nn.Module):
     def _values(
         self, h: torch.Tensor, features: torch.Tensor, episode_step: torch.Tensor | None
     ) -> torch.Tensor | None:
-        value_features = features  # (..., width)
-        if self.value_detach and torch.is_grad_enabled():  # a second torso pass, cut below it
-            value_features = self.torso(h.detach())
         if self.critic_clock:
             if episode_step is None:
-                return None
+                return None  # before any work: the policy alone was asked for
             if episode_step.shape != features.shape[:-1]:
                 raise ValueError(
                     f"episode_step must be {tuple(features.shape[:-1])}; "
                     f"got {tuple(episode_step.shape)}"
                 )
+        value_features = features  # (..., width)
+        if self.value_detach and torch.is_grad_enabled():  # a second torso pass, cut below it
+            value_features = self.torso(h.detach())
+        if self.critic_clock:
             clock = clock_features(episode_step, features.dtype)  # (..., K)
             value_features = torch.cat([value_features, clock], dim=-1)
         values = self.baseline(value_features).squeeze(-1)  # (...)
