@@ -250,6 +250,10 @@ PRESETS: dict[str, TrainConfig] = {
 # Twenty-fifth session: elstm-rtrl --critic-clock (0.731 over six) and --batch-size 128 (0.816)
 # lost the screen; the clock won gru-bptt's CountRecallEasy screen (-0.817 against -0.856) but
 # lowered its NoisyPositionOnlyCartPole and MultiarmedBandit checks: nothing taken.
+# Twenty-sixth session: the eLSTM's values but N (4 epochs, stem norm, the capped floor, lr 2e-3
+# constant) offered to the baselines: gru-bptt CountRecallEasy -0.937 against -0.856 (lost);
+# lstm-bptt RepeatPreviousEasy 0.806 against 0.561 over ten seeds, but its NoisyPositionOnly-
+# CartPole (0.224 / 0.312) and MultiarmedBandit (0.207 / 0.354) checks lowered: not taken.
 FAMILY_VALUES: dict[str, dict[str, dict[str, Any]]] = {
     "popgym": {
         "elstm": dict(
