@@ -6,6 +6,7 @@
 # `bash scripts/gpu_session.sh wheels`):
 #   bash scripts/gpu_lease.sh            # ~9.5 minutes (limits sum to 570 s); all lands in $OUT
 #   bash scripts/gpu_lease.sh tune       # ~5 minutes: carry tests, Triton sweep, bench with its best
+#   bash scripts/gpu_lease.sh popgym     # <= 6 minutes: issue 36's rtrl/bptt at --preset popgym
 # Step limits (seconds) can be changed by LIMIT_ENV, LIMIT_TESTS, LIMIT_BENCH, LIMIT_PROFILE,
 # LIMIT_COST, LIMIT_E2E, and the e2e run length per rule by E2E_SECONDS. The first lease
 # (2026-11-27, docs/log/gpu.md) took: env 15 s, tests 80 s, bench-shapes 40 s, profile 33 s,
@@ -33,6 +34,13 @@ if [ "${1:-}" = tune ]; then  # a short lease: the GPU tests of the carry, the T
     best="$(cat "$OUT/tune-best.txt" 2>/dev/null)"  # the sweep's fastest launch, if any
     R2AC_TRITON_CONFIG="$best" step "${LIMIT_BENCH:-75}" bench-shapes 100,256,1024,257 \
         50,64,2048,257 100,128,512,257 100,32,512,257 1,32,512,257
+    echo "=== [gpu_lease] $(date -u +%T) done"
+    exit 0
+fi
+if [ "${1:-}" = popgym ]; then  # issue 36's end-to-end bar on the GPU (gpu_session.sh
+    # popgym-e2e: each of its two measurements under this limit; ~30 s each on the CPU box)
+    step "${LIMIT_ENV:-20}" env
+    step "${LIMIT_POPGYM_E2E:-150}" popgym-e2e
     echo "=== [gpu_lease] $(date -u +%T) done"
     exit 0
 fi

@@ -11,6 +11,7 @@
 #   bash scripts/gpu_session.sh bench 1024
 #   bash scripts/gpu_session.sh bench 2048
 #   bash scripts/gpu_session.sh e2e           # r2ac train --device cuda: rtrl vs bptt, Atari
+#   bash scripts/gpu_session.sh popgym-e2e    # issue 36's bar: rtrl/bptt at --preset popgym
 #   bash scripts/gpu_session.sh bench-shapes T,B,N,D...   # bench core at the shapes named
 #   bash scripts/gpu_session.sh cost CORE...  # bench cost --device cuda: one learner update
 #   bash scripts/gpu_session.sh profile       # scripts/profile_gpu_carry.py: the carry's kernels
@@ -23,7 +24,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu}
 STEP_LIMIT=${STEP_LIMIT:-570}
 WHEELS=(tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.0
-    gymnasium==1.4.0 farama-notifications==0.0.6 dm-env==1.6)
+    gymnasium==1.4.0 farama-notifications==0.0.6 dm-env==1.6 popgym==1.0.7)
 # compiled, for the GPU machine's Python (3.12; KINDS.md of the device tool)
 GPU_PYTHON=${GPU_PYTHON:-3.12}
 COMPILED_WHEELS=(optree==0.20.0 dm-tree==0.1.9)
@@ -135,6 +136,23 @@ parallel:learner@elstm-rtrl}
         --hidden-size 512 --total-frames 1000000000 --checkpoint-every 1000000 ${E2E_EXTRA:-}
 }
 
+step_popgym_e2e() {
+    # Issue 36's end-to-end bar (rtrl/bptt >= 0.9 at `--preset popgym`'s eLSTM values), which
+    # the 2-core CPU box misses (0.84-0.85; docs/results.md, "What exact RTRL costs at the
+    # eLSTM's values"): scripts/rtrl_cost_in_process.py (the serial runtime's collect + update
+    # of elstm-bptt and elstm-rtrl on RepeatPreviousEasy, alternated, medians after 10
+    # warm-up iterations) with the agent on the GPU, then the same without the first-order
+    # start state's correction. POPGYM_E2E_ITERATIONS iterations (70); E2E_DEVICE=cpu checks
+    # the plumbing on a CPU machine.
+    setup_path
+    local iterations=${POPGYM_E2E_ITERATIONS:-70} device=${E2E_DEVICE:-cuda} rc=0
+    run_logged popgym-e2e.txt "$PY" scripts/rtrl_cost_in_process.py "$iterations" \
+        --device "$device" || rc=$?
+    run_logged popgym-e2e-no-correction.txt "$PY" scripts/rtrl_cost_in_process.py \
+        "$iterations" --device "$device" --no-rtrl-start-correction || rc=$?
+    return "$rc"
+}
+
 step_wheels() {  # here, not on the GPU machine (which reaches no registry)
     rm -rf .whl && mkdir -p .whl/site
     "$PY" -m pip download -q --no-deps --only-binary=:all: -d .whl "${WHEELS[@]}"
@@ -173,9 +191,10 @@ case "$step" in
     profile) step_profile "$@" ;;
     tune) step_tune "$@" ;;
     e2e) step_e2e ;;
+    popgym-e2e) step_popgym_e2e ;;
     wheels) step_wheels ;;
     *)
-        sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
         exit 2
         ;;
 esac

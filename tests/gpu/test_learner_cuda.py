@@ -63,3 +63,47 @@ def test_the_rtrl_learner_gradient_on_cuda_equals_the_cpu(case, dtype):
     assert errors[worst] < TOLERANCE[dtype], errors
     assert {s.op for s in gpu_carry.selections()} == {"history"}  # the learner's history term
     assert not [s.failed for s in gpu_carry.selections() if s.failed]  # no candidate dropped
+
+
+def _weights_after_updates(agent, cfg, segments, device):
+    """The weights after one multi-pass update per segment, the learner on `device`."""
+    learner = Learner(agent, cfg)
+    for seg in segments:
+        learner.update(to_device(seg, device))
+    return {name: p.detach() for name, p in agent.named_parameters()}
+
+
+def test_the_ppo_passes_with_the_start_correction_on_cuda_equal_the_cpu():
+    """`--preset popgym`'s elstm-rtrl learner in small (PPO-clip with GAE, Adam, 2 epochs x 2
+    minibatches, the first-order start state, the entropy floor): the weights after two
+    batches on CUDA equal the CPU's. On CUDA the start sums take the blocked torch path (the
+    native kernel is the CPU's), which `scripts/gpu_session.sh popgym-e2e` times. float64
+    only: eight Adam steps divide each gradient by its own running norm, which in float32
+    would turn the two devices' rounding in near-zero gradients into differences of order
+    the learning rate."""
+    dtype = F64
+    env, options = ENVS["terminations"]
+    cfg = tiny(
+        env=env, env_options=options, core="elstm-rtrl", unroll_length=M, num_envs=4,
+        batch_size=4, prev_action=True, algorithm="ppo", targets="gae", epochs=2,
+        minibatches=2, optimizer="adam", learning_rate=1e-2, rtrl_start_correction=True,
+        entropy_floor=0.5,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    env = make_env(cfg, 4, seed=7)
+    agent = agent_for_env(cfg, env, dtype=dtype)
+    actor = Actor(agent, env, seed=7, unroll_length=M)
+    segments = [actor.collect()[0] for _ in range(2)]  # the second starts from S(t0) != 0
+    assert segments[1].state.sens.FZ.abs().max() > 0
+    on_gpu = copy.deepcopy(agent).to("cuda")
+    before = {name: p.detach().clone() for name, p in agent.named_parameters()}
+    want = _weights_after_updates(agent, cfg, segments, "cpu")
+    got = _weights_after_updates(on_gpu, cfg, segments, "cuda")
+    moved = max(rel_error(want[k], before[k]) for k in want)
+    errors = {k: rel_error(got[k], want[k]) for k in want}
+    worst = max(errors, key=errors.get)
+    print(
+        f"passes {dtype}: max rel error cuda vs cpu {errors[worst]:.1e} ({worst}), moved {moved:.1e}"
+    )
+    assert moved > 1e-3  # the updates did move the weights
+    assert errors[worst] < TOLERANCE[dtype], errors
