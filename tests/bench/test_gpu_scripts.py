@@ -2,6 +2,7 @@
 runs only steps that gpu_session.sh has, and the Python scripts run end to end."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -27,15 +28,18 @@ def test_gpu_scripts_parse_and_the_session_lists_its_steps():
     usage = subprocess.run(["bash", str(SESSION)], capture_output=True, text=True)
     assert usage.returncode == 2
     steps = session_steps()
-    assert {"env", "tests", "bench", "bench-shapes", "profile", "cost", "e2e", "wheels"} <= steps
+    expected = {"env", "tests", "bench", "bench-shapes", "profile", "cost", "e2e", "popgym-e2e"}
+    assert expected | {"wheels"} <= steps
     for step in steps:
         assert f"gpu_session.sh {step}" in usage.stdout, step
 
 
 def test_the_lease_runs_only_steps_the_session_has():
     called = re.findall(r'(?:^|\s)step "\$\{LIMIT_\w+:-\d+\}" ([a-z0-9-]+)', LEASE.read_text())
-    tune_mode, full = called[:3], called[3:]  # `gpu_lease.sh tune`, then the whole lease
+    # `gpu_lease.sh tune`, `gpu_lease.sh popgym` (issue 36's bar), then the whole lease
+    tune_mode, popgym_mode, full = called[:3], called[3:5], called[5:]
     assert tune_mode == ["tests", "tune", "bench-shapes"]
+    assert popgym_mode == ["env", "popgym-e2e"]
     assert full == ["env", "tests", "bench-shapes", "profile", "cost", "e2e"]
     assert set(called) <= session_steps()
 
@@ -93,3 +97,21 @@ def test_the_parallel_screen_runs_each_arm_on_each_seed_and_sums_up(tmp_path):
         assert float(summary.split()[3]) == pytest.approx(mean, abs=1e-3)
         assert "over 2 of 2 runs" in summary
     assert (tmp_path / "out" / "screen.tgz").stat().st_size > 0
+
+
+def test_the_popgym_e2e_step_runs_on_the_cpu(tmp_path):
+    """gpu_session.sh popgym-e2e (issue 36's bar on a GPU) with E2E_DEVICE=cpu: both
+    measurements, with and without the start correction, print their rtrl/bptt ratio."""
+    env = {
+        **os.environ, "OUT": str(tmp_path), "E2E_DEVICE": "cpu", "POPGYM_E2E_ITERATIONS": "11",
+        "PYTHON": sys.executable,
+    }  # fmt: skip
+    subprocess.run(
+        ["bash", str(SESSION), "popgym-e2e"], env=env, cwd=ROOT, check=True, timeout=300,
+        capture_output=True,
+    )  # fmt: skip
+    for log in ("popgym-e2e.txt", "popgym-e2e-no-correction.txt"):
+        text = (tmp_path / log).read_text()
+        ratio = re.search(r"rtrl/bptt frames/s .*: collect \+ update ([\d.]+)", text)
+        assert ratio and 0.2 < float(ratio.group(1)) < 5, text
+        assert "[gpu_session] exit 0: " in text, text
