@@ -287,6 +287,7 @@ class PolicyValueHeads(nn.Module):
     def _values(
         self, h: torch.Tensor, features: torch.Tensor, episode_step: torch.Tensor | None
     ) -> torch.Tensor | None:
+        clock = None
         if self.critic_clock:
             if episode_step is None:
                 return None  # before any work: the policy alone was asked for
@@ -295,11 +296,11 @@ class PolicyValueHeads(nn.Module):
                     f"episode_step must be {tuple(features.shape[:-1])}; "
                     f"got {tuple(episode_step.shape)}"
                 )
+            clock = clock_features(episode_step, features.dtype)  # (..., K)
         value_features = features  # (..., width)
         if self.value_detach and torch.is_grad_enabled():  # a second torso pass, cut below it
             value_features = self.torso(h.detach())
-        if self.critic_clock:
-            clock = clock_features(episode_step, features.dtype)  # (..., K)
+        if clock is not None:
             value_features = torch.cat([value_features, clock], dim=-1)
         values = self.baseline(value_features).squeeze(-1)  # (...)
         if self.value_norm:
