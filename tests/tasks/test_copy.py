@@ -2,9 +2,6 @@
 
 import dataclasses
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -475,45 +472,17 @@ def test_other_cores_as_diagnostics(tmp_path, core, rule):
             torch.testing.assert_close(grads[rule][n], g, rtol=1e-9, atol=1e-11)
 
 
-def test_capacity_script_tabulates_runs_with_their_recipe(tmp_path):
-    """scripts/copy_capacity.py: one row per run, labelled with the options read from config.json."""
-    dirs = []
-    for hidden, dtype in ((8, "float32"), (16, "float64")):
-        out = tmp_path / f"n{hidden}"
-        assert (
-            copy_cli.main(
-                [
-                    "--length",
-                    "4",
-                    "--hidden",
-                    str(hidden),
-                    "--train-steps",
-                    "0",
-                    "--test-size",
-                    "20",
-                    "--lr",
-                    "1e-2",
-                    "--lr-final",
-                    "1e-3",
-                    "--dtype",
-                    dtype,
-                    "--out",
-                    str(out),
-                ]
-            )
-            == 0
-        )
-        dirs.append(str(out))
-    script = Path(__file__).resolve().parents[2] / "scripts" / "copy_capacity.py"
-    png = tmp_path / "cap.png"
-    proc = subprocess.run(
-        [sys.executable, str(script), *dirs, "--png", str(png)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| elstm")]
-    assert len(rows) == 2
-    assert "float64" not in rows[0] and "| 8 |" in rows[0]
-    assert "float64, B = 64, lr 0.01 -> 0.001, 0 batches, l = 4 | 16 |" in rows[1]
-    assert png.stat().st_size > 1000
+def test_a_finished_run_records_its_capacity_and_recipe(tmp_path):
+    """results.json holds the capacity figures and config.json the options it does not repeat
+    (lr_final, dtype): what a table of capacity against width reads from each run."""
+    out = tmp_path / "n16"
+    argv = ["--length", "4", "--hidden", "16", "--train-steps", "0", "--test-size", "20",
+            "--lr", "1e-2", "--lr-final", "1e-3", "--dtype", "float64", "--out", str(out)]  # fmt: skip
+    assert copy_cli.main(argv) == 0
+    result = json.loads((out / "results.json").read_text())
+    for key in ("core", "rule", "hidden", "batch_size", "lr", "train_steps", "length",
+                "longest_all_right", "bit_accuracy", "sequence_accuracy", "train_seconds"):  # fmt: skip
+        assert key in result, key
+    assert result["hidden"] == 16 and result["length"] == 4 and result["train_steps"] == 0
+    config = json.loads((out / "config.json").read_text())["config"]
+    assert config["lr_final"] == 1e-3 and config["dtype"] == "float64"
