@@ -24,13 +24,19 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "speed and memory benchmarks (bench core | cores | envs | runtime | cost)",
     ),
     "envs": ("r2ac.envs.cli", "list env families and whether they run on this machine"),
-    "train": ("r2ac.rl.train_cli", "train R2AC (--preset NAME, --resume RUN_DIR; --help)"),
-    "eval": ("r2ac.rl.evaluate", "evaluate a run: K sets of E episodes -> RUN_DIR/eval.json"),
+    "train": ("r2ac.rl.harness.train_cli", "train R2AC (--preset NAME, --resume RUN_DIR; --help)"),
+    "eval": (
+        "r2ac.rl.harness.evaluate",
+        "evaluate a run: K sets of E episodes -> RUN_DIR/eval.json",
+    ),
     "copy": (
         "r2ac.tasks.copy_cli",
         "the copy task: train an eLSTM by RTRL or BPTT, score every bit",
     ),
-    "diagnose": ("r2ac.rl.diagnose_cli", "a run's gradient split (in-segment vs history), critic"),
+    "diagnose": (
+        "r2ac.rl.harness.diagnose_cli",
+        "a run's gradient split (in-segment vs history), critic",
+    ),
     "plot": ("r2ac.experiments.plot", "metrics.csv columns of several runs, one panel each"),
     "experiment": (
         "r2ac.experiments.cli",

@@ -19,7 +19,7 @@ allocator would. The same effect can be had with jemalloc or tcmalloc via LD_PRE
 `available_bytes()`: the memory available now (MemAvailable, capped by a cgroup limit);
 `check_memory(parts, what, device)`: the one-line refusal of a job whose estimated memory
 exceeds it (`r2ac copy`, `r2ac bench core`; `r2ac train` has its own model in
-r2ac.rl.resources).
+r2ac.rl.harness.resources).
 """
 
 from __future__ import annotations

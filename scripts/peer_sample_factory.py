@@ -106,8 +106,8 @@ PEER_TORCH = "torch==2.13.0"
 PEER_PACKAGES = [f"sample-factory=={SF_VERSION}", "popgym==1.0.7", "gymnasium==0.29.1", "numpy<2"]
 R2AC_LABEL = "r2ac gru-bptt M=4"
 SF_LABEL = f"Sample Factory {SF_VERSION} APPO GRU 128"
-EVAL_SEED_OFFSET = 1_000_003  # r2ac.rl.build._EVAL_SEED_OFFSET
-EVAL_STREAMS = 32  # r2ac.rl.evaluate.MAX_STREAMS
+EVAL_SEED_OFFSET = 1_000_003  # r2ac.rl.model.build._EVAL_SEED_OFFSET
+EVAL_STREAMS = 32  # r2ac.rl.harness.evaluate.MAX_STREAMS
 
 
 # --------------------------------------------------------------------------- orchestrator

@@ -52,11 +52,11 @@ from r2ac.bench.cores import state_bytes
 from r2ac.bench.probe import ProbeError, run_fresh
 from r2ac.errors import ConfigError
 from r2ac.perf import keep_freed_memory, peak_memory_mib
-from r2ac.rl.actor import Segment
-from r2ac.rl.build import make_agent
 from r2ac.rl.config import TrainConfig
 from r2ac.rl.config import validate as validate_train
-from r2ac.rl.learner import Learner
+from r2ac.rl.learning.actor import Segment
+from r2ac.rl.learning.learner import Learner
+from r2ac.rl.model.build import make_agent
 from r2ac.rl.presets import PRESETS
 from r2ac.rtrl import core_names
 
@@ -172,7 +172,7 @@ def random_segment(
     M: int, B: int, num_actions: int, state, generator: torch.Generator, device
 ) -> Segment:
     """A segment of M steps inside one long episode (no resets, no episode ends): the case
-    where the gradient span matters. Layout as in r2ac.rl.actor."""
+    where the gradient span matters. Layout as in r2ac.rl.learning.actor."""
     g = generator
     rewards = torch.randint(-1, 2, (M, B), generator=g).float()  # (M, B)
     first = torch.randint(-1, 2, (1, B), generator=g).float()  # (1, B)

@@ -11,7 +11,7 @@
 Box actions live in normalised units: the env maps a in [-1, 1] to [low, high] (affinely)
 after clipping to [-1, 1] (`box_to_env`); a dimension with an infinite bound is passed
 through unscaled and unclipped. The policy's Gaussian is over the unclipped action, which is
-what the segment stores (r2ac/rl/distributions.py says why clipping rather than tanh).
+what the segment stores (r2ac/rl/model/distributions.py says why clipping rather than tanh).
 """
 
 from __future__ import annotations

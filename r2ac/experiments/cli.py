@@ -66,7 +66,7 @@ def _usage() -> str:
 
 
 def _header(name: str, seeds: int, argv: list[str]) -> str:
-    from r2ac.runs.run_dir import git_revision, machine
+    from r2ac.runs.locked_dir import git_revision, machine
 
     box = machine()
     return (

@@ -511,7 +511,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(
             f"unknown core {cfg.model.core!r}; choose one of {', '.join(core_choices())}"
         )
-    from r2ac.rl.nets import check_image_stem
+    from r2ac.rl.model.nets import check_image_stem
 
     check_image_stem(cfg.model.image_stem)
     check_chrono_span(cfg)

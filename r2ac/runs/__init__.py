@@ -2,5 +2,6 @@
 
 checkpoint.py  atomic, checksummed, data-only checkpoint files; atomic writes; the lock
 stop.py        SIGINT / SIGTERM -> a stop request honoured between updates
-run_dir.py     a locked run directory, its config.json meta (git revision) and JSON files
+locked_dir.py  a locked directory (lock, stale temp files), JSON files, the git revision and
+               the machine a run ran on
 """

@@ -24,7 +24,7 @@ import tyro
 from r2ac.errors import ConfigError, check_writable
 from r2ac.perf import check_memory, keep_freed_memory
 from r2ac.runs.checkpoint import LOCK_NAME
-from r2ac.runs.run_dir import LockedDir, git_revision, machine, read_json, write_json
+from r2ac.runs.locked_dir import LockedDir, git_revision, machine, read_json, write_json
 from r2ac.runs.stop import TrainingInterrupted, exit_code, raise_on_signal, signal_name
 from r2ac.tasks.copy import CHECKPOINT_NAME, CopyConfig, curve, metrics, resume, training
 from r2ac.tasks.copy.config import DTYPES

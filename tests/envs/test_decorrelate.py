@@ -124,8 +124,8 @@ def test_a_backend_that_cannot_cut_says_so_and_zero_is_off():
 
 
 def test_the_actors_envs_are_cut_the_evaluations_are_not_and_runs_repeat():
-    from r2ac.rl.build import make_env
     from r2ac.rl.config import validate
+    from r2ac.rl.model.build import make_env
     from r2ac.rl.runtimes.serial import SerialRuntime
     from tests.rl.rl_helpers import tiny
 

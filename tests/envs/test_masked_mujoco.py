@@ -61,7 +61,7 @@ def test_masked_observations_are_the_full_task_s_kept_indices(task):
 
 @needs_mujoco
 def test_train_and_evaluate_position_only_hopper(tmp_path):
-    from r2ac.rl import train_cli
+    from r2ac.rl.harness import train_cli
 
     out = tmp_path / "run"
     args = ["--preset", "control", "--env", "masked/Hopper-P", "--total-frames", "1024"]

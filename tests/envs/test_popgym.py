@@ -38,7 +38,7 @@ def test_env_ids_are_listed(capsys):
 
 
 def test_preset_env_options_never_leak_into_another_env():
-    from r2ac.rl.train_cli import parse_config
+    from r2ac.rl.harness.train_cli import parse_config
 
     cfg = parse_config(["--env", "gym/popgym-RepeatFirstEasy-v0"])
     assert cfg.env.options == ()  # the delayed cue's delay=64 stays with the delayed cue
@@ -50,7 +50,7 @@ def test_preset_env_options_never_leak_into_another_env():
 def test_popgym_preset_trains_end_to_end(tmp_path):
     """A few updates of the preset on RepeatPrevious: the agent takes the previous action
     and the run writes its metrics (exit 0)."""
-    from r2ac.rl.train_cli import main
+    from r2ac.rl.harness.train_cli import main
 
     out = tmp_path / "run"
     rc = main(

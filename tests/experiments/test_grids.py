@@ -91,7 +91,7 @@ def test_train_args_round_trip_through_the_real_cli():
     }
     args = runner.train_args(overrides)
     assert "--no-freeze-stem" in args and "--lr-decay" in args
-    from r2ac.rl.train_cli import parse_config
+    from r2ac.rl.harness.train_cli import parse_config
 
     cfg = parse_config(["--preset", "delayed-cue", *args])
     for key, value in overrides.items():

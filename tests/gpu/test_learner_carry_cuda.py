@@ -10,8 +10,8 @@ import copy
 import pytest
 import torch
 
-from r2ac.rl.actor import Actor
-from r2ac.rl.build import agent_for_env, make_env
+from r2ac.rl.learning.actor import Actor
+from r2ac.rl.model.build import agent_for_env, make_env
 from r2ac.rl.runtimes.learner_carry import LearnerCarry
 
 from ..rl.rl_helpers import tiny

@@ -10,9 +10,9 @@ import copy
 import pytest
 import torch
 
-from r2ac.rl.actor import Actor
-from r2ac.rl.build import agent_for_env, make_env
-from r2ac.rl.learner import Learner
+from r2ac.rl.learning.actor import Actor
+from r2ac.rl.learning.learner import Learner
+from r2ac.rl.model.build import agent_for_env, make_env
 from r2ac.rtrl.elstm import gpu_carry
 
 from ..rl.rl_helpers import tiny

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from r2ac.rl import resources
+from r2ac.rl.harness import resources
 
 from .conftest import r2ac_inline, tiny_args
 
@@ -62,7 +62,7 @@ def test_runs_that_do_not_fit_in_memory_are_refused(tmp_path, capsys, monkeypatc
 
 def test_the_memory_estimate_counts_rtrl_sensitivities(tmp_path):
     """2*N*D floats per eLSTM stream (N = hidden, D = stem features + 1), 3 copies per stream."""
-    from r2ac.rl.train_cli import parse_config
+    from r2ac.rl.harness.train_cli import parse_config
 
     cfg = parse_config([*tiny_args(2), "--hidden-size", "256", "--stem-features", "127"])
     sizes = resources.measure(cfg)

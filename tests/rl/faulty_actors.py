@@ -3,7 +3,7 @@ that a spawned process can import them)."""
 
 from __future__ import annotations
 
-from r2ac.rl import actor as actor_module
+from r2ac.rl.learning import actor as actor_module
 from r2ac.rl.runtimes.parallel import actor_main
 from r2ac.rl.runtimes.processes import WeightBoard
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from r2ac.rl.actor import Actor
-from r2ac.rl.build import agent_for_env, make_env
 from r2ac.rl.config import TrainConfig
-from r2ac.rl.learner import Learner
+from r2ac.rl.learning.actor import Actor
+from r2ac.rl.learning.learner import Learner
+from r2ac.rl.model.build import agent_for_env, make_env
 
 TINY = TrainConfig.make(
     env="builtin/delayed-cue",
@@ -40,9 +40,9 @@ def serial_grads(cfg: TrainConfig, weights: dict, wanted: dict[int, int], dtype)
     """Gradient of segment `seq` of actor k, collected in this process as the serial runtime
     does (same seeds, same weights), for seq = 1 .. wanted[k]: {(k, seq): {name: grad}}."""
 
-    from r2ac.rl.actor import Actor
-    from r2ac.rl.build import actor_seed, agent_for_env, make_env
-    from r2ac.rl.learner import Learner
+    from r2ac.rl.learning.actor import Actor
+    from r2ac.rl.learning.learner import Learner
+    from r2ac.rl.model.build import actor_seed, agent_for_env, make_env
 
     out = {}
     for k, n in wanted.items():

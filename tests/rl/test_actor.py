@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.utils import _pytree as pytree
 
-from r2ac.rl.actor import Actor, cat_segments
-from r2ac.rl.build import agent_for_env, make_env
+from r2ac.rl.learning.actor import Actor, cat_segments
+from r2ac.rl.model.build import agent_for_env, make_env
 from r2ac.rtrl import core_names, make_core
 
 from .rl_helpers import tiny

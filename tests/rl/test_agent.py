@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from r2ac.errors import ConfigError
-from r2ac.rl.agent import Agent
-from r2ac.rl.nets import ImpalaResNetStem, MLPStem
+from r2ac.rl.model.agent import Agent
+from r2ac.rl.model.nets import ImpalaResNetStem, MLPStem
 from r2ac.rtrl import RecurrentCore
 from r2ac.rtrl.feedforward import Feedforward
 from r2ac.runs import checkpoint

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from r2ac.errors import ConfigError
-from r2ac.rl.actor import Actor
-from r2ac.rl.agent import Agent, core_input_size
-from r2ac.rl.build import agent_for_env, make_env
 from r2ac.rl.config import validate
-from r2ac.rl.learner import Learner, scaled_rewards_and_discounts, segment_losses
-from r2ac.rl.nets import MLPStem, PolicyValueHeads
+from r2ac.rl.learning.actor import Actor
+from r2ac.rl.learning.learner import Learner, scaled_rewards_and_discounts, segment_losses
+from r2ac.rl.model.agent import Agent, core_input_size
+from r2ac.rl.model.build import agent_for_env, make_env
+from r2ac.rl.model.nets import MLPStem, PolicyValueHeads
 from r2ac.rtrl.feedforward import Feedforward
 
 from .rl_helpers import tiny
@@ -196,7 +196,7 @@ def test_progress_lines_when_not_on_a_terminal():
     import io
     import time as _time
 
-    from r2ac.rl.tracker import ProgressLines
+    from r2ac.rl.harness.tracker import ProgressLines
 
     out = io.StringIO()
     lines = ProgressLines(total=1000, initial=0, every_s=0.05, stream=out)

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from r2ac.errors import ConfigError
-from r2ac.rl import evaluate, train_cli
 from r2ac.rl.config import validate
+from r2ac.rl.harness import evaluate, train_cli
 from r2ac.rl.presets import PRESETS
 from r2ac.runs import checkpoint
-from r2ac.runs.run_dir import machine_changes
+from r2ac.runs.locked_dir import machine_changes
 
 from .rl_helpers import tiny
 
@@ -222,12 +222,12 @@ def test_a_run_records_its_machine_and_a_resume_elsewhere_says_so(tmp_path, capl
     assert recorded["torch_threads"] == 2
     assert recorded["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert (recorded["torch"], recorded["cpu_count"]) == (torch.__version__, os.cpu_count())
-    with caplog.at_level(logging.WARNING, logger="r2ac.rl.train_cli"):
+    with caplog.at_level(logging.WARNING, logger="r2ac.rl.harness.train_cli"):
         assert train_cli.main(["--resume", str(out)]) == 0
     assert "another machine" not in caplog.text
     meta["machine"]["cpu_capability"] = "AVX512-elsewhere"
     (out / "config.json").write_text(json.dumps(meta))
-    with caplog.at_level(logging.WARNING, logger="r2ac.rl.train_cli"):
+    with caplog.at_level(logging.WARNING, logger="r2ac.rl.harness.train_cli"):
         assert train_cli.main(["--resume", str(out)]) == 0
     expected = f"cpu_capability: AVX512-elsewhere -> {recorded['cpu_capability']}"
     assert "resuming on another machine" in caplog.text and expected in caplog.text

@@ -15,9 +15,9 @@ import torch
 from torch.utils import _pytree as pytree
 
 from r2ac.cli import main
-from r2ac.rl.actor import Actor
-from r2ac.rl.build import agent_for_env, make_env
-from r2ac.rl.learner import Learner
+from r2ac.rl.learning.actor import Actor
+from r2ac.rl.learning.learner import Learner
+from r2ac.rl.model.build import agent_for_env, make_env
 from r2ac.rl.runtimes.base import segment_to, to_cpu
 from r2ac.rl.runtimes.serial import SerialRuntime
 from r2ac.rtrl.elstm.deferred import CarriedBuffer
@@ -117,8 +117,8 @@ def test_the_first_update_gradient_on_cuda_equals_the_cpu_one(core):
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("runtime", ["serial", "parallel"])
 def test_training_on_cuda_updates_and_checkpoints_cpu_tensors(tmp_path, runtime):
-    from r2ac.rl.run_dir import RunDir
-    from r2ac.rl.train_cli import make_runtime
+    from r2ac.rl.harness.run_dir import RunDir
+    from r2ac.rl.harness.train_cli import make_runtime
     from r2ac.runs import checkpoint
 
     cfg = tiny(device="cuda", runtime=runtime, num_actors=2, total_frames=4 * 3 * 6)
@@ -134,8 +134,8 @@ def test_training_on_cuda_updates_and_checkpoints_cpu_tensors(tmp_path, runtime)
 
 
 def _learner_columns(tmp_path, **kw) -> list[dict[str, float]]:
-    from r2ac.rl.run_dir import RunDir, read_metrics
-    from r2ac.rl.train_cli import make_runtime
+    from r2ac.rl.harness.run_dir import RunDir, read_metrics
+    from r2ac.rl.harness.train_cli import make_runtime
 
     cfg = tiny(log_every=1, total_frames=4 * 3 * 6, **kw)
     run = RunDir.create(tmp_path / "run", cfg)

@@ -1,4 +1,4 @@
-"""r2ac/rl/diagnostics.py: the gradient split and the Monte-Carlo returns, and the script."""
+"""r2ac/rl/harness/diagnostics.py: the gradient split and the Monte-Carlo returns, and the script."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from r2ac.rl.actor import Actor
-from r2ac.rl.build import actor_seed, agent_for_env, make_env
-from r2ac.rl.diagnostics import (
+from r2ac.rl.harness.diagnostics import (
     gradient_split,
     monte_carlo_returns,
     parameter_groups,
     steps_to_end,
     without_history,
 )
-from r2ac.rl.learner import Learner
+from r2ac.rl.learning.actor import Actor
+from r2ac.rl.learning.learner import Learner
+from r2ac.rl.model.build import actor_seed, agent_for_env, make_env
 from tests.rl.rl_helpers import tiny
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ import torch
 from torch import distributions as D
 
 from r2ac.envs.spaces import ActionSpace, box_to_env, check_actions
-from r2ac.rl.distributions import action_code, distribution, zero_where
-from r2ac.rl.losses import action_log_probs, entropy_loss
+from r2ac.rl.learning.losses import action_log_probs, entropy_loss
+from r2ac.rl.model.distributions import action_code, distribution, zero_where
 
 T, B = 5, 4
 SPACES = {

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from r2ac.errors import ConfigError
-from r2ac.rl.actor import Actor
-from r2ac.rl.build import agent_for_env, make_env
 from r2ac.rl.config import validate
-from r2ac.rl.learner import Learner, raised_entropy_boost
+from r2ac.rl.learning.actor import Actor
+from r2ac.rl.learning.learner import Learner, raised_entropy_boost
+from r2ac.rl.model.build import agent_for_env, make_env
 
 from .rl_helpers import tiny
 
@@ -128,7 +128,7 @@ def test_a_floor_with_learning_rate_0_still_raises_the_cost():
 
 def test_the_largest_entropy_of_each_action_space():
     from r2ac.envs.spaces import ActionSpace
-    from r2ac.rl.distributions import distribution, max_entropy
+    from r2ac.rl.model.distributions import distribution, max_entropy
 
     spaces = {
         ActionSpace.discrete(4): math.log(4),
@@ -145,7 +145,7 @@ def test_the_largest_entropy_of_each_action_space():
 
 def test_the_cap_lowers_only_a_floor_above_its_share_of_the_largest_entropy():
     from r2ac.envs.spaces import ActionSpace
-    from r2ac.rl.learner import capped_entropy_floor
+    from r2ac.rl.learning.learner import capped_entropy_floor
 
     loss = tiny(entropy_floor=0.8, entropy_floor_cap=0.6).loss
     assert capped_entropy_floor(loss, ActionSpace.discrete(2)) == 0.6 * math.log(2)

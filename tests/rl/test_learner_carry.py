@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from r2ac.errors import ConfigError
-from r2ac.rl.actor import Actor
-from r2ac.rl.build import agent_for_env, make_env
 from r2ac.rl.config import learner_carries, validate
-from r2ac.rl.learner import Learner
+from r2ac.rl.learning.actor import Actor
+from r2ac.rl.learning.learner import Learner
+from r2ac.rl.model.build import agent_for_env, make_env
 from r2ac.rl.runtimes.learner_carry import LearnerCarry
 
 from .rl_helpers import tiny

@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from r2ac.rl.build import agent_for_env, make_env
-from r2ac.rl.learner import segment_losses
+from r2ac.rl.learning.learner import segment_losses
+from r2ac.rl.model.build import agent_for_env, make_env
 
 from .rl_helpers import run_learner_lr0, tiny
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from r2ac.rl.build import agent_for_env, make_env
+from r2ac.rl.model.build import agent_for_env, make_env
 
 from .rl_helpers import tiny
 from .test_learner_exact import (

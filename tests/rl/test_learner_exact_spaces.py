@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from r2ac.rl.actor import Actor
-from r2ac.rl.build import agent_for_env, make_env
-from r2ac.rl.learner import Learner, segment_losses
+from r2ac.rl.learning.actor import Actor
+from r2ac.rl.learning.learner import Learner, segment_losses
+from r2ac.rl.model.build import agent_for_env, make_env
 
 from .rl_helpers import run_learner_lr0, tiny
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import r2ac.rl.learner as learner_module
-from r2ac.rl.actor import Actor
-from r2ac.rl.build import agent_for_env, make_env
-from r2ac.rl.learner import Learner, segment_losses
-from r2ac.rl.ppo import select_segment
+import r2ac.rl.learning.learner as learner_module
+from r2ac.rl.learning.actor import Actor
+from r2ac.rl.learning.learner import Learner, segment_losses
+from r2ac.rl.learning.ppo import select_segment
+from r2ac.rl.model.build import agent_for_env, make_env
 from r2ac.rtrl.elstm import math as elstm_math
 
 from .rl_helpers import tiny

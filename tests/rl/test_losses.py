@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from r2ac.rl.losses import (
+from r2ac.rl.learning.losses import (
     action_log_probs,
     baseline_loss,
     compute_loss,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from r2ac.errors import ConfigError
-from r2ac.rl.nets import (
+from r2ac.rl.model.nets import (
     ImpalaResNetStem,
     MLPStem,
     PolicyValueHeads,

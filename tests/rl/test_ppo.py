@@ -10,7 +10,7 @@ import torch
 
 from r2ac.errors import ConfigError
 from r2ac.rl.config import validate
-from r2ac.rl.ppo import (
+from r2ac.rl.learning.ppo import (
     BatchTargets,
     gae,
     ppo_losses,
@@ -109,8 +109,8 @@ def test_stream_minibatches_are_blocks_in_a_deterministic_random_order():
 
 
 def _segment_with_state():
-    from r2ac.rl.actor import Actor
-    from r2ac.rl.build import agent_for_env, make_env
+    from r2ac.rl.learning.actor import Actor
+    from r2ac.rl.model.build import agent_for_env, make_env
 
     cfg = tiny(num_envs=4, batch_size=4)
     env = make_env(cfg, 4, seed=0)
@@ -194,8 +194,8 @@ def test_good_learner_options_validate():
 def test_core_lr_scale_gives_the_core_its_own_learning_rate(optimizer):
     """--core-lr-scale s: the core's parameters step at lr * s (the schedule scales both
     groups alike), the stem's and the heads' at lr; s = 1 keeps one group."""
-    from r2ac.rl.build import agent_for_env, make_env
-    from r2ac.rl.learner import make_optimizer
+    from r2ac.rl.learning.learner import make_optimizer
+    from r2ac.rl.model.build import agent_for_env, make_env
 
     cfg = tiny(optimizer=optimizer, learning_rate=1e-3, lr_decay=True, core_lr_scale=3.0)
     env = make_env(cfg, cfg.runtime.num_envs, 0)
@@ -218,8 +218,8 @@ def test_core_grad_clip_clips_the_core_and_the_rest_apart(core_clip):
     """--core-grad-clip c: the core's gradient is scaled to norm c on its own and the stem's
     and heads' to grad_clip, each by its own factor; 0 keeps one global norm. The logged norm
     is the global one before clipping either way."""
-    from r2ac.rl.build import agent_for_env, make_env
-    from r2ac.rl.learner import Learner
+    from r2ac.rl.learning.learner import Learner
+    from r2ac.rl.model.build import agent_for_env, make_env
 
     cfg = tiny(learning_rate=0.0, grad_clip=0.2, core_grad_clip=core_clip)
     env = make_env(cfg, cfg.runtime.num_envs, 0)
@@ -255,9 +255,9 @@ def test_entropy_detach_gives_the_entropy_gradient_to_the_policy_layer_only(algo
     """--entropy-detach in the learner, both losses, exact RTRL, float64: the policy layer's
     gradient is the whole loss's, every other parameter's that of the loss without its entropy
     term (entropy cost 0)."""
-    from r2ac.rl.actor import Actor
-    from r2ac.rl.build import agent_for_env, make_env
-    from r2ac.rl.learner import Learner
+    from r2ac.rl.learning.actor import Actor
+    from r2ac.rl.learning.learner import Learner
+    from r2ac.rl.model.build import agent_for_env, make_env
 
     kw = dict(algorithm=algorithm, entropy_cost=0.5)
     if algorithm == "ppo":

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from r2ac.rl.config import validate
+from r2ac.rl.harness.train_cli import parse_config
 from r2ac.rl.presets import PRESETS, preset_overrides, preset_table
-from r2ac.rl.train_cli import parse_config
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "rl.md"
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from r2ac.rl.config import validate
+from r2ac.rl.harness.train_cli import parse_config
 from r2ac.rl.runtimes.serial import SerialRuntime
-from r2ac.rl.train_cli import parse_config
 from r2ac.runs import checkpoint
 
 from .rl_helpers import tiny
@@ -125,7 +125,7 @@ def test_the_batch_state_is_the_actors_carry_buffer_and_changes_nothing(core, mo
     assert [s is b for s, b in zip(states[1:], alternate, strict=True)] == [True] * 3
     runtime.close()
     carried = _train(core=core, batch_size=6)
-    monkeypatch.setattr("r2ac.rl.actor.StateSlots.joined", lambda self, states: None)
+    monkeypatch.setattr("r2ac.rl.learning.actor.StateSlots.joined", lambda self, states: None)
     joined = _train(core=core, batch_size=6)
     assert all(torch.equal(carried[k], joined[k]) for k in carried)
 

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from r2ac.rl import evaluate, train_cli
+from r2ac.rl.harness import evaluate, train_cli
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 pytest.importorskip("gymnasium")

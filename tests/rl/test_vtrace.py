@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from r2ac.rl.vtrace import VTraceReturns, bootstrap_truncation, discounts_from, vtrace
+from r2ac.rl.learning.vtrace import VTraceReturns, bootstrap_truncation, discounts_from, vtrace
 
 T, B = 7, 5
 GAMMA = 0.9
@@ -197,7 +197,7 @@ def test_continuous_ratios_match_reference_definition():
     """Importance ratios of a diagonal Gaussian policy (a Box action space): V-trace takes
     log pi(a) - log mu(a) whatever the distribution, against the nested-sums reference."""
     from r2ac.envs.spaces import ActionSpace
-    from r2ac.rl.losses import action_log_probs
+    from r2ac.rl.learning.losses import action_log_probs
 
     space = ActionSpace.box([-1.0, -2.0], [1.0, 2.0])
     g = torch.Generator().manual_seed(4)

@@ -8,8 +8,8 @@ import pickle
 import torch
 from torch.utils import _pytree as pytree
 
-from r2ac.rl.actor import Actor, Segment
-from r2ac.rl.build import agent_for_env, make_env
+from r2ac.rl.learning.actor import Actor, Segment
+from r2ac.rl.model.build import agent_for_env, make_env
 from r2ac.rl.runtimes import wire
 from r2ac.rtrl.elstm.deferred import CarriedBuffer
 

@@ -74,13 +74,13 @@ import torch
 from torch.utils import _pytree as pytree
 
 from r2ac.errors import ConfigError
-from r2ac.rl.actor import EpisodeLog, Segment
-from r2ac.rl.agent import Agent
-from r2ac.rl.build import seed_everything
 from r2ac.rl.config import TrainConfig, to_dict
-from r2ac.rl.learner import Learner
-from r2ac.rl.run_dir import RunDir
-from r2ac.rl.tracker import Tracker
+from r2ac.rl.harness.run_dir import RunDir
+from r2ac.rl.harness.tracker import Tracker
+from r2ac.rl.learning.actor import EpisodeLog, Segment
+from r2ac.rl.learning.learner import Learner
+from r2ac.rl.model.agent import Agent
+from r2ac.rl.model.build import seed_everything
 from r2ac.runs.stop import StopRequest, TrainingInterrupted
 
 

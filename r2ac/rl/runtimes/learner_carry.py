@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from r2ac.rl.actor import Segment
-from r2ac.rl.agent import Agent
+from r2ac.rl.learning.actor import Segment
+from r2ac.rl.model.agent import Agent
 from r2ac.rl.runtimes.base import segment_to
 
 log = logging.getLogger(__name__)

@@ -43,10 +43,10 @@ import torch
 import torch.multiprocessing as mp
 from torch.utils import _pytree as pytree
 
-from r2ac.rl.actor import Actor, EpisodeLog, Segment, cat_segments
-from r2ac.rl.build import actor_seed, agent_for_env, make_actor_env, make_env
 from r2ac.rl.config import TrainConfig, learner_carries
-from r2ac.rl.run_dir import RunDir
+from r2ac.rl.harness.run_dir import RunDir
+from r2ac.rl.learning.actor import Actor, EpisodeLog, Segment, cat_segments
+from r2ac.rl.model.build import actor_seed, agent_for_env, make_actor_env, make_env
 from r2ac.rl.runtimes.base import ActorError, Batch, Runtime
 from r2ac.rl.runtimes.learner_carry import LearnerCarry
 from r2ac.rl.runtimes.processes import (

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import logging
 
-from r2ac.rl.actor import Actor, StateSlots, cat_segments
-from r2ac.rl.build import actor_seed, agent_for_env, make_actor_env
 from r2ac.rl.config import TrainConfig
-from r2ac.rl.run_dir import RunDir
+from r2ac.rl.harness.run_dir import RunDir
+from r2ac.rl.learning.actor import Actor, StateSlots, cat_segments
+from r2ac.rl.model.build import actor_seed, agent_for_env, make_actor_env
 from r2ac.rl.runtimes.base import Batch, Runtime, copy_weights, set_rng_state
 
 log = logging.getLogger(__name__)

@@ -86,7 +86,7 @@ def estimate(cfg: TrainConfig, s: Sizes) -> dict[str, tuple[int, str]]:
 
 def measure(cfg: TrainConfig) -> Sizes:
     """Sizes of `cfg`'s env and agent: one env stream, the agent on the meta device."""
-    from r2ac.rl.build import make_agent, make_env
+    from r2ac.rl.model.build import make_agent, make_env
 
     env = make_env(cfg, 1, 0)
     spec, actions = env.observation_spec, env.action_space

@@ -10,9 +10,9 @@ import torch
 from r2ac import envs
 from r2ac.envs.base import BatchedEnv
 from r2ac.envs.spaces import ActionSpace
-from r2ac.rl.agent import Agent, core_input_size
 from r2ac.rl.config import TrainConfig
-from r2ac.rl.nets import make_stem
+from r2ac.rl.model.agent import Agent, core_input_size
+from r2ac.rl.model.nets import make_stem
 from r2ac.rtrl.elstm.layer import chrono_forget_bias_
 from r2ac.rtrl.registry import make_core
 

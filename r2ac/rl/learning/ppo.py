@@ -1,6 +1,6 @@
 """Several passes over a batch: stream minibatches, GAE, and the PPO-clip losses.
 
-Pure functions of time-major ``(T, B)`` tensors; the learner (r2ac/rl/learner.py) drives
+Pure functions of time-major ``(T, B)`` tensors; the learner (r2ac/rl/learning/learner.py) drives
 them. A minibatch is a subset of the batch's STREAMS (whole segments), so every pass re-runs
 the core over whole segments from their stored start states: with an RTRL core that start
 state carries the sensitivities, and each pass's gradient is the full-history one of the
@@ -16,9 +16,9 @@ from typing import NamedTuple
 import torch
 
 from r2ac.envs.spaces import ActionSpace
-from r2ac.rl.actor import Segment
-from r2ac.rl.distributions import distribution
-from r2ac.rl.losses import action_log_probs
+from r2ac.rl.learning.actor import Segment
+from r2ac.rl.learning.losses import action_log_probs
+from r2ac.rl.model.distributions import distribution
 from r2ac.rtrl.state import select_streams
 
 

@@ -223,7 +223,7 @@ class PolicyValueHeads(nn.Module):
 
     ``log_std`` > 0 (a Box action space of that many dimensions) adds a state-independent
     log-std parameter (initialised to 0) that ``forward`` appends to the policy outputs, so
-    that they are the whole Gaussian's parameters (r2ac/rl/distributions.py).
+    that they are the whole Gaussian's parameters (r2ac/rl/model/distributions.py).
     """
 
     SIGMA_RANGE = (1e-4, 1e6)

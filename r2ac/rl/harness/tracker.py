@@ -8,9 +8,9 @@ import time
 from collections import deque
 from typing import Any
 
-from r2ac.rl.actor import EpisodeLog
 from r2ac.rl.config import TrainConfig
-from r2ac.rl.run_dir import MetricsLog, RunDir
+from r2ac.rl.harness.run_dir import MetricsLog, RunDir
+from r2ac.rl.learning.actor import EpisodeLog
 
 RECENT = 100  # episodes in the "recent return" average
 

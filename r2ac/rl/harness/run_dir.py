@@ -27,7 +27,7 @@ import torch
 from r2ac.errors import ConfigError, check_writable
 from r2ac.rl.config import TrainConfig, flatten, from_dict, to_dict
 from r2ac.runs import checkpoint
-from r2ac.runs.run_dir import (
+from r2ac.runs.locked_dir import (
     LockedDir,
     git_revision,
     holds_nothing,
@@ -197,7 +197,7 @@ class RunDir(LockedDir):
 
     def machine_changes(self) -> list[str]:
         """How this machine differs from the one that created the run, in what changes floats
-        (`r2ac.runs.run_dir.machine_changes`); [] for runs that did not record theirs."""
+        (`r2ac.runs.locked_dir.machine_changes`); [] for runs that did not record theirs."""
         meta = read_json(self.config_path)
         return machine_changes(meta.get("machine") if isinstance(meta, dict) else None, machine())
 

@@ -18,13 +18,13 @@ import numpy as np
 import torch
 
 from r2ac.errors import ConfigError, MissingDependencyError, check_writable
-from r2ac.rl.agent import Agent
-from r2ac.rl.build import agent_for_env, eval_seed, make_env
 from r2ac.rl.config import MAX_EVAL_EPISODES, MAX_EVAL_SETS, TrainConfig, validate
-from r2ac.rl.distributions import action_dtype, zero_where
-from r2ac.rl.run_dir import RunDir, agent_weights
+from r2ac.rl.harness.run_dir import RunDir, agent_weights
+from r2ac.rl.model.agent import Agent
+from r2ac.rl.model.build import agent_for_env, eval_seed, make_env
+from r2ac.rl.model.distributions import action_dtype, zero_where
 from r2ac.rl.runtimes.base import load_agent_weights
-from r2ac.runs.run_dir import write_json
+from r2ac.runs.locked_dir import write_json
 
 MAX_STREAMS = 32
 

@@ -12,7 +12,7 @@ Two questions that the training curves cannot answer (docs/rl.md, "Diagnosing a 
   `steps_to_end` bins them by the distance to the episode's end (a critic that cannot count
   the steps of a fixed-length episode is wrong by a constant there).
 
-Used by `r2ac diagnose` (r2ac/rl/diagnose_cli.py) on a run's checkpoint.
+Used by `r2ac diagnose` (r2ac/rl/harness/diagnose_cli.py) on a run's checkpoint.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from r2ac.rl.actor import Segment
-from r2ac.rl.learner import Learner
+from r2ac.rl.learning.actor import Segment
+from r2ac.rl.learning.learner import Learner
 
 # Gradient terms of the IMPALA loss, each the gradient of the loss with these costs zeroed:
 # policy = (baseline 0, entropy 0), critic = (entropy 0) - policy, entropy = all - (entropy 0).

@@ -2,7 +2,7 @@
 
 With `epochs` x `minibatches` > 1 or `algorithm ppo` it makes several optimiser steps per
 batch instead, each on a minibatch of whole streams re-run from their stored start states
-(`Learner.update` -> `_passes`; the pure parts are in r2ac/rl/ppo.py).
+(`Learner.update` -> `_passes`; the pure parts are in r2ac/rl/learning/ppo.py).
 
 No process plumbing: the runtimes hand it `Segment` batches (see actor.py). The agent is
 unrolled on all M+1 steps from the segment's start state (which carries the RTRL
@@ -19,12 +19,10 @@ from contextlib import nullcontext
 import torch
 
 from r2ac.envs.spaces import ActionSpace
-from r2ac.rl.actor import Segment
-from r2ac.rl.agent import Agent, clip_rewards
 from r2ac.rl.config import LossConfig, TrainConfig, multi_pass
-from r2ac.rl.distributions import max_entropy
-from r2ac.rl.losses import action_log_probs, compute_loss
-from r2ac.rl.ppo import (
+from r2ac.rl.learning.actor import Segment
+from r2ac.rl.learning.losses import action_log_probs, compute_loss
+from r2ac.rl.learning.ppo import (
     BatchTargets,
     gae,
     ppo_losses,
@@ -32,7 +30,9 @@ from r2ac.rl.ppo import (
     standardise,
     stream_minibatches,
 )
-from r2ac.rl.vtrace import VTraceReturns, bootstrap_truncation, discounts_from, vtrace
+from r2ac.rl.learning.vtrace import VTraceReturns, bootstrap_truncation, discounts_from, vtrace
+from r2ac.rl.model.agent import Agent, clip_rewards
+from r2ac.rl.model.distributions import max_entropy
 
 
 def segment_returns(

@@ -4,8 +4,8 @@ The core input per step is the stem's features, the clipped last reward (``rewar
 times the reward scale; left out with ``feed_last_reward=False``, as masked control tasks
 need) and, with ``prev_action``, a code of the previous action (zeros at an episode start),
 as POPGym's baselines feed it: one-hot per categorical, the normalised action clipped to
-[-1, 1] for a Box (``r2ac.rl.distributions.action_code``). With ``value_norm`` the value head
-is PopArt-normalised (``r2ac.rl.nets.PolicyValueHeads``).
+[-1, 1] for a Box (``r2ac.rl.model.distributions.action_code``). With ``value_norm`` the value head
+is PopArt-normalised (``r2ac.rl.model.nets.PolicyValueHeads``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from torch import nn
 
 from r2ac.envs.spaces import ActionSpace, as_action_space
 from r2ac.errors import ConfigError
-from r2ac.rl.distributions import action_code, distribution
-from r2ac.rl.nets import PolicyValueHeads
+from r2ac.rl.model.distributions import action_code, distribution
+from r2ac.rl.model.nets import PolicyValueHeads
 from r2ac.rtrl import RecurrentCore
 from r2ac.runs import checkpoint
 from r2ac.runs.schema import WEIGHTS_FILE

@@ -11,7 +11,7 @@ See ``docs/rules/vtrace.md``.
 
 ``logits`` is the policy's distribution parameters ``(T, B, P)`` and ``actions`` are
 ``(T, B, *S)``; ``space`` (an `r2ac.envs.spaces.ActionSpace`; None: Discrete) picks the
-distribution (r2ac/rl/distributions.py), so every loss takes log-probs, whatever the space.
+distribution (r2ac/rl/model/distributions.py), so every loss takes log-probs, whatever the space.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from r2ac.envs.spaces import ActionSpace
-from r2ac.rl.distributions import check_actions, distribution
+from r2ac.rl.model.distributions import check_actions, distribution
 
 BASELINE_COST = 0.5
 ENTROPY_COST = 0.01

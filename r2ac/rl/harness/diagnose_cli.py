@@ -1,5 +1,5 @@
 """Diagnose a trained R2AC run from its last checkpoint: the gradient's history term and the
-critic against Monte-Carlo returns (r2ac/rl/diagnostics.py; docs/rl.md "Diagnosing a run").
+critic against Monte-Carlo returns (r2ac/rl/harness/diagnostics.py; docs/rl.md "Diagnosing a run").
 
     r2ac diagnose RUN_DIR [--batches 52] [--grad-batches 20]
 
@@ -24,9 +24,14 @@ from pathlib import Path
 
 import torch
 
-from r2ac.rl.agent import clip_rewards
 from r2ac.rl.config import from_dict
-from r2ac.rl.diagnostics import LOSS_TERMS, gradient_split, monte_carlo_returns, steps_to_end
+from r2ac.rl.harness.diagnostics import (
+    LOSS_TERMS,
+    gradient_split,
+    monte_carlo_returns,
+    steps_to_end,
+)
+from r2ac.rl.model.agent import clip_rewards
 from r2ac.rl.runtimes.serial import SerialRuntime
 from r2ac.runs import checkpoint
 

@@ -26,9 +26,9 @@ import tyro
 from r2ac.errors import ConfigError, MissingDependencyError
 from r2ac.perf import keep_freed_memory
 from r2ac.rl.config import RUNTIMES, TrainConfig, validate
+from r2ac.rl.harness.resources import check_resources
+from r2ac.rl.harness.run_dir import RunDir, check_same_config, default_out_dir, plot_curve
 from r2ac.rl.presets import PRESETS, family_values, preset, preset_help
-from r2ac.rl.resources import check_resources
-from r2ac.rl.run_dir import RunDir, check_same_config, default_out_dir, plot_curve
 from r2ac.rl.runtimes.base import ActorError, TrainingDiverged
 from r2ac.runs.checkpoint import CheckpointError
 from r2ac.runs.stop import TrainingInterrupted, exit_code, raise_on_signal, signal_name
@@ -201,7 +201,7 @@ def finish(cfg: TrainConfig, run: RunDir, runtime) -> None:
         f"M={cfg.loss.unroll_length}  N={cfg.model.hidden_size}",
     )
     if cfg.run.eval_at_end:
-        from r2ac.rl.evaluate import evaluate, write_eval
+        from r2ac.rl.harness.evaluate import evaluate, write_eval
 
         result = evaluate(
             runtime.cpu_agent(), cfg, cfg.run.eval_sets, cfg.run.eval_episodes, cfg.run.eval_greedy

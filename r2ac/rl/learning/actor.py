@@ -14,7 +14,7 @@ Segment layout (time-major, M steps, B streams; see docs/rl.md):
     terminated       (M, B) bool
     truncated        (M, B) bool    time-limit ends (bootstrapped, not terminal)
     behaviour_logits (M, B, P)      the acting policy's distribution parameters (logits;
-                                    a Gaussian's means and log-stds), r2ac/rl/distributions.py
+                                    a Gaussian's means and log-stds), r2ac/rl/model/distributions.py
     final_values     (M, B)         V(final_obs) at truncation steps, 0 elsewhere
     state                           the core state of the B streams before obs[0]
 
@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 from r2ac.envs.base import BatchedEnv
-from r2ac.rl.agent import Agent
-from r2ac.rl.distributions import action_dtype, zero_where
+from r2ac.rl.model.agent import Agent
+from r2ac.rl.model.distributions import action_dtype, zero_where
 from r2ac.rtrl.state import cat_streams, select_streams
 
 
