@@ -11,12 +11,18 @@ BENCHES = {
     "envs": ("r2ac.bench.envs", "environment steps/s per family and batch size"),
     "runtime": ("r2ac.bench.runtime", "`r2ac train` frames/s per runtime/core, alternated runs"),
     "cost": ("r2ac.bench.cost", "one R2AC learner update: memory and time, TBPTT vs RTRL, vs M"),
+    "rtrl-e2e": (
+        "r2ac.bench.rtrl_e2e",
+        "exact RTRL vs TBPTT end to end: serial collect + update, alternated in one process",
+    ),
+    "random-policy": ("r2ac.bench.random_policy", "the uniform random policy's score on an env"),
+    "peer": ("r2ac.bench.peer", "r2ac beside Sample Factory 2.1.1 over seeds: success, frames/s"),
 }
 
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in BENCHES:
-        lines = [f"  {k:<8} {h}" for k, (_, h) in BENCHES.items()]
+        lines = [f"  {k:<14} {h}" for k, (_, h) in BENCHES.items()]
         print("usage: r2ac bench <what> [options]\n\n" + "\n".join(lines), file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     module = importlib.import_module(BENCHES[argv[0]][0])

@@ -1,10 +1,10 @@
 """The uniform random policy's score on an env, by r2ac's evaluation protocol.
 
-    python scripts/random_policy.py gym/popgym-BattleshipEasy-v0 [--sets 3] [--episodes 100]
+    r2ac bench random-policy gym/popgym-BattleshipEasy-v0 [--sets 3] [--episodes 100]
 
 The reference row beside trained agents ("random"): the agent of `--preset popgym` for the env
 with its policy layer zeroed, so every categorical (Discrete, each MultiDiscrete component,
-MultiBinary's Bernoullis) is uniform, and actions are sampled; `r2ac.rl.evaluate.evaluate`
+MultiBinary's Bernoullis) is uniform, and actions are sampled; `r2ac.rl.harness.evaluate.evaluate`
 plays the same seeded sets of episodes as `r2ac eval` does. Box actions are refused: a zero
 policy layer gives a standard Gaussian, not a uniform policy. Prints one JSON line.
 """
@@ -17,13 +17,15 @@ import sys
 
 import torch
 
-from r2ac.rl.build import agent_for_env, make_env
-from r2ac.rl.evaluate import evaluate
+from r2ac.rl.harness.evaluate import evaluate
+from r2ac.rl.model.build import agent_for_env, make_env
 from r2ac.rl.presets import PRESETS
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="r2ac bench random-policy", description=__doc__.splitlines()[0]
+    )
     p.add_argument("env", help="an env id as `r2ac train --env` takes it")
     p.add_argument("--sets", type=int, default=3)
     p.add_argument("--episodes", type=int, default=100)
@@ -44,7 +46,3 @@ def main(argv: list[str]) -> int:
     result.update(core="random (uniform)", actions="uniform")
     print(json.dumps(result))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

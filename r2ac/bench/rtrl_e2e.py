@@ -5,9 +5,9 @@ The serial runtime's collect + update for elstm-bptt and elstm-rtrl at `--preset
 with timers around `next_batch` and `Learner.update`; medians after 10 warm-up iterations,
 and a 95% bootstrap interval of the collect + update ratio (iterations resampled as pairs).
 Less noisy on a shared box than `r2ac bench runtime`'s separate processes: both rules see the
-same moments of the box. Needs popgym (the popgym extra); docs/results.md quotes its output.
+same moments of the box. Needs popgym (the popgym extra).
 
-    python scripts/rtrl_cost_in_process.py ITERATIONS [extra `r2ac train` flags]
+    r2ac bench rtrl-e2e ITERATIONS [extra `r2ac train` flags, e.g. --device cuda]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import time
 
 from r2ac.rl.config import validate
-from r2ac.rl.train_cli import make_runtime, parse_config
+from r2ac.rl.harness.train_cli import make_runtime, parse_config
 
 CORES = ("elstm-bptt", "elstm-rtrl")
 WARMUP = 10
@@ -47,7 +47,12 @@ def build(core: str, extra: list[str]):
     return runtime
 
 
-def main(iterations: int, extra: list[str]) -> None:
+def main(argv: list[str]) -> int:
+    if not argv or not argv[0].isdigit() or int(argv[0]) <= WARMUP:
+        print(__doc__, file=sys.stderr)
+        print(f"ITERATIONS: more than the {WARMUP} warm-up iterations", file=sys.stderr)
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    iterations, extra = int(argv[0]), argv[1:]
     runtimes = {core: build(core, extra) for core in CORES}
     ms = {core: {"collect": [], "update": [], "both": []} for core in CORES}
     for i in range(iterations):
@@ -76,7 +81,4 @@ def main(iterations: int, extra: list[str]) -> None:
         f"(95% bootstrap {low:.3f}-{high:.3f}), update {ratios['update']:.3f}, "
         f"collect {ratios['collect']:.3f}; fastest {fastest:.3f}"
     )
-
-
-if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2:])
+    return 0

@@ -1,4 +1,4 @@
-"""scripts/random_policy.py: the uniform random policy's score by the evaluation protocol."""
+"""`r2ac bench random-policy`: the uniform random policy's score by the evaluation protocol."""
 
 from __future__ import annotations
 
@@ -6,17 +6,16 @@ import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "random_policy.py"
+COMMAND = [sys.executable, "-m", "r2ac.cli", "bench", "random-policy"]
 needs_popgym = pytest.mark.skipif(importlib.util.find_spec("popgym") is None, reason="popgym")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300
+        [*COMMAND, *args], capture_output=True, text=True, timeout=300
     )
 
 
