@@ -13,14 +13,21 @@ gives reward 1 and teleports the agent to a random other cell; the episode lasts
 in ~ the Manhattan distance; one that cannot must search again. The span from a find to
 its use is up to `episode_steps` steps.
 
+`MemoryChain` (`builtin/memory-chain`): bsuite's memory_len. A context bit is shown at the
+first step and asked for at the last (`length` steps in all): +1 if the answer is right,
+-1 if wrong. `KMemoryChain` (`builtin/k-memory-chain`): a fresh bit every step, and every
+step from the k-th on asks for the bit shown k steps earlier (+1 / -1 per step). Both have
+two actions and an observation [time to live, query flag, bit]; chance is 0 on both.
+
 Scores of random / best memoryless / optimal scripted policies are in docs/envs.md and are
 asserted by tests/envs/test_builtin_scores.py; the policies are in `r2ac.envs.scripted`.
 
 Randomness is counter-based: every draw is a hash of (stream seed, episode index, step,
 purpose), so a stream's trajectory depends only on its own seed and actions (not on the
 batch size), and the whole state is a few integer arrays (`get_state`/`set_state`).
-Both tasks end episodes at a fixed length that is part of the task: the delayed-cue choice
-is a termination; the watermaze horizon is a time limit and reported as truncation.
+Every task ends episodes at a fixed length that is part of the task: the delayed-cue choice
+and the chains' last step are terminations; the watermaze horizon is a time limit and
+reported as truncation.
 """
 
 from __future__ import annotations
@@ -273,11 +280,126 @@ class Watermaze(_CounterRNGEnv):
         return self._finish_step(reward, terminated, truncated)
 
 
-BUILTIN_TASKS = {"delayed-cue": DelayedCue, "watermaze": Watermaze}
+MAX_CHAIN_LENGTH = 100_000  # longest memory-chain episode (evaluation must end)
+
+
+def _check_length(length: int) -> None:
+    if not 2 <= length <= MAX_CHAIN_LENGTH:
+        raise ConfigError(f"length must be an integer in [2, {MAX_CHAIN_LENGTH}], got {length}")
+
+
+class _Chain(_CounterRNGEnv):
+    """Shared by the memory chains: obs (3,) float32 = [time to live | query | bit], 2 actions.
+
+    Time to live is bsuite's 1 - t / length (1 at the first step, 1/length at the last); the
+    query flag is 1 on the steps whose action is judged; the bit is shown as +1 / -1 (bsuite's
+    2c - 1) on the steps that show one and 0 elsewhere. Bits are drawn from the counter RNG at
+    (episode, step), so the bit shown at step t is recomputed, not stored.
+    """
+
+    _task_arrays = ()
+    num_actions = 2
+    observation_spec = ArraySpec((3,), np.dtype(np.float32))
+
+    def __init__(self, num_envs: int, seed: int, length: int):
+        _check_length(length)
+        self.length = length
+        super().__init__(num_envs, seed)
+
+    @property
+    def episode_steps(self) -> int:
+        return self.length
+
+    def bit_at(self, steps: np.ndarray) -> np.ndarray:
+        """The bit (B,) of 0/1 drawn for each stream's current episode at `steps` (B,)."""
+        return hashed_ints(self.seeds, self.episode, np.maximum(steps, 0), 1, 2)
+
+    def _begin_episodes(self, rows: np.ndarray) -> None:
+        pass  # the bits are functions of (seed, episode, step)
+
+    def _observe(self) -> np.ndarray:
+        obs = np.empty((self.num_envs, 3), dtype=np.float32)
+        obs[:, 0] = 1.0 - self.t / self.length
+        obs[:, 1] = self._queried()
+        obs[:, 2] = np.where(self._shown(), 2.0 * self.bit_at(self.t) - 1.0, 0.0)
+        return obs
+
+    def correct_action(self) -> np.ndarray:
+        """The answer each stream's query asks for now (B,); meaningless where no query is."""
+        raise NotImplementedError
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        actions = self._check_actions(actions)
+        queried = self._queried()
+        right = actions == self.correct_action()
+        reward = np.where(queried, np.where(right, 1.0, -1.0), 0.0)
+        self.t += 1
+        terminated = self.t == self.length
+        truncated = np.zeros(self.num_envs, dtype=bool)
+        return self._finish_step(reward, terminated, truncated)
+
+
+class MemoryChain(_Chain):
+    """bsuite's memory_len with one bit: the context bit at step 0, the query at the last step.
+
+    Episode t = 0 .. length-1: t = 0 shows the context (+1 / -1), the steps between show only
+    the time to live, t = length-1 raises the query flag and its action is judged: +1 if it
+    equals the context bit, -1 otherwise, then the episode terminates. Other actions are
+    no-ops (reward 0). Memory span (context seen -> answer given) = length - 1 steps, as
+    bsuite's memory_length (bsuite shows its first observation twice and lasts length + 1).
+    """
+
+    def __init__(self, num_envs: int, seed: int = 0, length: int = 32):
+        super().__init__(num_envs, seed, length)
+
+    def _queried(self) -> np.ndarray:
+        return self.t == self.length - 1
+
+    def _shown(self) -> np.ndarray:
+        return self.t == 0
+
+    def correct_action(self) -> np.ndarray:
+        return self.bit_at(np.zeros_like(self.t))
+
+
+class KMemoryChain(_Chain):
+    """A fresh bit every step; from step k on, each step asks for the bit shown k steps earlier.
+
+    Episode t = 0 .. length-1: every observation shows a new bit (+1 / -1); the action at step
+    t >= k is judged against the bit of step t - k (+1 right, -1 wrong), steps t < k give 0
+    (the query flag says which). The episode terminates after `length` steps, so an episode
+    holds length - k queries. Memory span k steps, over a window of the last k bits.
+    """
+
+    def __init__(self, num_envs: int, seed: int = 0, k: int = 8, length: int = 64):
+        _check_length(length)
+        if not 1 <= k < length:
+            raise ConfigError(
+                f"k must be an integer in [1, length - 1] = [1, {length - 1}], got {k}"
+            )
+        self.k = k
+        super().__init__(num_envs, seed, length)
+
+    def _queried(self) -> np.ndarray:
+        return self.t >= self.k
+
+    def _shown(self) -> np.ndarray:
+        return np.ones(self.num_envs, dtype=bool)
+
+    def correct_action(self) -> np.ndarray:
+        return self.bit_at(self.t - self.k)
+
+
+BUILTIN_TASKS = {
+    "delayed-cue": DelayedCue,
+    "watermaze": Watermaze,
+    "memory-chain": MemoryChain,
+    "k-memory-chain": KMemoryChain,
+}
 
 
 def make_builtin(task: str, num_envs: int, seed: int = 0, **options: Any) -> BatchedEnv:
-    """`builtin/delayed-cue` or `builtin/watermaze`; options are the constructor's keywords."""
+    """`builtin/<task>` for a task of BUILTIN_TASKS; options are the constructor's keywords."""
     if task not in BUILTIN_TASKS:
         raise ConfigError(f"unknown built-in task {task!r}; known: {sorted(BUILTIN_TASKS)}")
     check_options(BUILTIN_TASKS[task], f"builtin/{task}", options, fixed=2)

@@ -1,8 +1,9 @@
 """`make(name, num_envs, seed, **options)` and `available()`.
 
-Names are "<family>/<task>": builtin/delayed-cue, builtin/watermaze, atari/Breakout,
+Names are "<family>/<task>": builtin/delayed-cue, builtin/memory-chain, atari/Breakout,
 procgen/chaser, minigrid/MemoryS13Random, envpool/<task id>, gym/<id>, dmlab/<level>,
-masked/<Env>-<P|V> (MuJoCo seeing positions or velocities only).
+masked/<Env>-<P|V> (MuJoCo seeing positions or velocities only); gym/<module>:<id> imports
+<module> first (gymnasium.make's form for a user's own registered env).
 Backends are imported only when their family is used.
 """
 
@@ -19,7 +20,11 @@ DEFAULT_ENV = "builtin/delayed-cue"
 
 # family -> (module, factory, example names)
 FAMILIES: dict[str, tuple[str, str, str]] = {
-    "builtin": ("r2ac.envs.builtin", "make_builtin", "builtin/delayed-cue, builtin/watermaze"),
+    "builtin": (
+        "r2ac.envs.builtin",
+        "make_builtin",
+        "builtin/delayed-cue, builtin/watermaze, builtin/memory-chain, builtin/k-memory-chain",
+    ),
     "atari": ("r2ac.envs.envpool_adapter", "make_atari", "atari/Breakout, atari/MsPacman, ..."),
     "procgen": ("r2ac.envs.envpool_adapter", "make_procgen", "procgen/chaser"),
     "minigrid": (

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from r2ac.envs.base import BatchedEnv
-from r2ac.envs.builtin import MOVES, DelayedCue, Watermaze
+from r2ac.envs.builtin import MOVES, DelayedCue, KMemoryChain, MemoryChain, Watermaze
 from r2ac.envs.spaces import ActionSpace, as_action_space
 
 Policy = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (obs (B, D), done (B,)) -> (B,)
@@ -120,6 +120,43 @@ def watermaze_cycle_policy(env: Watermaze) -> Policy:
     takes U{1..N-1} steps, the least any memoryless policy can manage (docs/envs.md)."""
     moves = cycle_actions(env.size)
     return lambda obs, done: moves[_decode_position(obs, env.size)]
+
+
+def memory_chain_memory_policy(env: MemoryChain) -> Policy:
+    """Optimal, from observations only: keeps the context bit shown at the first step (the
+    observation's time to live is 1 there) and answers it at the query."""
+    remembered = np.zeros(env.num_envs, dtype=np.int64)
+
+    def act(obs: np.ndarray, done: np.ndarray) -> np.ndarray:
+        first = obs[:, 0] == 1.0
+        remembered[first] = obs[first, 2] > 0
+        return remembered.copy()
+
+    return act
+
+
+def k_memory_chain_memory_policy(env: KMemoryChain) -> Policy:
+    """Optimal, from observations only: a ring of the last k + 1 bits seen per stream; each
+    step answers the one seen k steps ago (any answer before the first query)."""
+    k = env.k
+    seen = np.zeros((env.num_envs, k + 1), dtype=np.int64)  # (B, k+1) bit of step t at t % (k+1)
+    t = np.zeros(env.num_envs, dtype=np.int64)  # (B,) step within the episode
+
+    def act(obs: np.ndarray, done: np.ndarray) -> np.ndarray:
+        t[done] = 0
+        rows = np.arange(env.num_envs)
+        seen[rows, t % (k + 1)] = obs[:, 2] > 0
+        answer = seen[rows, (t - k) % (k + 1)]
+        t[:] += 1
+        return answer
+
+    return act
+
+
+def constant_policy(action: int = 0) -> Policy:
+    """The same action everywhere: on the memory chains a best memoryless policy (the query's
+    observation says nothing about the bit asked for, so every memoryless policy scores 0)."""
+    return lambda obs, done: np.full(len(obs), action, dtype=np.int64)
 
 
 def evaluate(env: BatchedEnv, policy: Policy, episodes_per_env: int, seed: int = 0):

@@ -18,6 +18,8 @@ TASKS = [
     ("builtin/delayed-cue", {"variant": "nonmatch", "num_cues": 4}),
     ("builtin/watermaze", {}),
     ("builtin/watermaze", {"size": 4, "episode_steps": 9, "last_action": True}),
+    ("builtin/memory-chain", {"length": 5}),
+    ("builtin/k-memory-chain", {"k": 3, "length": 10}),
 ]
 
 
@@ -177,7 +179,10 @@ def test_importing_envs_loads_no_backend():
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("name", ["builtin/delayed-cue", "builtin/watermaze"])
+@pytest.mark.parametrize(
+    "name",
+    ["builtin/delayed-cue", "builtin/watermaze", "builtin/memory-chain", "builtin/k-memory-chain"],
+)
 def test_throughput_above_100k_steps_per_second(name):
     env = make(name, 256, seed=0)
     env.reset()

@@ -6,7 +6,7 @@ Fixed seeds; tolerances are about 4 standard errors of the measured means.
 import numpy as np
 import pytest
 
-from r2ac.envs import scripted
+from r2ac.envs import make, scripted
 from r2ac.envs.builtin import DelayedCue, Watermaze
 
 DEFAULT_DELAY = 64  # builtin/delayed-cue default: memory span delay + 1 = 65 steps
@@ -76,3 +76,18 @@ def test_cycle_visits_every_cell_once():
         col = np.clip(cell % 8 + scripted.MOVES[moves[cell], 1], 0, 7)
         cell = row * 8 + col
     assert sorted(seen) == list(range(64)) and cell == 0
+
+
+@pytest.mark.parametrize("name", ["builtin/memory-chain", "builtin/k-memory-chain"])
+def test_memory_chain_scores(name):
+    """Defaults (length 32; k 8 over 64 steps): the memory policy answers every query
+    (1 resp. 56 per episode); random and constant (best memoryless) score 0."""
+    env = make(name, 128, seed=0)
+    if name == "builtin/memory-chain":
+        queries, memory = 1, scripted.memory_chain_memory_policy(env)
+    else:
+        queries, memory = 56, scripted.k_memory_chain_memory_policy(env)
+    assert scripted.evaluate(env, memory, 4) == (queries, 0.0)
+    for policy in (scripted.random_policy(2, seed=1), scripted.constant_policy(0)):
+        mean, se = scripted.evaluate(env, policy, 8, seed=2)
+        assert abs(mean) < 4 * max(se, 0.02 * queries**0.5), (mean, se)
