@@ -9,7 +9,7 @@ from torch.utils import _pytree as pytree
 CUDA = torch.cuda.is_available()
 NO_CUDA = (
     f"needs a CUDA device (torch {torch.__version__} sees none); "
-    "run `pytest -m gpu` on a GPU machine (scripts/gpu_session.sh tests)"
+    "run `pytest -m gpu` on a GPU machine (scripts/gpu_check.sh runs them with the GPU benchmarks)"
 )
 # Every module here: marked `gpu` (out of the default run and CI), skipped without CUDA.
 needs_cuda = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason=NO_CUDA)]
