@@ -10,8 +10,8 @@ sensitivity update alone and compares its bandwidth with a plain memory copy of 
 Every shape also times the history term + in-place carry alone, and the history term by
 itself (an R2AC learner's only pass over the sensitivities: it does not carry), on CUDA by
 the candidates r2ac.rtrl.elstm.gpu_carry selects, against the device's measured copy
-bandwidth (r2ac.bench.bandwidth). `--grid gpu` runs issue 25's grid: N = 512, 1024, 2048; B = 32, 64,
-128, 256; T = 1, 50, 100; D = 257 (`gpu-512`, `gpu-1024`, `gpu-2048`: one N each).
+bandwidth (r2ac.bench.bandwidth). `--grid gpu` runs the GPU grid: N = 512, 1024, 2048;
+B = 32, 64, 128, 256; T = 1, 50, 100; D = 257 (`gpu-512`, `gpu-1024`, `gpu-2048`: one N each).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def _grid(hidden_sizes: tuple[int, ...]) -> tuple[tuple[int, int, int, int], ...]:
-    """(T, B, N, D) for T in 1, 50, 100, B in 32..256, the given N, D = 257 (issue 25)."""
+    """(T, B, N, D) for T in 1, 50, 100, B in 32..256, the given N, D = 257 (the GPU grid)."""
     TBN = itertools.product((1, 50, 100), (32, 64, 128, 256), hidden_sizes)
     return tuple((T, B, N, 257) for T, B, N in TBN)
 

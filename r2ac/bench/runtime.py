@@ -3,7 +3,7 @@
     r2ac bench runtime --repeats 3 -- --total-frames 300000
     r2ac bench runtime --runtimes parallel ray:actor ray:learner -- ...
     r2ac bench runtime --runtimes parallel@elstm-bptt parallel@elstm-rtrl \
-        --repeats 1 --seconds 200 --json-out e2e.json -- --device cuda --env ... # issue 25
+        --repeats 1 --seconds 200 --json-out e2e.json -- --device cuda --env ...
 
 A runtime may name its `--sensitivity-carry` after a colon (`ray:actor`: the actors ship
 their sensitivities with every segment; `ray:learner`, ray's default, the learner carries

@@ -1,7 +1,7 @@
 """`r2ac bench runtime`: runs stopped by --seconds, the learner's figures, the JSON out.
 
-Issue 25's end-to-end step (scripts/gpu_session.sh e2e) times elstm-rtrl against elstm-bptt
-with this command on a GPU machine, each run cut after a fixed time; here the same path runs
+scripts/gpu_check.sh's e2e step times elstm-rtrl against elstm-bptt with this command on a
+GPU machine, each run cut after a fixed time; here the same path runs
 on the CPU with the built-in task."""
 
 from __future__ import annotations
