@@ -4,7 +4,9 @@
 is done for ids starting with "popgym-", `import minigrid` for "MiniGrid-") or
 `gym/MinAtar/Breakout-v1` (MinAtar's 10x10 versions of five Atari games, which register
 their ids when asked: `minatar.gym.register_envs()` is called for ids starting with
-"MinAtar/").
+"MinAtar/"). A user's own env, in gymnasium's `module:EnvId` form (`gym/myenvs:MyCue-v0`):
+the module (on PYTHONPATH) is imported first and registers EnvId when imported, as
+`gymnasium.make("myenvs:MyCue-v0")` does.
 
 Observations: a uint8 Box of rank 3 is an image and becomes (C, H, W) (Gymnasium images are
 (H, W, C)); any other space is flattened to a float32 vector (Discrete and MultiDiscrete
@@ -22,6 +24,7 @@ then continues its own random sequence. `get_state`/`set_state` are not supporte
 from __future__ import annotations
 
 import difflib
+import importlib
 import inspect
 import warnings
 from typing import Any
@@ -83,12 +86,38 @@ def _accepted_options(gym, env_id: str) -> list[str]:
     return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
+def _import_user_module(env_id: str) -> str:
+    """For gymnasium's "module:EnvId" form: import the module (which registers EnvId, as
+    `gymnasium.make` would import it) and return EnvId; other ids come back unchanged."""
+    module, sep, bare_id = env_id.partition(":")
+    if not sep:
+        return env_id
+    if not module or not bare_id:
+        raise ConfigError(f"gym env {env_id!r}: expected '<module>:<EnvId>'")
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or module
+        where = (
+            "is it on PYTHONPATH? (e.g. PYTHONPATH=. r2ac train ...)"
+            if module == missing or module.startswith(f"{missing}.")
+            else f"importing it needs {missing!r}, which is missing"
+        )
+        raise ConfigError(f"gym/{env_id}: cannot import module {module!r}: {where}") from exc
+    return bare_id
+
+
 def _make_one(env_id: str, **kwargs: Any):
+    module = env_id.partition(":")[0] if ":" in env_id else ""
+    env_id = _import_user_module(env_id)
     gym = _register(env_id)
     if env_id not in gym.registry:
         close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ConfigError(f"gymnasium has no env {env_id!r}{hint} (`r2ac envs --ids` lists them)")
+        source = f" (importing {module!r} did not register it)" if module else ""
+        raise ConfigError(
+            f"gymnasium has no env {env_id!r}{source}{hint} (`r2ac envs --ids` lists them)"
+        )
     _quiet_checker_warnings()
     try:
         return gym.make(env_id, **kwargs)
