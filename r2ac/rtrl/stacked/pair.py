@@ -1,0 +1,285 @@
+"""Stacked linear RTU and LRU: complex diagonal recurrences, one step, K agents' own weights.
+
+Both are, per agent k and unit i (complex numbers; the state is stored in pairs s = s1 + i s2):
+
+    s(t) = lam cp(t) + gamma u(t),   cp(t) = keep(t) s(t-1),   u(t) = W1 x(t) + i W2 x(t)
+
+    RTU (r2ac.rtrl.rtu, the linear RTU): lam = exp(-nu + i theta), nu = exp(nu_log),
+        theta = exp(theta_log), gamma = sqrt(1 - |lam|^2); output h = tanh([s1; s2]) (2U = N).
+        Vectors v = (nu_log, theta_log).
+    LRU (r2ac.rtrl.lru): the same lam, gamma = exp(gamma_log), W1 = B_re, W2 = B_im; output
+        y = Re(C s) + D x = C_re s1 - C_im s2 + D x (N = U outputs). Vectors (nu_log,
+        theta_log, gamma_log).
+
+Exact RTRL (the module pair_math's derivation, one step): the Jacobian d s(t) / d s(t-1) is
+multiplication by keep lam per unit, so with S_W[i, j] = d s_i / d W1[i, j] and
+S_v[m, i] = d s_i / d v_m[i] (complex):
+
+    S_W(t) = keep lam S_W(t-1) + gamma x(t)                 (K, U, D)
+    S_v(t) = keep lam S_v(t-1) + dlam_m cp(t) + dgamma_m u(t)   (K, M, U)
+    d s / d W2 = i S_W  (both immediate terms differ by i and lam commutes with i: tied)
+
+and for a real loss with g = dL/ds1 + i dL/ds2 the gradient through the whole past is
+
+    dL/dW1 = Re(conj(g) S_W),  dL/dW2 = -Im(conj(g) S_W),  dL/dv_m = Re(conj(g) S_v[m])
+
+with S at the current step (carried part + this step's immediate part). `_PairRTRLStep`
+does exactly this: its forward runs the step and the carry (no graph), its backward is the
+contraction above (and dL/dx = W^T gamma g for this step only). The read-out (tanh, or
+C s + D x) is plain autograd on top of s(t).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from r2ac.rtrl import pair_math as pm
+from r2ac.rtrl.stacked.base import (
+    HiddenState,
+    PairRTRLState,
+    StackedCore,
+    keep_factor,
+)
+
+# ----------------------------------------------------------------------------- coefficients
+
+
+def rtu_coefficients(nu_log: Tensor, theta_log: Tensor) -> tuple[Tensor, Tensor]:
+    """lam (K, U) complex and gamma = sqrt(1 - |lam|^2) (K, U) real (differentiable)."""
+    nu = torch.exp(nu_log)
+    lam = torch.exp(torch.complex(-nu, torch.exp(theta_log)))
+    return lam, torch.sqrt(-torch.expm1(-2.0 * nu))
+
+
+@torch.no_grad()
+def rtu_derivatives(nu_log: Tensor, theta_log: Tensor):
+    """lam, gamma and d lam / d v, d gamma / d v for v = (nu_log, theta_log): (K, 2, U) each.
+
+    d lam / d nu_log = -nu lam, d lam / d theta_log = i theta lam;
+    d gamma / d nu_log = nu |lam|^2 / gamma, d gamma / d theta_log = 0.
+    """
+    nu, theta = torch.exp(nu_log), torch.exp(theta_log)
+    lam = torch.exp(torch.complex(-nu, theta))
+    e = torch.expm1(-2.0 * nu)  # |lam|^2 - 1
+    gamma = torch.sqrt(-e)
+    dlam = torch.stack([-nu * lam, (1j * theta) * lam], 1)
+    dgamma = torch.stack([nu * (1.0 + e) / gamma, torch.zeros_like(nu)], 1)
+    return lam, gamma, dlam, dgamma
+
+
+def lru_coefficients(nu_log: Tensor, theta_log: Tensor, gamma_log: Tensor):
+    """lam (K, U) complex and gamma = exp(gamma_log) (K, U) (differentiable)."""
+    lam = torch.exp(torch.complex(-torch.exp(nu_log), torch.exp(theta_log)))
+    return lam, torch.exp(gamma_log)
+
+
+@torch.no_grad()
+def lru_derivatives(nu_log: Tensor, theta_log: Tensor, gamma_log: Tensor):
+    """lam, gamma and d lam / d v, d gamma / d v for v = (nu_log, theta_log, gamma_log)."""
+    nu, theta = torch.exp(nu_log), torch.exp(theta_log)
+    lam = torch.exp(torch.complex(-nu, theta))
+    gamma = torch.exp(gamma_log)
+    zero = torch.zeros_like(nu)
+    dlam = torch.stack([-nu * lam, (1j * theta) * lam, torch.zeros_like(lam)], 1)
+    dgamma = torch.stack([zero, zero, gamma], 1)
+    return lam, gamma, dlam, dgamma
+
+
+# ----------------------------------------------------------------------------- one step
+
+
+def pair_step(
+    lam: Tensor, gamma: Tensor, W: Tensor, x: Tensor, s_prev: Tensor, keep: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """s(t) (K, U) complex from s_prev (K, 2, U) pairs; W = [W1; W2] (K, 2U, D), x (K, D).
+
+    Also returns cp(t) and u(t) (K, U) complex. Differentiable (the TBPTT(1) rule uses it).
+    """
+    U = lam.shape[1]
+    ux = torch.bmm(W, x.unsqueeze(2))  # (K, 2U, 1)
+    u = torch.complex(ux[:, :U, 0], ux[:, U:, 0])
+    cp = torch.complex(s_prev[:, 0], s_prev[:, 1]) * keep.unsqueeze(1)
+    return lam * cp + gamma * u, cp, u
+
+
+def as_pairs(s: Tensor) -> Tensor:
+    """(K, U) complex -> (K, 2, U) real pairs (s1; s2)."""
+    return torch.stack([s.real, s.imag], 1)
+
+
+class _PairRTRLStep(torch.autograd.Function):
+    """One step of s(t) with the exact RTRL gradient (module doc). Inputs x, W1, W2, the
+    derivative coefficients (no grad), s_prev, keep, S_W, S_v (real views) and the M vectors
+    (only to receive their gradients). Outputs s(t) in pairs (K, 2, U) and the new S_W, S_v."""
+
+    @staticmethod
+    def forward(ctx, x, W1, W2, coef, s_prev, keep, S_W, S_v, *vectors):
+        lam, gamma, dlam, dgamma = coef
+        W = torch.cat([W1, W2], 1)  # (K, 2U, D)
+        s, cp, u = pair_step(lam, gamma, W, x, s_prev, keep)
+        lamk = lam * keep.unsqueeze(1)  # (K, U): the step's Jacobian, reset folded in
+        S_W_new = lamk.unsqueeze(2) * torch.view_as_complex(S_W)  # (K, U, D)
+        torch.view_as_real(S_W_new)[..., 0].addcmul_(gamma.unsqueeze(2), x.unsqueeze(1))
+        S_v_new = lamk.unsqueeze(1) * torch.view_as_complex(S_v)  # (K, M, U)
+        S_v_new += dlam * cp.unsqueeze(1) + dgamma * u.unsqueeze(1)
+        ctx.save_for_backward(W, gamma, S_W_new, S_v_new)
+        out_W, out_v = torch.view_as_real(S_W_new), torch.view_as_real(S_v_new)
+        ctx.mark_non_differentiable(out_W, out_v)
+        return as_pairs(s), out_W, out_v
+
+    @staticmethod
+    def backward(ctx, g_s, _g_W, _g_v):
+        W, gamma, S_W, S_v = ctx.saved_tensors
+        g_conj = torch.complex(g_s[:, 0], -g_s[:, 1])  # conj(dL/ds1 + i dL/ds2), (K, U)
+        P = g_conj.unsqueeze(2) * S_W  # (K, U, D)
+        g_v = (g_conj.unsqueeze(1) * S_v).real  # (K, M, U)
+        g_x = None
+        if ctx.needs_input_grad[0]:
+            K = g_s.shape[0]
+            g_x = torch.bmm((g_s * gamma.unsqueeze(1)).reshape(K, 1, -1), W).squeeze(1)
+        return (g_x, P.real, -P.imag, None, None, None, None, None, *g_v.unbind(1))
+
+
+# ----------------------------------------------------------------------------- the cores
+
+
+class StackedPairCore(StackedCore):
+    """What the stacked RTU and LRU share (state in pairs, the RTRL step, peek)."""
+
+    vector_names: tuple[str, ...] = ()
+    map_names: tuple[str, str] = ("W1", "W2")
+    units: int
+
+    def initial_state(self):
+        K, U, D, M = self.num_agents, self.units, self.input_size, len(self.vector_names)
+        s = self._zeros(K, 2, U)
+        if self.rule == "bptt":
+            return HiddenState(s)
+        return PairRTRLState(s, self._zeros(K, U, D, 2), self._zeros(K, M, U, 2))
+
+    def sensitivity_numbers(self) -> int:
+        if self.rule != "rtrl":
+            return 0
+        return 2 * self.units * (self.input_size + len(self.vector_names))
+
+    def _coefficients(self, params):
+        raise NotImplementedError
+
+    def _derivatives(self, params):
+        raise NotImplementedError
+
+    def _readout(self, params, s_pairs: Tensor, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _W(self, params) -> Tensor:
+        a, b = self.map_names
+        return torch.cat([params[a], params[b]], 1)
+
+    def step(self, params, x, state, reset):
+        keep = keep_factor(reset, x.dtype)
+        if self.rule == "bptt":
+            lam, gamma = self._coefficients(params)
+            s, _, _ = pair_step(lam, gamma, self._W(params), x, state.h.detach(), keep)
+            s_pairs = as_pairs(s)
+            return self._readout(params, s_pairs, x), HiddenState(s_pairs.detach())
+        a, b = self.map_names
+        vectors = [params[n] for n in self.vector_names]
+        s_pairs, S_W, S_v = _PairRTRLStep.apply(
+            x, params[a], params[b], self._derivatives(params), state.h, keep,
+            state.sens_W, state.sens_v, *vectors,
+        )  # fmt: skip
+        return self._readout(params, s_pairs, x), PairRTRLState(s_pairs.detach(), S_W, S_v)
+
+    @torch.no_grad()
+    def peek(self, params, x, state, reset):
+        lam, gamma = self._coefficients(params)
+        s, _, _ = pair_step(lam, gamma, self._W(params), x, state.h, keep_factor(reset, x.dtype))
+        return self._readout(params, as_pairs(s), x)
+
+
+class StackedRTU(StackedPairCore):
+    """The linear RTU (r2ac.rtrl.rtu.RTU, nonlinear=False, tanh): hidden_size N = 2 x units,
+    output (K, N) = tanh([c1; c2]). Parameters nu_log, theta_log (K, U), W1, W2 (K, U, D)."""
+
+    vector_names = ("nu_log", "theta_log")
+
+    def __init__(self, name, rule, num_agents, input_size, hidden_size, dtype, device=None):
+        super().__init__(num_agents, input_size, hidden_size, dtype, device)
+        self.name, self.rule = name, rule
+        self.units = hidden_size // 2
+        self.ring = (0.9, 0.999, 2 * math.pi)  # the module's defaults
+
+    def param_shapes(self):
+        U, D = self.units, self.input_size
+        return {"nu_log": (U,), "theta_log": (U,), "W1": (U, D), "W2": (U, D)}
+
+    def _draw(self, generator):
+        U, D = self.units, self.input_size
+        kw = {"dtype": self.dtype, "device": self.device}
+        nu_log, theta_log = pm.ring_init(U, *self.ring, generator=generator, **kw)
+        bound = 1.0 / math.sqrt(D)
+        W1 = self._empty(U, D).uniform_(-bound, bound, generator=generator)
+        W2 = self._empty(U, D).uniform_(-bound, bound, generator=generator)
+        return {"nu_log": nu_log, "theta_log": theta_log, "W1": W1, "W2": W2}
+
+    def _coefficients(self, params):
+        return rtu_coefficients(params["nu_log"], params["theta_log"])
+
+    def _derivatives(self, params):
+        return rtu_derivatives(params["nu_log"], params["theta_log"])
+
+    def _readout(self, params, s_pairs, x):
+        return torch.tanh(s_pairs.reshape(s_pairs.shape[0], -1))  # (K, 2U): [c1; c2]
+
+
+class StackedLRU(StackedPairCore):
+    """The LRU (r2ac.rtrl.lru.LRU, state_size = hidden_size): U = N units, output (K, N) =
+    Re(C s) + D x. Parameters nu_log, theta_log, gamma_log (K, N), B_re, B_im (K, N, D),
+    C_re, C_im (K, N, N), D (K, N, D)."""
+
+    vector_names = ("nu_log", "theta_log", "gamma_log")
+    map_names = ("B_re", "B_im")
+
+    def __init__(self, name, rule, num_agents, input_size, hidden_size, dtype, device=None):
+        super().__init__(num_agents, input_size, hidden_size, dtype, device)
+        self.name, self.rule = name, rule
+        self.units = hidden_size
+        self.ring = (0.9, 0.999, 2 * math.pi)
+
+    def param_shapes(self):
+        U, D, H = self.units, self.input_size, self.hidden_size
+        return {
+            "nu_log": (U,), "theta_log": (U,), "gamma_log": (U,), "B_re": (U, D),
+            "B_im": (U, D), "C_re": (H, U), "C_im": (H, U), "D": (H, D),
+        }  # fmt: skip
+
+    def _draw(self, generator):
+        U, D, H = self.units, self.input_size, self.hidden_size
+        kw = {"dtype": self.dtype, "device": self.device}
+        nu_log, theta_log = pm.ring_init(U, *self.ring, generator=generator, **kw)
+        out = {"nu_log": nu_log, "theta_log": theta_log}
+        out["gamma_log"] = torch.log(pm.trace_gamma(torch.exp(nu_log)))
+        for name, shape, var in (
+            ("B_re", (U, D), 0.5 / D),
+            ("B_im", (U, D), 0.5 / D),
+            ("C_re", (H, U), 1.0 / U),
+            ("C_im", (H, U), 1.0 / U),
+            ("D", (H, D), 1.0 / D),
+        ):
+            out[name] = self._empty(*shape).normal_(0.0, math.sqrt(var), generator=generator)
+        return out
+
+    def _coefficients(self, params):
+        return lru_coefficients(params["nu_log"], params["theta_log"], params["gamma_log"])
+
+    def _derivatives(self, params):
+        return lru_derivatives(params["nu_log"], params["theta_log"], params["gamma_log"])
+
+    def _readout(self, params, s_pairs, x):
+        K = s_pairs.shape[0]
+        C = torch.cat([params["C_re"], -params["C_im"]], 2)  # (K, H, 2U)
+        y = torch.baddbmm(torch.bmm(params["D"], x.unsqueeze(2)), C, s_pairs.reshape(K, -1, 1))
+        return y.squeeze(2)  # (K, H)
