@@ -1,0 +1,481 @@
+"""Stream AC(lambda) for K independent agents in lockstep, recurrent cores trained by exact RTRL.
+
+The learning rule of Elsayed, Vasan and Mahmood 2024 ("Streaming deep RL finally works"),
+with a recurrent core between the MLP and the head as Farr et al. 2026 put one there; one
+stream per agent, batch 1, an update after every step, no replay (docs/rules/stream.md).
+
+Per agent and step t (s_t the normalised observation, r_t the scaled reward):
+
+    delta_t = r_t + gamma (1 - terminated_t) V(s'_t) - V(s_t)     s'_t: the next observation
+              (the final one of the episode when it was truncated; no bootstrap on terminal)
+    z_v  <- gamma lambda z_v  + grad V(s_t)
+    z_pi <- gamma lambda z_pi + grad [log pi(a_t | s_t) + c_H sign(delta_t) H(pi(. | s_t))]
+    ObGD, for each network with its own kappa:
+        M = alpha kappa max(|delta_t|, 1) ||z||_1;  theta <- theta + alpha / max(M, 1) delta_t z
+    at an episode's end (terminated or truncated): traces, core states and the discounted
+    return of the reward scaling reset.
+
+Each network (actor, critic: separate) is two 128-wide layers (sparse init, LayerNorm without
+affine parameters, leaky ReLU) -> a stacked recurrent core (r2ac.rtrl.stacked) -> a linear
+head. Exact RTRL gives the gradient of the core's parameters (and of the head's) through the
+stream's whole past; the MLP below the core gets its current-step gradient only (the core's
+output is differentiable w.r.t. its input at this step only).
+
+All state is held as (K, ...) tensors: each network's parameters as one flat (K, P) leaf (its
+named parameters are views of it, so one autograd call returns the flat (K, P) gradient and
+the trace and ObGD updates are a few whole-tensor operations), traces (K, P), core states,
+normalisers. Autograd of the sum over agents gives each agent its own gradient; nothing is
+shared across k.
+
+Sampling uses a counter-based hash of (agent seed, step, draw): agent k's actions depend on
+its own seed and step only (K agents together equal K runs alone), and the sampler's state
+is the step counter.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from r2ac.envs.spaces import ActionSpace
+from r2ac.errors import ConfigError
+from r2ac.rl.model.distributions import distribution
+
+SPARSITY = 0.9  # fraction of each unit's input weights zeroed at init
+OBS_EPS = 1e-8
+REWARD_EPS = 1e-8
+
+
+# ---------------------------------------------------------------- pure functions
+
+
+def obgd_step_size(delta: torch.Tensor, trace: torch.Tensor, lr: float, kappa: float):
+    """ObGD's step size per agent (K,): alpha / max(alpha kappa max(|delta|, 1) ||z||_1, 1).
+
+    delta (K,); trace (K, P)."""
+    delta_bar = delta.abs().clamp(min=1.0)
+    bound = lr * kappa * delta_bar * trace.abs().sum(1)
+    return lr / bound.clamp(min=1.0)
+
+
+def trace_update(trace: torch.Tensor, grad: torch.Tensor, decay: float) -> torch.Tensor:
+    """z <- decay z + grad, in place (decay = gamma lambda)."""
+    return trace.mul_(decay).add_(grad)
+
+
+def td_error(reward, value, next_value, terminated, discount: float) -> torch.Tensor:
+    """delta = r + gamma (1 - terminated) V(s') - V(s); a truncated step bootstraps (its V(s')
+    is that of the episode's final observation)."""
+    return reward + discount * next_value * (~terminated).to(value.dtype) - value
+
+
+class Welford(NamedTuple):
+    """Running mean and variance per agent: count (K,), mean (K, ...), p (K, ...) (the sum of
+    squared deviations). The variance is p / (count - 1), 1 before two samples."""
+
+    count: torch.Tensor
+    mean: torch.Tensor
+    p: torch.Tensor
+
+    @staticmethod
+    def zeros(k: int, shape=()) -> Welford:
+        z = torch.zeros((k, *shape), dtype=torch.float64)
+        return Welford(torch.zeros(k, dtype=torch.float64), z, z.clone())
+
+    def update(self, x: torch.Tensor) -> Welford:
+        """With sample x (K, ...) added."""
+        count = self.count + 1.0
+        diff = x - self.mean
+        mean = self.mean + diff / count.view(-1, *([1] * (x.dim() - 1)))
+        p = self.p + diff * (x - mean)
+        return Welford(count, mean, p)
+
+    def var(self) -> torch.Tensor:
+        c = self.count.view(-1, *([1] * (self.mean.dim() - 1)))
+        return torch.where(c >= 2, self.p / (c - 1).clamp(min=1.0), torch.ones_like(self.p))
+
+
+def normalise_obs(stats: Welford, obs: torch.Tensor) -> torch.Tensor:
+    return (obs - stats.mean) / torch.sqrt(stats.var() + OBS_EPS)
+
+
+class RewardScaler(NamedTuple):
+    """Reward scaling by the running std of the discounted return: u <- gamma u + r, the
+    stats take u, r / sqrt(var(u) + eps), u reset after an episode's end."""
+
+    stats: Welford
+    ret: torch.Tensor  # (K,) the discounted return so far
+
+    @staticmethod
+    def zeros(k: int) -> RewardScaler:
+        return RewardScaler(Welford.zeros(k), torch.zeros(k, dtype=torch.float64))
+
+    def scale(self, reward: torch.Tensor, done: torch.Tensor, discount: float):
+        """(scaled reward (K,), the new scaler)."""
+        ret = discount * self.ret + reward
+        stats = self.stats.update(ret)
+        scaled = reward / torch.sqrt(stats.var() + REWARD_EPS)
+        return scaled, RewardScaler(stats, ret.masked_fill(done, 0.0))
+
+
+# ---------------------------------------------------------------- counter-based sampling
+
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    x = (x ^ (x >> np.uint64(30))) * _MIX1
+    x = (x ^ (x >> np.uint64(27))) * _MIX2
+    return x ^ (x >> np.uint64(31))
+
+
+def uniforms(seeds: np.ndarray, step: int, n: int) -> np.ndarray:
+    """(K, n) float64 uniforms in (0, 1) from (agent seed, step, draw index)."""
+    with np.errstate(over="ignore"):
+        key = _mix64(seeds.astype(np.uint64) * _GOLDEN + np.uint64(step) * _MIX1)
+        idx = np.arange(1, n + 1, dtype=np.uint64) * _MIX2
+        bits = _mix64(key[:, None] + idx[None, :]) >> np.uint64(11)
+    return (bits.astype(np.float64) + 0.5) * 2.0**-53
+
+
+def sample_actions(space: ActionSpace, params: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Actions (K, *action_shape) from the head's params (K, P) and uniforms u (K, n)
+    (n = sample_draws(space)), by inverse CDF; Box by Box-Muller."""
+    if space.kind == "discrete":
+        cdf = torch.softmax(params, -1).cumsum(-1)
+        return (cdf < u[:, :1].to(cdf.dtype)).sum(-1).clamp(max=space.nvec[0] - 1)
+    if space.kind == "multi_discrete":
+        parts = params.split(list(space.nvec), -1)
+        acts = [
+            (torch.softmax(p, -1).cumsum(-1) < u[:, i : i + 1].to(p.dtype)).sum(-1).clamp(max=n - 1)
+            for i, (p, n) in enumerate(zip(parts, space.nvec, strict=True))
+        ]
+        return torch.stack(acts, -1)
+    if space.kind == "multi_binary":
+        return (u[:, : space.dims].to(params.dtype) < torch.sigmoid(params)).long()
+    d = space.dims
+    mean, log_std = params.chunk(2, -1)
+    u1, u2 = u[:, :d], u[:, d : 2 * d]
+    normal = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)
+    return mean + torch.exp(log_std) * normal.to(mean.dtype)
+
+
+def sample_draws(space: ActionSpace) -> int:
+    return 2 * space.dims if space.kind == "box" else space.dims
+
+
+# ---------------------------------------------------------------- stacked networks
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    shape: tuple[int, ...]  # per agent
+    offset: int
+    size: int
+
+
+class Layout:
+    """Named per-agent parameter shapes packed into one flat (K, P) tensor."""
+
+    def __init__(self, shapes: list[tuple[str, tuple[int, ...]]]):
+        self.slots, offset = [], 0
+        for name, shape in shapes:
+            size = math.prod(shape)
+            self.slots.append(Slot(name, tuple(shape), offset, size))
+            offset += size
+        self.size = offset
+        self.sizes = [s.size for s in self.slots]
+
+    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """name -> (K, *shape) views of flat (K, P) (by one split: its backward is one cat)."""
+        k = flat.shape[0]
+        parts = flat.split(self.sizes, dim=1)
+        return {s.name: t.view(k, *s.shape) for s, t in zip(self.slots, parts, strict=True)}
+
+    def pack(self, named: dict[str, torch.Tensor], k: int, dtype) -> torch.Tensor:
+        flat = torch.empty(k, self.size, dtype=dtype)
+        for s in self.slots:
+            flat[:, s.offset : s.offset + s.size] = named[s.name].reshape(k, s.size)
+        return flat
+
+
+def sparse_linear(generators, fan_in: int, fan_out: int, dtype) -> torch.Tensor:
+    """(K, fan_in, fan_out): U(-1/sqrt(fan_in), 1/sqrt(fan_in)), then ceil(0.9 fan_in) of each
+    output unit's inputs zeroed (Elsayed et al.'s sparse init); agent k from generators[k]."""
+    bound, zeros = 1.0 / math.sqrt(fan_in), math.ceil(SPARSITY * fan_in)
+    out = []
+    for g in generators:
+        w = (torch.rand(fan_out, fan_in, generator=g, dtype=torch.float64) * 2 - 1) * bound
+        order = torch.rand(fan_out, fan_in, generator=g).argsort(dim=1)[:, :zeros]
+        w.scatter_(1, order, 0.0)
+        out.append(w.t())
+    return torch.stack(out).to(dtype)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """x (K, I) @ w (K, I, O) + b (K, O)."""
+    return torch.baddbmm(b.unsqueeze(1), x.unsqueeze(1), w).squeeze(1)
+
+
+class StackedNet:
+    """MLP (LayerNorm, leaky ReLU) -> stacked core -> linear head, for K agents; parameters
+    are views of one flat (K, P) tensor ('mlp{i}.w', 'mlp{i}.b', 'core.<name>', 'head.w',
+    'head.b', and 'log_std' for a Box policy)."""
+
+    def __init__(self, core, input_size: int, mlp: tuple[int, ...], out: int, log_std: int = 0):
+        self.core, self.input_size, self.mlp, self.out, self.log_std = (
+            core, input_size, tuple(mlp), out, log_std,
+        )  # fmt: skip
+        self._widths = [input_size, *self.mlp]
+        self.layout: Layout | None = None
+
+    def init(self, generators, dtype) -> torch.Tensor:
+        k = len(generators)
+        named: dict[str, torch.Tensor] = {}
+        for i, (a, b) in enumerate(zip(self._widths[:-1], self._widths[1:])):
+            named[f"mlp{i}.w"] = sparse_linear(generators, a, b, dtype)
+            named[f"mlp{i}.b"] = torch.zeros(k, b, dtype=dtype)
+        for name, value in self.core.init_params(generators).items():
+            named[f"core.{name}"] = value.to(dtype)
+        named["head.w"] = sparse_linear(generators, self.core.output_size, self.out, dtype)
+        named["head.b"] = torch.zeros(k, self.out, dtype=dtype)
+        if self.log_std:
+            named["log_std"] = torch.zeros(k, self.log_std, dtype=dtype)
+        self.layout = Layout([(n, tuple(v.shape[1:])) for n, v in named.items()])
+        return self.layout.pack(named, k, dtype)
+
+    def features(self, p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        for i in range(len(self.mlp)):
+            x = linear(x, p[f"mlp{i}.w"], p[f"mlp{i}.b"])
+            x = F.leaky_relu(F.layer_norm(x, x.shape[-1:]))
+        return x
+
+    def _head(self, p, h: torch.Tensor) -> torch.Tensor:
+        y = linear(h, p["head.w"], p["head.b"])
+        if self.log_std:
+            y = torch.cat([y, p["log_std"]], -1)
+        return y
+
+    def resized(self, num_agents: int) -> StackedNet:
+        """The same network for another number of agents (its layout kept; evaluation runs
+        one agent's weights on B streams as B agents)."""
+        from r2ac.rtrl.stacked import make_stacked_core
+
+        c = self.core
+        core = make_stacked_core(c.name, num_agents, c.input_size, c.hidden_size, c.dtype)
+        net = StackedNet(core, self.input_size, self.mlp, self.out, self.log_std)
+        net.layout = self.layout
+        return net
+
+    def _core_params(self, p):
+        return {n[5:]: v for n, v in p.items() if n.startswith("core.")}
+
+    def step(self, flat, x, state, reset):
+        """Head output (K, out) differentiable w.r.t. flat, and the core's next state."""
+        p = self.layout.views(flat)
+        h, state = self.core.step(self._core_params(p), self.features(p, x), state, reset)
+        return self._head(p, h), state
+
+    @torch.no_grad()
+    def peek(self, flat, x, state, reset):
+        p = self.layout.views(flat)
+        h = self.core.peek(self._core_params(p), self.features(p, x), state, reset)
+        return self._head(p, h)
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    discount: float = 0.99
+    trace_lambda: float = 0.8
+    lr: float = 1.0
+    kappa_actor: float = 3.0
+    kappa_critic: float = 2.0
+    entropy_cost: float = 0.01
+
+
+class StepInfo(NamedTuple):
+    """What one lockstep step gives the loop (all (K,))."""
+
+    delta: torch.Tensor
+    value: torch.Tensor
+    entropy: torch.Tensor
+    step_actor: torch.Tensor
+    step_critic: torch.Tensor
+
+
+class StreamAC:
+    """K stream AC(lambda) agents in lockstep: networks, traces, normalisers, core states.
+
+    Use: `obs = agent.observe_first(raw_obs)`; then per step `action = agent.act()`, the env
+    step, `agent.learn(reward, next_obs, final_obs, terminated, truncated)`."""
+
+    def __init__(
+        self,
+        make_core,
+        space: ActionSpace,
+        obs_size: int,
+        seeds: list[int],
+        settings: StreamSettings,
+        mlp: tuple[int, ...] = (128, 128),
+        dtype: torch.dtype = torch.float32,
+    ):
+        """make_core(num_agents) -> a stacked core whose input is the MLP's output width."""
+        self.space, self.settings, self.dtype = space, settings, dtype
+        self.k, self.obs_size = len(seeds), obs_size
+        self.seeds = np.asarray(seeds, dtype=np.uint64)
+        feat = mlp[-1] if mlp else obs_size
+        self.actor = StackedNet(
+            make_core(self.k, feat), obs_size, mlp, space.head_size,
+            log_std=space.dims if space.kind == "box" else 0,
+        )  # fmt: skip
+        self.critic = StackedNet(make_core(self.k, feat), obs_size, mlp, 1)
+        generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        self.theta_a = self.actor.init(generators, dtype).requires_grad_()
+        self.theta_c = self.critic.init(generators, dtype).requires_grad_()
+        self.z_a = torch.zeros_like(self.theta_a, requires_grad=False)
+        self.z_c = torch.zeros_like(self.theta_c, requires_grad=False)
+        self.state_a = self.actor.core.initial_state()
+        self.state_c = self.critic.core.initial_state()
+        self.obs_stats = Welford.zeros(self.k, (obs_size,))
+        self.rewards = RewardScaler.zeros(self.k)
+        self.x = torch.zeros(self.k, obs_size, dtype=dtype)  # normalised current observation
+        self.reset = torch.ones(self.k, dtype=torch.bool)
+        self.steps = 0  # lockstep steps taken (the sampler's counter)
+        self.frozen = False
+        self._pending: tuple | None = None
+        self.last_grads: tuple | None = None
+
+    # -- observations
+
+    def _observe(self, obs: torch.Tensor) -> torch.Tensor:
+        obs = obs.to(torch.float64).reshape(self.k, -1)
+        if not self.frozen:
+            self.obs_stats = self.obs_stats.update(obs)
+        return normalise_obs(self.obs_stats, obs).to(self.dtype)
+
+    def observe_first(self, obs) -> None:
+        self.x = self._observe(torch.as_tensor(obs))
+        self.reset = torch.ones(self.k, dtype=torch.bool)
+
+    # -- acting and learning
+
+    def act(self, greedy: bool = False) -> torch.Tensor:
+        """The actions (K, *action_shape) at the current observation; keeps what `learn`
+        needs (the graph of this step's log-prob, entropy and value)."""
+        params, state_a = self.actor.step(self.theta_a, self.x, self.state_a, self.reset)
+        value, state_c = self.critic.step(self.theta_c, self.x, self.state_c, self.reset)
+        dist = distribution(self.space, params)
+        with torch.no_grad():
+            if greedy:
+                action = dist.mode()
+            else:
+                u = uniforms(self.seeds, self.steps, sample_draws(self.space))
+                action = sample_actions(self.space, params.detach(), torch.from_numpy(u))
+        self._pending = (dist, action, value.squeeze(-1), state_a, state_c)
+        return action
+
+    def learn(self, reward, obs, final_obs, terminated, truncated) -> StepInfo:
+        """One update from this step's TD error; then the next observation becomes current."""
+        dist, action, value, state_a, state_c = self._pending
+        self._pending = None
+        s = self.settings
+        terminated = torch.as_tensor(terminated, dtype=torch.bool)
+        done = terminated | torch.as_tensor(truncated, dtype=torch.bool)
+        x_next = self._observe(torch.as_tensor(obs))
+        x_final = (
+            normalise_obs(self.obs_stats, torch.as_tensor(final_obs).to(torch.float64))
+            .reshape(self.k, -1)
+            .to(self.dtype)
+        )
+        reward = torch.as_tensor(reward).to(torch.float64)
+        scaled, self.rewards = self.rewards.scale(reward, done, s.discount)
+        no_reset = torch.zeros(self.k, dtype=torch.bool)
+        v_next = self.critic.peek(self.theta_c, x_final, state_c, no_reset).squeeze(-1)
+        delta = td_error(scaled.to(self.dtype), value.detach(), v_next, terminated, s.discount)
+        entropy = dist.entropy()
+        objective = dist.log_prob(action) + s.entropy_cost * torch.sign(delta) * entropy
+        g_a, g_c = torch.autograd.grad((objective.sum(), value.sum()), (self.theta_a, self.theta_c))
+        self.last_grads = (g_a, g_c)  # this step's gradients (K, P) (tests read them)
+        with torch.no_grad():
+            decay = s.discount * s.trace_lambda
+            trace_update(self.z_a, g_a, decay)
+            trace_update(self.z_c, g_c, decay)
+            step_a = obgd_step_size(delta, self.z_a, s.lr, s.kappa_actor)
+            step_c = obgd_step_size(delta, self.z_c, s.lr, s.kappa_critic)
+            if not self.frozen:
+                self.theta_a.addcmul_((step_a * delta).unsqueeze(1), self.z_a)
+                self.theta_c.addcmul_((step_c * delta).unsqueeze(1), self.z_c)
+            keep = (~done).to(self.dtype).unsqueeze(1)
+            self.z_a.mul_(keep)
+            self.z_c.mul_(keep)
+        self.state_a, self.state_c = detach_state(state_a), detach_state(state_c)
+        self.x, self.reset = x_next, done
+        self.steps += 1
+        return StepInfo(delta, value.detach(), entropy.detach(), step_a, step_c)
+
+    def advance(self, obs, done) -> None:
+        """Evaluation: no learning; the next observation becomes current (stats frozen)."""
+        self._pending = None
+        self.x = normalise_obs(self.obs_stats, torch.as_tensor(obs).to(torch.float64)).to(
+            self.dtype
+        )
+        self.reset = torch.as_tensor(done, dtype=torch.bool)
+
+    # -- checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "theta_actor": self.theta_a.detach().clone(),
+            "theta_critic": self.theta_c.detach().clone(),
+            "trace_actor": self.z_a.clone(),
+            "trace_critic": self.z_c.clone(),
+            "core_actor": self.state_a,
+            "core_critic": self.state_c,
+            "obs_stats": tuple(self.obs_stats),
+            "reward_stats": tuple(self.rewards.stats),
+            "reward_return": self.rewards.ret.clone(),
+            "x": self.x.clone(),
+            "reset": self.reset.clone(),
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        with torch.no_grad():
+            self.theta_a.copy_(d["theta_actor"])
+            self.theta_c.copy_(d["theta_critic"])
+        self.z_a.copy_(d["trace_actor"])
+        self.z_c.copy_(d["trace_critic"])
+        self.state_a = type(self.state_a)(*d["core_actor"])
+        self.state_c = type(self.state_c)(*d["core_critic"])
+        self.obs_stats = Welford(*d["obs_stats"])
+        self.rewards = RewardScaler(Welford(*d["reward_stats"]), d["reward_return"])
+        self.x, self.reset, self.steps = d["x"], d["reset"], int(d["steps"])
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The agents' weights and normalisers by name (agent.pt): (K, ...) tensors."""
+        out = {f"actor.{n}": v.detach() for n, v in self.actor.layout.views(self.theta_a).items()}
+        out.update(
+            {f"critic.{n}": v.detach() for n, v in self.critic.layout.views(self.theta_c).items()}
+        )
+        out.update(obs_mean=self.obs_stats.mean, obs_var=self.obs_stats.var())
+        return {k: v.contiguous().clone() for k, v in out.items()}
+
+
+def detach_state(state):
+    """A core state with every tensor detached (a NamedTuple of tensors, or None)."""
+    if state is None:
+        return None
+    return type(state)(*(t.detach() if isinstance(t, torch.Tensor) else t for t in state))
+
+
+def check_space(space: ActionSpace) -> None:
+    if space.kind not in ("discrete", "multi_discrete", "multi_binary", "box"):
+        raise ConfigError(f"stream AC: action space {space.describe()} is not supported")
