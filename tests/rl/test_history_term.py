@@ -35,7 +35,6 @@ def gradient(runtime, seg, term: str, with_history: bool) -> torch.Tensor:
         logits, values, _, entropy_logits = agent(
             seg.obs[:M], seg.last_reward[:M], seg.reset[:M], state, carry=False,
             last_action=seg.last_action[:M], entropy_params=True,
-            episode_step=seg.episode_step[:M],
         )  # fmt: skip
         losses = learner.ppo_loss(
             logits, values, seg, targets, keep_graph=True, entropy_logits=entropy_logits
