@@ -25,29 +25,34 @@ import torch
 from torch import Tensor
 
 from r2ac.rtrl.stacked.base import ELSTMRTRLState, HiddenState, StackedCore, keep_factor
+from r2ac.rtrl.stacked.linear import linear, matvec, vecmat
 
 RECURRENT = ("F", "Z", "w_f", "w_z", "b_f", "b_z")
 
 
 def elstm_cell(
     F: Tensor, Z: Tensor, w_f: Tensor, w_z: Tensor, b_f: Tensor, b_z: Tensor,
-    x: Tensor, c_prev: Tensor, keep: Tensor,
+    x: Tensor, c_prev: Tensor, keep: Tensor, grad: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-    """c(t) (K, N) and f, z, cp; F, Z (K, N, D), vectors (K, N), x (K, D), c_prev (K, N)."""
-    N = F.shape[1]
-    pre = torch.baddbmm(
-        torch.cat([b_f, b_z], 1).unsqueeze(2), torch.cat([F, Z], 1), x.unsqueeze(2)
-    ).squeeze(2)  # (K, 2N)
+    """c(t) (K, N) and f, z, cp; F, Z (K, N, D), vectors (K, N), x (K, D), c_prev (K, N).
+    grad=False: no autograd-aware products (inside a Function's forward, or without grad)."""
+    if grad:
+        pre_f, pre_z = linear(F, x, b_f), linear(Z, x, b_z)
+    else:
+        pre_f, pre_z = matvec(F, x) + b_f, matvec(Z, x) + b_z
     cp = c_prev * keep.unsqueeze(1)
-    f = torch.sigmoid(torch.addcmul(pre[:, :N], w_f, cp))
-    z = torch.tanh(torch.addcmul(pre[:, N:], w_z, cp))
+    f = torch.sigmoid(torch.addcmul(pre_f, w_f, cp))
+    z = torch.tanh(torch.addcmul(pre_z, w_z, cp))
     return torch.addcmul(z, f, cp - z), f, z, cp
 
 
-def elstm_output(O: Tensor, b_o: Tensor, W_o: Tensor, x: Tensor, c: Tensor) -> Tensor:
+def elstm_output(
+    O: Tensor, b_o: Tensor, W_o: Tensor, x: Tensor, c: Tensor, grad: bool = True
+) -> Tensor:
     """h = sigmoid(O x + b_o + W_o c) * c: (K, N)."""
-    pre = torch.baddbmm(b_o.unsqueeze(2), O, x.unsqueeze(2))
-    return torch.sigmoid(torch.baddbmm(pre, W_o, c.unsqueeze(2)).squeeze(2)) * c
+    if grad:
+        return torch.sigmoid(linear(W_o, c, linear(O, x, b_o))) * c
+    return torch.sigmoid(matvec(W_o, c) + matvec(O, x) + b_o) * c
 
 
 class _ELSTMRTRLStep(torch.autograd.Function):
@@ -56,7 +61,7 @@ class _ELSTMRTRLStep(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, F, Z, w_f, w_z, b_f, b_z, c_prev, keep, S_FZ, S_wb):
-        c, f, z, cp = elstm_cell(F, Z, w_f, w_z, b_f, b_z, x, c_prev, keep)
+        c, f, z, cp = elstm_cell(F, Z, w_f, w_z, b_f, b_z, x, c_prev, keep, grad=False)
         one_f = 1.0 - f
         fh = (cp - z) * f * one_f
         zh = one_f * (1.0 - z * z)
@@ -77,9 +82,8 @@ class _ELSTMRTRLStep(torch.autograd.Function):
         g_wb = g.unsqueeze(1) * S_wb  # (K, 4, N)
         g_x = None
         if ctx.needs_input_grad[0]:
-            K = g.shape[0]
-            gh = (hz * g.unsqueeze(1)).reshape(K, 1, -1)  # (K, 1, 2N)
-            g_x = torch.bmm(gh, torch.cat([F, Z], 1)).squeeze(1)
+            gh = hz * g.unsqueeze(1)  # (K, 2, N): dL/dpre_f, dL/dpre_z
+            g_x = torch.baddbmm(vecmat(gh[:, 0], F).unsqueeze(1), gh[:, 1:], Z).squeeze(1)
         g_F, g_Z = g_FZ.unbind(1)
         return (g_x, g_F, g_Z, *g_wb.unbind(1), None, None, None, None)
 
@@ -132,5 +136,5 @@ class StackedELSTM(StackedCore):
     @torch.no_grad()
     def peek(self, params, x, state, reset):
         rec = [params[n] for n in RECURRENT]
-        c = elstm_cell(*rec, x, state[0], keep_factor(reset, x.dtype))[0]
-        return elstm_output(params["O"], params["b_o"], params["W_o"], x, c)
+        c = elstm_cell(*rec, x, state[0], keep_factor(reset, x.dtype), grad=False)[0]
+        return elstm_output(params["O"], params["b_o"], params["W_o"], x, c, grad=False)

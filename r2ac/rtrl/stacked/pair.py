@@ -43,6 +43,7 @@ from r2ac.rtrl.stacked.base import (
     StackedCore,
     keep_factor,
 )
+from r2ac.rtrl.stacked.linear import linear, matvec, vecmat
 
 # ----------------------------------------------------------------------------- coefficients
 
@@ -92,15 +93,13 @@ def lru_derivatives(nu_log: Tensor, theta_log: Tensor, gamma_log: Tensor):
 
 
 def pair_step(
-    lam: Tensor, gamma: Tensor, W: Tensor, x: Tensor, s_prev: Tensor, keep: Tensor
+    lam: Tensor, gamma: Tensor, u1: Tensor, u2: Tensor, s_prev: Tensor, keep: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """s(t) (K, U) complex from s_prev (K, 2, U) pairs; W = [W1; W2] (K, 2U, D), x (K, D).
+    """s(t) (K, U) complex from s_prev (K, 2, U) pairs and u1 = W1 x, u2 = W2 x (K, U).
 
     Also returns cp(t) and u(t) (K, U) complex. Differentiable (the TBPTT(1) rule uses it).
     """
-    U = lam.shape[1]
-    ux = torch.bmm(W, x.unsqueeze(2))  # (K, 2U, 1)
-    u = torch.complex(ux[:, :U, 0], ux[:, U:, 0])
+    u = torch.complex(u1, u2)
     cp = torch.complex(s_prev[:, 0], s_prev[:, 1]) * keep.unsqueeze(1)
     return lam * cp + gamma * u, cp, u
 
@@ -118,28 +117,27 @@ class _PairRTRLStep(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, W1, W2, coef, s_prev, keep, S_W, S_v, *vectors):
         lam, gamma, dlam, dgamma = coef
-        W = torch.cat([W1, W2], 1)  # (K, 2U, D)
-        s, cp, u = pair_step(lam, gamma, W, x, s_prev, keep)
+        s, cp, u = pair_step(lam, gamma, matvec(W1, x), matvec(W2, x), s_prev, keep)
         lamk = lam * keep.unsqueeze(1)  # (K, U): the step's Jacobian, reset folded in
         S_W_new = lamk.unsqueeze(2) * torch.view_as_complex(S_W)  # (K, U, D)
         torch.view_as_real(S_W_new)[..., 0].addcmul_(gamma.unsqueeze(2), x.unsqueeze(1))
         S_v_new = lamk.unsqueeze(1) * torch.view_as_complex(S_v)  # (K, M, U)
         S_v_new += dlam * cp.unsqueeze(1) + dgamma * u.unsqueeze(1)
-        ctx.save_for_backward(W, gamma, S_W_new, S_v_new)
+        ctx.save_for_backward(W1, W2, gamma, S_W_new, S_v_new)
         out_W, out_v = torch.view_as_real(S_W_new), torch.view_as_real(S_v_new)
         ctx.mark_non_differentiable(out_W, out_v)
         return as_pairs(s), out_W, out_v
 
     @staticmethod
     def backward(ctx, g_s, _g_W, _g_v):
-        W, gamma, S_W, S_v = ctx.saved_tensors
+        W1, W2, gamma, S_W, S_v = ctx.saved_tensors
         g_conj = torch.complex(g_s[:, 0], -g_s[:, 1])  # conj(dL/ds1 + i dL/ds2), (K, U)
         P = g_conj.unsqueeze(2) * S_W  # (K, U, D)
         g_v = (g_conj.unsqueeze(1) * S_v).real  # (K, M, U)
         g_x = None
         if ctx.needs_input_grad[0]:
-            K = g_s.shape[0]
-            g_x = torch.bmm((g_s * gamma.unsqueeze(1)).reshape(K, 1, -1), W).squeeze(1)
+            gg = g_s * gamma.unsqueeze(1)  # (K, 2, U)
+            g_x = torch.baddbmm(vecmat(gg[:, 0], W1).unsqueeze(1), gg[:, 1:], W2).squeeze(1)
         return (g_x, P.real, -P.imag, None, None, None, None, None, *g_v.unbind(1))
 
 
@@ -174,15 +172,17 @@ class StackedPairCore(StackedCore):
     def _readout(self, params, s_pairs: Tensor, x: Tensor) -> Tensor:
         raise NotImplementedError
 
-    def _W(self, params) -> Tensor:
+    def _inputs(self, params, x, grad: bool = True) -> tuple[Tensor, Tensor]:
         a, b = self.map_names
-        return torch.cat([params[a], params[b]], 1)
+        if grad:
+            return linear(params[a], x), linear(params[b], x)
+        return matvec(params[a], x), matvec(params[b], x)
 
     def step(self, params, x, state, reset):
         keep = keep_factor(reset, x.dtype)
         if self.rule == "bptt":
             lam, gamma = self._coefficients(params)
-            s, _, _ = pair_step(lam, gamma, self._W(params), x, state.h.detach(), keep)
+            s, _, _ = pair_step(lam, gamma, *self._inputs(params, x), state.h.detach(), keep)
             s_pairs = as_pairs(s)
             return self._readout(params, s_pairs, x), HiddenState(s_pairs.detach())
         a, b = self.map_names
@@ -196,7 +196,8 @@ class StackedPairCore(StackedCore):
     @torch.no_grad()
     def peek(self, params, x, state, reset):
         lam, gamma = self._coefficients(params)
-        s, _, _ = pair_step(lam, gamma, self._W(params), x, state.h, keep_factor(reset, x.dtype))
+        u1, u2 = self._inputs(params, x, grad=False)
+        s, _, _ = pair_step(lam, gamma, u1, u2, state.h, keep_factor(reset, x.dtype))
         return self._readout(params, as_pairs(s), x)
 
 
@@ -279,7 +280,5 @@ class StackedLRU(StackedPairCore):
         return lru_derivatives(params["nu_log"], params["theta_log"], params["gamma_log"])
 
     def _readout(self, params, s_pairs, x):
-        K = s_pairs.shape[0]
-        C = torch.cat([params["C_re"], -params["C_im"]], 2)  # (K, H, 2U)
-        y = torch.baddbmm(torch.bmm(params["D"], x.unsqueeze(2)), C, s_pairs.reshape(K, -1, 1))
-        return y.squeeze(2)  # (K, H)
+        y = linear(params["D"], x, linear(params["C_re"], s_pairs[:, 0]))
+        return y - linear(params["C_im"], s_pairs[:, 1])  # (K, H): Re(C s) + D x

@@ -17,13 +17,18 @@ import torch
 from torch import Tensor
 
 from r2ac.rtrl.stacked.base import EmptyState, HiddenState, StackedCore, keep_factor
+from r2ac.rtrl.stacked.linear import linear, matvec
 
 
-def gru_cell(params: dict[str, Tensor], x: Tensor, hp: Tensor) -> Tensor:
+def gru_cell(params: dict[str, Tensor], x: Tensor, hp: Tensor, grad: bool = True) -> Tensor:
     """h(t) (K, N) from x (K, D) and the reset-masked previous h (K, N)."""
     N = hp.shape[1]
-    gi = torch.baddbmm(params["b_ih"].unsqueeze(2), params["W_ih"], x.unsqueeze(2)).squeeze(2)
-    gh = torch.baddbmm(params["b_hh"].unsqueeze(2), params["W_hh"], hp.unsqueeze(2)).squeeze(2)
+    if grad:
+        gi = linear(params["W_ih"], x, params["b_ih"])
+        gh = linear(params["W_hh"], hp, params["b_hh"])
+    else:
+        gi = matvec(params["W_ih"], x) + params["b_ih"]
+        gh = matvec(params["W_hh"], hp) + params["b_hh"]
     rz = torch.sigmoid(gi[:, : 2 * N] + gh[:, : 2 * N])
     n = torch.tanh(torch.addcmul(gi[:, 2 * N :], rz[:, :N], gh[:, 2 * N :]))
     return torch.addcmul(n, rz[:, N:], hp - n)  # (1 - z) n + z hp
@@ -57,7 +62,7 @@ class StackedGRU(StackedCore):
 
     @torch.no_grad()
     def peek(self, params, x, state, reset):
-        return gru_cell(params, x, state.h * keep_factor(reset, x.dtype).unsqueeze(1))
+        return gru_cell(params, x, state.h * keep_factor(reset, x.dtype).unsqueeze(1), grad=False)
 
 
 class StackedFeedforward(StackedCore):
@@ -85,13 +90,9 @@ class StackedFeedforward(StackedCore):
     def state_numbers(self) -> int:
         return 0
 
-    def _forward(self, params, x):
-        y = torch.baddbmm(params["bias"].unsqueeze(2), params["weight"], x.unsqueeze(2))
-        return torch.relu(y.squeeze(2))
-
     def step(self, params, x, state, reset):
-        return self._forward(params, x), state
+        return torch.relu(linear(params["weight"], x, params["bias"])), state
 
     @torch.no_grad()
     def peek(self, params, x, state, reset):
-        return self._forward(params, x)
+        return torch.relu(matvec(params["weight"], x) + params["bias"])
