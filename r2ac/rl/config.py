@@ -224,9 +224,12 @@ class RuntimeConfig:
     """Env streams per actor (one batched env per actor)."""
     batch_size: int = 32
     """Env streams per learner update; a multiple of num_envs (batch_size/num_envs segments)."""
-    name: Annotated[Literal["serial", "parallel", "ray"], tyro.conf.arg(name="runtime")] = "serial"
+    name: Annotated[
+        Literal["serial", "parallel", "ray", "stream"], tyro.conf.arg(name="runtime")
+    ] = "serial"
     """serial: one deterministic process; parallel: actor processes + a learner on one
-    machine; ray: Ray actors (this machine or a cluster) + a learner (the `ray` extra)."""
+    machine; ray: Ray actors (this machine or a cluster) + a learner (the `ray` extra);
+    stream: the streaming agents of --streaming (one process, an update every step)."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Device of the learner (agent, losses, optimiser); actors always act on the CPU."""
     num_actors: int = 0
@@ -281,6 +284,29 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
+class StreamConfig:
+    """Streaming RL (`--preset stream`; r2ac/rl/learning/stream.py, docs/rules/stream.md):
+    K independent agents in lockstep, each on its own env stream, an update every step
+    (batch 1, no replay) with eligibility traces and ObGD; --learning-rate is ObGD's alpha,
+    --discount, --entropy-cost, --core and --hidden-size apply as named."""
+
+    streaming: Literal["off", "ac"] = "off"
+    """ac: stream AC(lambda) (Elsayed et al. 2024) on --runtime stream; off: the batched
+    learner."""
+    num_agents: int = 1
+    """K agents advanced as one batched computation, sharing nothing; agent k uses seed + k.
+    --total-frames counts each agent's steps."""
+    trace_lambda: float = 0.8
+    """Eligibility-trace lambda of actor and critic."""
+    kappa_actor: float = 3.0
+    """ObGD's kappa of the actor."""
+    kappa_critic: float = 2.0
+    """ObGD's kappa of the critic."""
+    stream_mlp: tuple[int, ...] = (128, 128)
+    """Widths of the layers (LayerNorm, leaky ReLU) below each network's core."""
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """R2AC training run (IMPALA with a chosen recurrent core), one group per concern.
 
@@ -294,6 +320,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
 
     @property
     def updates_total(self) -> int:
@@ -344,6 +371,7 @@ GROUPS: dict[str, type] = {
     "optim": OptimConfig,
     "runtime": RuntimeConfig,
     "run": RunConfig,
+    "stream": StreamConfig,
 }
 # Fields whose attribute is not their flat name (the group's name would repeat).
 _RENAMED = {("env", "id"): "env", ("env", "options"): "env_options", ("runtime", "name"): "runtime"}
@@ -534,6 +562,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     check_ray_options(cfg)
     check_sensitivity_carry(cfg)
     check_learner_options(cfg)
+    from r2ac.rl.runtimes.stream import check_stream_config
+
+    check_stream_config(cfg)
     cfg.env_kwargs()
     return cfg
 
@@ -623,6 +654,7 @@ RUNTIMES = {
     "serial": ("r2ac.rl.runtimes.serial", "SerialRuntime"),
     "parallel": ("r2ac.rl.runtimes.parallel", "ParallelRuntime"),
     "ray": ("r2ac.rl.runtimes.ray", "RayRuntime"),
+    "stream": ("r2ac.rl.runtimes.stream", "StreamRuntime"),
 }
 
 

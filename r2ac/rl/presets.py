@@ -143,6 +143,32 @@ PRESETS: dict[str, TrainConfig] = {
         popart_sigma_floor=0.0,  # IMPALA's: PPO standardises its advantages per minibatch
     ),
     "control": CONTROL,
+    # Streaming (issue 66; r2ac/rl/learning/stream.py, docs/rules/stream.md): stream AC(lambda)
+    # of Elsayed et al. 2024 with the anchors' values (Farr et al. 2026: an RTU of 64 features,
+    # ObGD alpha 1.0, kappa 3 actor / 2 critic, lambda 0.8, gamma 0.99), one stream per agent,
+    # an update every step. MemoryChain: no previous action or reward as input (a memoryless
+    # agent could carry the bit in them). Entropy 0.01, Elsayed et al.'s default (the anchors'
+    # 0.095 is POPGym's; not tried on MemoryChain yet).
+    "stream": TrainConfig.make(
+        env="builtin/memory-chain",
+        env_options=("length=32",),
+        core="rtu-rtrl",
+        hidden_size=64,
+        runtime="stream",
+        streaming="ac",
+        unroll_length=1,
+        batch_size=1,
+        num_envs=1,
+        learning_rate=1.0,
+        discount=0.99,
+        entropy_cost=0.01,
+        last_reward=False,
+        prev_action=False,
+        total_frames=300_000,
+        checkpoint_every=50_000,
+        log_every=1_000,
+        num_threads=1,
+    ),
     # Masked MuJoCo (the RTU paper's position-only / velocity-only locomotion; docs/envs.md):
     # the control recipe, untuned for MuJoCo beyond it, without the last reward in the core's
     # input: HalfCheetah's reward is its forward velocity, so with it a "memoryless" agent

@@ -203,9 +203,18 @@ def finish(cfg: TrainConfig, run: RunDir, runtime) -> None:
     if cfg.run.eval_at_end:
         from r2ac.rl.harness.evaluate import evaluate, write_eval
 
-        result = evaluate(
-            runtime.cpu_agent(), cfg, cfg.run.eval_sets, cfg.run.eval_episodes, cfg.run.eval_greedy
-        )
+        if cfg.runtime.name == "stream":  # K agents, each evaluated (eval.json: their mean)
+            result = runtime.evaluate(
+                cfg.run.eval_sets, cfg.run.eval_episodes, cfg.run.eval_greedy
+            )
+        else:
+            result = evaluate(
+                runtime.cpu_agent(),
+                cfg,
+                cfg.run.eval_sets,
+                cfg.run.eval_episodes,
+                cfg.run.eval_greedy,
+            )
         write_eval(run, result)
         print(
             f"eval: {result['mean']:.3f} +- {result['std']:.3f} over {cfg.run.eval_sets} x "

@@ -25,7 +25,8 @@ def bench_stacked(
     seed: int = 0,
 ) -> list[dict]:
     """Median microseconds of `step()` + the backward of sum(h) (w.r.t. every parameter and x),
-    per core and K; one row per (core, K): name, K, us_per_step, agent_steps_per_s, and
+    per core and K; one row per (core, K): name, K, us_per_step (median), us_p10 (the 10th
+    percentile: closer to the unloaded cost on a shared box), agent_steps_per_s, and
     rtrl_over_bptt (the time ratio of `X-rtrl` to `X-bptt` at that K, on the rtrl rows).
     Resets: every 50th step of each agent. `threads`: torch.set_num_threads for the run
     (restored after; None leaves it)."""
@@ -54,7 +55,8 @@ def bench_stacked(
                     if t >= warmup:
                         times.append(time.perf_counter() - t0)
                 us = 1e6 * statistics.median(times)
-                rows.append({"name": name, "K": K, "us_per_step": us,
+                p10 = 1e6 * sorted(times)[len(times) // 10]
+                rows.append({"name": name, "K": K, "us_per_step": us, "us_p10": p10,
                              "agent_steps_per_s": K / us * 1e6})  # fmt: skip
     finally:
         torch.set_num_threads(old_threads)
@@ -68,11 +70,13 @@ def bench_stacked(
 
 def format_bench(rows: list[dict]) -> str:
     """The rows as a plain table."""
-    lines = [f"{'core':<12} {'K':>3} {'us/step':>9} {'agent-steps/s':>14} {'rtrl/bptt':>9}"]
+    lines = [
+        f"{'core':<12} {'K':>3} {'us/step':>9} {'p10 us':>8} {'agent-steps/s':>14} {'rtrl/bptt':>9}"
+    ]
     for r in rows:
         ratio = r.get("rtrl_over_bptt")
         lines.append(
-            f"{r['name']:<12} {r['K']:>3} {r['us_per_step']:>9.1f} "
+            f"{r['name']:<12} {r['K']:>3} {r['us_per_step']:>9.1f} {r['us_p10']:>8.1f} "
             f"{r['agent_steps_per_s']:>14.0f} {'' if ratio is None else f'{ratio:.2f}x':>9}"
         )
     return "\n".join(lines)
