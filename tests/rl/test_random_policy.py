@@ -14,9 +14,7 @@ needs_popgym = pytest.mark.skipif(importlib.util.find_spec("popgym") is None, re
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*COMMAND, *args], capture_output=True, text=True, timeout=300
-    )
+    return subprocess.run([*COMMAND, *args], capture_output=True, text=True, timeout=300)
 
 
 @needs_popgym
