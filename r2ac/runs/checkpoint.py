@@ -16,7 +16,8 @@ truncated file is refused with one line naming it, and so is a pickled callable.
 The body holds tensors, plain containers and Python scalars only. Values that torch's
 weights-only unpickler refuses are encoded on save and decoded on load: numpy arrays and
 scalars (env and RNG states) as tensors, and NamedTuples (core states) as tagged dicts whose
-class is looked up in an allow-list: NamedTuple classes defined in ``r2ac.*`` modules.
+class is looked up in an allow-list (``ALLOWED_TYPES``: the core states and sensitivities,
+each accepted only if the class is defined in the r2ac module the name gives).
 
 Files written before this format (a bare ``torch.save``) still load if they are
 weights-only (e.g. an old ``agent.pt``), without a checksum. Old training checkpoints hold
@@ -30,8 +31,10 @@ import hashlib
 import importlib
 import io
 import logging
+import math
 import os
 import pickle
+import stat
 import sys
 import tempfile
 from collections import OrderedDict
@@ -122,24 +125,63 @@ def _encode_dict(obj: dict) -> dict:
     return out
 
 
+# The types a checkpoint may name, by their defining module and qualified name: the core states
+# and sensitivities an actor carries (and the copy task's statistics). A name is looked up
+# here before anything is imported, and the class found must be defined where the name says
+# (its own `__module__`), so that a class merely reachable through an r2ac module (a stdlib
+# NamedTuple imported there, e.g. `r2ac.runs.locked_dir:platform.uname_result`) is refused.
+ALLOWED_TYPES = frozenset(
+    {
+        "r2ac.rtrl.elstm.math:ELSTMState",
+        "r2ac.rtrl.elstm.math:ELSTMSensitivity",
+        "r2ac.rtrl.elstm.math:RecurrenceTrace",
+        "r2ac.rtrl.elstm.math:GateTrace",
+        "r2ac.rtrl.elstm.layer:ELSTMTrace",
+        "r2ac.rtrl.rtu:RTUState",
+        "r2ac.rtrl.lstm:LSTMState",
+        "r2ac.rtrl.gru:GRUState",
+        "r2ac.rtrl.lru:LRUState",
+        "r2ac.rtrl.elman:ElmanState",
+        "r2ac.rtrl.felstm:FeLSTMState",
+        "r2ac.rtrl.felstm:FeLSTMSensitivity",
+        "r2ac.rtrl.fwp:FWPState",
+        "r2ac.rtrl.fwp:FWPSensitivity",
+        "r2ac.rtrl.feedforward:FeedforwardState",
+        "r2ac.rtrl.pair_math:PairSensitivity",
+        "r2ac.rtrl.pair_core:PairTrace",
+        "r2ac.rtrl.core:InputTrace",
+        "r2ac.tasks.copy.schedules:UpdateStats",
+    }
+)
+
+
 def _allowed_namedtuple(name: str, base: type = tuple) -> type:
-    """The NamedTuple (or `base`) class `module:qualname`, if it is one of the project's own;
-    else refuse."""
+    """The NamedTuple (or `base`) class `module:qualname`, if it is one of ALLOWED_TYPES
+    (after translating a moved name) and is defined in that module; else refuse. Nothing of
+    the class is called here: only type checks."""
     module, _, qualname = MOVED_TYPES.get(name, name).partition(":")
     module = MOVED_MODULES.get(module, module)
-    if not module.startswith(ALLOWED_MODULE_PREFIX):
-        raise CheckpointError(f"refused type {name!r} (only r2ac NamedTuples are allowed)")
+    if f"{module}:{qualname}" not in ALLOWED_TYPES or not module.startswith(ALLOWED_MODULE_PREFIX):
+        raise CheckpointError(
+            f"refused type {name[:80]!r} (not one of the r2ac state types a checkpoint holds)"
+        )
     try:
         cls: Any = importlib.import_module(module)
         for part in qualname.split("."):
             cls = getattr(cls, part)
     except (ImportError, AttributeError) as exc:
         raise CheckpointError(f"unknown type {name!r} in checkpoint") from exc
+    if not (
+        isinstance(cls, type)
+        and type.__getattribute__(cls, "__module__") == module
+        and type.__getattribute__(cls, "__qualname__") == qualname
+    ):
+        raise CheckpointError(f"refused type {name!r} (not defined in {module})")
     if base is not tuple:
-        if not (isinstance(cls, type) and issubclass(cls, base)):
+        if not issubclass(cls, base):
             raise CheckpointError(f"refused type {name!r} (not a {base.__name__})")
         return cls
-    if not (isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")):
+    if not (issubclass(cls, tuple) and "_fields" in vars(cls)):
         raise CheckpointError(f"refused type {name!r} (not a NamedTuple)")
     return cls
 
@@ -210,13 +252,101 @@ def size_limit() -> int:
     given = os.environ.get("R2AC_MAX_CHECKPOINT_GIB")
     if given:
         try:
-            return int(float(given) * GIB)
+            gib = float(given)
         except ValueError:
-            raise ConfigError(f"R2AC_MAX_CHECKPOINT_GIB={given!r} is not a number") from None
+            gib = math.nan
+        if not (math.isfinite(gib) and 0 < gib <= 2**20):
+            raise ConfigError(
+                f"R2AC_MAX_CHECKPOINT_GIB={given!r} must be a number of GiB in (0, 1048576]"
+            )
+        return max(1, int(gib * GIB))
     from r2ac.perf import available_bytes
 
     available = available_bytes()
-    return max(MIN_LIMIT, available // 2) if available else DEFAULT_LIMIT
+    headroom = process_headroom()
+    if headroom is not None:
+        available = min(available, headroom) if available else headroom
+    if not available:
+        return DEFAULT_LIMIT
+    return max(MIN_LIMIT, available // 2) if headroom is None else available // 2
+
+
+def process_headroom() -> int | None:
+    """The bytes this process may still allocate under its own limits, if it has any: the
+    address-space and data limits (ulimit -v / -d, less what it uses now) and its cgroup's
+    memory limit (less the group's usage); None where none is set."""
+    found = []
+    try:
+        import resource
+
+        status = _proc_status()
+        for res, used_key in ((resource.RLIMIT_AS, "VmSize"), (resource.RLIMIT_DATA, "VmData")):
+            soft = resource.getrlimit(res)[0]
+            if soft != resource.RLIM_INFINITY and soft > 0:
+                found.append(max(0, soft - status.get(used_key, 0)))
+    except (ImportError, OSError, ValueError):
+        pass
+    cgroup = _cgroup_headroom()
+    if cgroup is not None:
+        found.append(cgroup)
+    return min(found) if found else None
+
+
+def _proc_status() -> dict[str, int]:
+    """VmSize, VmData, ... of /proc/self/status in bytes ({} where there is none)."""
+    out = {}
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
+                    out[key] = int(parts[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def _read_number(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _cgroup_limit(controllers: str, group: str) -> tuple[int | None, int | None]:
+    """(limit, usage) of the memory cgroup a /proc/self/cgroup line names; limit None if
+    there is none (v2's "max", v1's huge number) or this is no memory line."""
+    if controllers == "":  # v2
+        names, limit_name, usage_name = ("/sys/fs/cgroup",), "memory.max", "memory.current"
+    elif "memory" in controllers.split(","):  # v1
+        names, limit_name = ("/sys/fs/cgroup/memory",), "memory.limit_in_bytes"
+        usage_name = "memory.usage_in_bytes"
+    else:
+        return None, None
+    for base in (names[0] + group.rstrip("/"), names[0]):
+        limit = _read_number(f"{base}/{limit_name}")
+        if limit is not None:
+            return (limit if limit < 2**60 else None), _read_number(f"{base}/{usage_name}")
+    return None, None
+
+
+def _cgroup_headroom() -> int | None:
+    """The cgroup's memory limit less its usage (cgroup v2 or v1); None without a limit."""
+    try:
+        with open("/proc/self/cgroup", encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            limit, used = _cgroup_limit(parts[1], parts[2])
+            if limit is not None:
+                return max(0, limit - (used or 0))
+    return None
 
 
 def _check_size(path: Path, size: int) -> None:
@@ -225,7 +355,10 @@ def _check_size(path: Path, size: int) -> None:
         how = (
             "R2AC_MAX_CHECKPOINT_GIB"
             if os.environ.get("R2AC_MAX_CHECKPOINT_GIB")
-            else ("half the memory available now; R2AC_MAX_CHECKPOINT_GIB raises it")
+            else (
+                "half the memory available now, within the process's limits (ulimit -v, "
+                "cgroup); R2AC_MAX_CHECKPOINT_GIB sets it"
+            )
         )
         raise CheckpointError(
             f"{path}: {size / GIB:.1f} GiB is more than a checkpoint may be (limit "
@@ -303,15 +436,57 @@ def _check_magic(head: bytes, path: Path) -> None:
         )
 
 
-def _open(path: Path):
-    if path.is_dir():
-        raise CheckpointError(f"{path} is a folder, not a checkpoint file")
+def special_kind(path: str | os.PathLike) -> str | None:
+    """What `path` is when it exists but is no regular file (nor a link to one): "a folder",
+    "a FIFO (named pipe)", "a device", "a socket", "a dangling symlink (to X)", "a symlink to
+    a device", ...; None for a regular file or nothing at all. Reading one would hang (a
+    FIFO), never end (/dev/zero) or fail with a misleading message."""
+    path = os.fspath(path)
     try:
-        return path.open("rb")
+        st = os.lstat(path)
+    except OSError:
+        return None
+    prefix = ""
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            st = os.stat(path)
+        except OSError:
+            try:
+                target = os.readlink(path)
+            except OSError:
+                target = "?"
+            return f"a dangling symlink (to {target[:200]})"
+        prefix = "a symlink to "
+    if stat.S_ISREG(st.st_mode):
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        kind = "a folder"
+    elif stat.S_ISFIFO(st.st_mode):
+        kind = "a FIFO (named pipe)"
+    elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        kind = "a device"
+    elif stat.S_ISSOCK(st.st_mode):
+        kind = "a socket"
+    else:
+        kind = "not a regular file"
+    return prefix + kind
+
+
+def _open(path: Path):
+    kind = special_kind(path)
+    if kind:
+        raise CheckpointError(f"{path} is {kind}, not a checkpoint file")
+    try:
+        # O_NONBLOCK: a FIFO put in its place since the check above does not block the open
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     except FileNotFoundError:
         raise
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read it ({exc.strerror})") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CheckpointError(f"{path} is not a regular file, not a checkpoint file")
+    return os.fdopen(fd, "rb")
 
 
 def _read(path: Path, map_location) -> tuple[Any, bool]:
@@ -319,13 +494,19 @@ def _read(path: Path, map_location) -> tuple[Any, bool]:
     with _open(path) as f:
         size = os.fstat(f.fileno()).st_size
         _check_size(path, size)
-        head = f.read(len(MAGIC))
-        if head == MAGIC:
-            body = _read_checked(f, path, size)
-            return _unpickle(io.BytesIO(body), path, map_location, False), True
-        _check_magic(head, path)
-        f.seek(0)
-        return _unpickle(f, path, map_location, True), False  # torch reads what it needs
+        try:
+            head = f.read(len(MAGIC))
+            if head == MAGIC:
+                body = _read_checked(f, path, size)
+                return _unpickle(io.BytesIO(body), path, map_location, False), True
+            _check_magic(head, path)
+            f.seek(0)
+            return _unpickle(f, path, map_location, True), False  # torch reads what it needs
+        except MemoryError:
+            raise CheckpointError(
+                f"{path}: not enough memory to read it ({size / GIB:.2f} GiB); the process's "
+                "limits (ulimit -v, cgroup) leave less than that"
+            ) from None
 
 
 def load(

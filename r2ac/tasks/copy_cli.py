@@ -23,7 +23,7 @@ import tyro
 
 from r2ac.errors import ConfigError, check_writable
 from r2ac.perf import check_memory, keep_freed_memory
-from r2ac.runs.checkpoint import LOCK_NAME
+from r2ac.runs.checkpoint import LOCK_NAME, special_kind
 from r2ac.runs.locked_dir import LockedDir, git_revision, machine, read_json, write_json
 from r2ac.runs.stop import TrainingInterrupted, exit_code, raise_on_signal, signal_name
 from r2ac.tasks.copy import CHECKPOINT_NAME, CopyConfig, curve, metrics, resume, training
@@ -197,8 +197,20 @@ def prepare(cfg: CopyConfig) -> LockedDir:
     check_new_out(cfg)
     check_memory(memory_parts(cfg), "this copy run", cfg.device)
     checkpoint = os.path.join(cfg.out, CHECKPOINT_NAME)
+    kind = special_kind(checkpoint)
+    if cfg.resume and kind:
+        raise ConfigError(
+            f"--resume: {checkpoint} is {kind}, not a checkpoint file; put the run's "
+            "checkpoint back there to continue it (nothing was changed)"
+        )
     if cfg.resume and os.path.exists(checkpoint):
         resume.check_resumable(resume.checkpoint_config(checkpoint), cfg, checkpoint)
+    elif cfg.resume and os.path.lexists(os.path.join(cfg.out, "results.json")):
+        raise ConfigError(
+            f"--resume: {cfg.out} holds results.json but no {CHECKPOINT_NAME}: the run "
+            "finished and its checkpoint is gone; nothing was changed (choose another --out "
+            "for a new run)"
+        )
     elif cfg.resume:
         print(f"{PROG}: no {CHECKPOINT_NAME} in {cfg.out}: starting from the beginning")
     os.makedirs(cfg.out, exist_ok=True)
@@ -223,6 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # e.g. a checkpoint from before configs were stored in it
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
+    except training.CopyDiverged as exc:  # nothing of the diverged batch was saved
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    except MemoryError:
+        print(
+            f"{PROG}: error: out of memory (the process's limits: ulimit -v, cgroup)",
+            file=sys.stderr,
+        )
+        return 1
     except TrainingInterrupted as stop:
         saved = "checkpoint written; " if stop.saved else ""
         print(

@@ -24,25 +24,40 @@ from pathlib import Path
 
 import torch
 
-from r2ac.rl.config import from_dict
+from r2ac.errors import ConfigError, MissingDependencyError
+from r2ac.rl.config import validate
 from r2ac.rl.harness.diagnostics import (
     LOSS_TERMS,
     gradient_split,
     monte_carlo_returns,
     steps_to_end,
 )
+from r2ac.rl.harness.run_dir import RunDir, check_same_config
 from r2ac.rl.model.agent import clip_rewards
 from r2ac.rl.runtimes.serial import SerialRuntime
-from r2ac.runs import checkpoint
 
+MAX_BATCHES = 100_000
 END_BINS = ((0, 0), (1, 1), (2, 4), (5, 15), (16, 50), (51, 10**9))
 
 
 def load_runtime(run_dir: Path) -> SerialRuntime:
-    payload = checkpoint.load(run_dir / "checkpoints" / "latest.pt")
-    cfg = from_dict(payload["config"])
+    """The serial runtime of the run's config.json with its checkpoint's state: the same
+    checks as `r2ac train --resume` (structure, then every value), ConfigError otherwise."""
+    run = RunDir.open(run_dir)
+    cfg = validate(run.config())
+    payload = run.load_checkpoint()
+    check_same_config(run, cfg, payload)
     runtime = SerialRuntime(cfg)
-    runtime.restore(payload)
+    try:
+        runtime.restore(payload, source=run.checkpoint_path)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as exc:
+        runtime.close()
+        if isinstance(exc, ConfigError):
+            raise
+        detail = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise ConfigError(
+            f"{run.checkpoint_path}: malformed training checkpoint ({type(exc).__name__}: {detail})"
+        ) from exc
     return runtime
 
 
@@ -122,11 +137,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=52, help="batches for the critic")
     parser.add_argument("--grad-batches", type=int, default=20, help="batches for the split")
     args = parser.parse_args(argv)
-    if not (args.run_dir / "checkpoints" / "latest.pt").is_file():
-        print(f"error: no checkpoint at {args.run_dir}/checkpoints/latest.pt", file=sys.stderr)
-        return 2
     torch.set_num_threads(1)
-    runtime = load_runtime(args.run_dir)
+    try:
+        for name in ("batches", "grad_batches"):
+            value = getattr(args, name)
+            if not 1 <= value <= MAX_BATCHES:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} must be in 1..{MAX_BATCHES:,}, got {value:,}")
+        runtime = load_runtime(args.run_dir)
+    except (ConfigError, MissingDependencyError) as exc:
+        print(f"r2ac diagnose: error: {exc}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("r2ac diagnose: error: out of memory loading the checkpoint", file=sys.stderr)
+        return 2
     try:
         cfg = runtime.cfg
         print(

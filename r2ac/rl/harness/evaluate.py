@@ -10,6 +10,7 @@ over-represented.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -113,7 +114,7 @@ def evaluate_run(
     run = RunDir.open(path)
     cfg = validate(run.config())
     check_writable(out or run.eval_path, "--out", is_file=True)
-    if not run.agent_path.is_file():
+    if not os.path.lexists(run.agent_path):  # a FIFO or a link is named by the loader
         raise ConfigError(f"{path}: no weights at {run.agent_path}")
     env = make_env(cfg, 1, 0)
     agent = agent_for_env(cfg, env, load_stem=False)

@@ -137,7 +137,7 @@ class RunDir(LockedDir):
         check_writable(p, "--out-dir")
         if holds_nothing(p):
             return
-        if run.checkpoint_path.is_file():
+        if os.path.lexists(run.checkpoint_path):
             raise ConfigError(
                 f"run directory {p} holds a run; continue it with `r2ac train "
                 f"--resume {p}` or choose another --out-dir"
@@ -205,29 +205,68 @@ class RunDir(LockedDir):
         checkpoint.save_atomic({"agent": payload["agent"]}, self.agent_path)
         checkpoint.save_atomic(payload, self.checkpoint_path)
 
-    def restart(self) -> None:
-        """Remove what a run stopped before its first checkpoint wrote, but its config."""
-        if self.checkpoint_path.is_file():
+    # What a start of the run writes besides config.json: `--restart` moves them aside.
+    RUN_OUTPUTS = ("metrics.csv", "curve.png", "eval.json", "tb", "checkpoints")
+
+    def restart(self) -> Path | None:
+        """Start again from config.json (a run stopped before its first checkpoint): what the
+        earlier start wrote (metrics, TensorBoard events, checkpoints folder, eval.json,
+        curve) is kept, moved by renames (atomic, no copy) into RUN/replaced-<time>/;
+        returns that folder (None when there was nothing). A checkpoint that can be resumed
+        is never moved: ConfigError naming `--resume`."""
+        if os.path.lexists(self.checkpoint_path) and not checkpoint.special_kind(
+            self.checkpoint_path
+        ):
             raise ConfigError(
                 f"{self.path} holds a checkpoint; continue it with `r2ac train "
                 f"--resume {self.path}` (or delete the directory)"
             )
-        for name in ("metrics.csv", "curve.png", "eval.json"):
-            (self.path / name).unlink(missing_ok=True)
-        for folder in (self.tb_path, self.path / "checkpoints"):
-            shutil.rmtree(folder, ignore_errors=True)
+        present = [self.path / n for n in self.RUN_OUTPUTS if os.path.lexists(self.path / n)]
+        if not present:
+            return None
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        dest, k = self.path / f"replaced-{stamp}", 1
+        while os.path.lexists(dest):
+            k += 1
+            dest = self.path / f"replaced-{stamp}-{k}"
+        staging = self.path / f".{dest.name}.partial"
+        staging.mkdir()
+        for p in present:
+            os.rename(p, staging / p.name)
+        os.rename(staging, dest)
+        _fsync(self.path)
+        return dest
 
     def load_checkpoint(self) -> dict[str, Any]:
-        if not self.checkpoint_path.is_file():
+        path = self.checkpoint_path
+        kind = checkpoint.special_kind(path)
+        if kind:
+            raise ConfigError(
+                f"{path} is {kind}, not a checkpoint file; put the run's checkpoint back "
+                "there to continue it (nothing was changed)"
+            )
+        if not os.path.lexists(path):
             raise ConfigError(
                 f"{self.path} has no checkpoint (it stopped before its first "
-                f"one); start it again with `r2ac train --restart {self.path}`"
+                f"one); start it again with `r2ac train --restart {self.path}` (what it "
+                "wrote is kept in a replaced-<time> folder)"
             )
         # Weights-only, checksummed, its structure checked: a run directory may come from
         # someone else.
-        return checkpoint.load(
-            self.checkpoint_path, expect=TRAINING_CHECKPOINT, what="training checkpoint"
-        )
+        return checkpoint.load(path, expect=TRAINING_CHECKPOINT, what="training checkpoint")
+
+
+def _fsync(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 # Fields a user may change in config.json between runs of one directory: where it lives and

@@ -163,7 +163,9 @@ def _prepare_existing(resume: str | None, restart: str | None, argv: list[str]):
             runtime = _resumed_runtime(cfg, run)
         else:
             runtime = make_runtime(cfg, run)
-            run.restart()
+            replaced = run.restart()
+            if replaced is not None:
+                log.info("what the earlier start wrote is kept in %s", replaced)
     except BaseException:
         run.release()
         raise
@@ -184,7 +186,7 @@ def _resumed_runtime(cfg: TrainConfig, run: RunDir):
         check_same_config(run, cfg, payload)
         runtime = make_runtime(cfg, run)
         runtime.restore(payload)
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as exc:
         if isinstance(exc, ConfigError):
             raise
         detail = (str(exc).strip().splitlines() or [""])[0][:160]
@@ -235,6 +237,9 @@ def main(argv: list[str]) -> int:
     except OSError as exc:  # e.g. a full or read-only disk found when creating the run
         print(f"r2ac train: error: cannot write the run directory: {exc}", file=sys.stderr)
         return 2
+    except MemoryError:
+        print("r2ac train: error: out of memory while setting the run up", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as exc:  # a signal while imports and envs were being set up
         print(f"r2ac train: stopped by {signal_name(exc)} before training started", file=sys.stderr)
         return exit_code(exc)
@@ -263,11 +268,26 @@ def _train(cfg: TrainConfig, run: RunDir, runtime) -> int:
         )
         return stop.exit_code
     except OSError as exc:  # a full disk: the atomic writes left the last checkpoint whole
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG):
             raise
+        if run.checkpoint_path.is_file():
+            where = (
+                f"the last checkpoint is intact: free space, then `r2ac train --resume {run.path}`"
+            )
+        else:
+            where = (
+                f"no checkpoint was written yet: free space, then `r2ac train --restart {run.path}`"
+            )
+        what = "the file size limit (ulimit -f)" if exc.errno == errno.EFBIG else "disk space"
         print(
-            f"r2ac train: error: cannot write to {run.path}: {exc}; the last checkpoint is "
-            f"intact: free space, then `r2ac train --resume {run.path}`",
+            f"r2ac train: error: cannot write to {run.path} ({what}): {exc}; {where}",
+            file=sys.stderr,
+        )
+        return 1
+    except MemoryError:
+        print(
+            f"r2ac train: error: out of memory (the process's limits: ulimit -v, cgroup); "
+            f"{'the last checkpoint is in ' + str(run.path) if run.checkpoint_path.is_file() else 'no checkpoint was written'}",
             file=sys.stderr,
         )
         return 1

@@ -236,4 +236,10 @@ class Agent(nn.Module):
                 f"; ... ({len(problems)} in all)" if len(problems) > 8 else ""
             )
             raise ConfigError(f"{path}: stem weights do not fit: {shown}")
+        from r2ac.runs.values import ValueMismatch, check_weights
+
+        try:
+            check_weights(loaded, expected, "stem")
+        except ValueMismatch as exc:
+            raise ConfigError(f"{path}: stem weights do not fit: {exc}") from exc
         self.stem.load_state_dict(loaded)

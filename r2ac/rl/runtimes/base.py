@@ -82,6 +82,13 @@ from r2ac.rl.learning.learner import Learner
 from r2ac.rl.model.agent import Agent
 from r2ac.rl.model.build import seed_everything
 from r2ac.runs.stop import StopRequest, TrainingInterrupted
+from r2ac.runs.values import (
+    ValueMismatch,
+    check_count,
+    check_like,
+    check_optimizer,
+    check_weights,
+)
 
 
 class ActorError(RuntimeError):
@@ -122,6 +129,12 @@ def set_rng_state(saved: dict) -> None:
 
 
 def load_agent_weights(agent: torch.nn.Module, state_dict: dict, source) -> None:
+    """`state_dict` into `agent` after checking its values (shapes, dtypes, finite, real):
+    ConfigError naming `source` for weights that do not fit or are not finite."""
+    try:
+        check_weights(state_dict, agent.state_dict(), "agent")
+    except ValueMismatch as exc:
+        raise ConfigError(f"{source}: weights refused: {exc}") from exc
     try:
         agent.load_state_dict(state_dict)
     except RuntimeError as exc:
@@ -215,8 +228,68 @@ class Runtime:
         """An agent on the CPU with the learner's current weights (for the evaluation)."""
         return self.agent if self.device.type == "cpu" else copy.deepcopy(self.agent).cpu()
 
-    def restore(self, payload: dict) -> None:
-        source = self.run.path if self.run else "checkpoint"
+    def check_payload(self, payload: dict) -> None:
+        """ValueMismatch unless every value of a training checkpoint fits this runtime (built
+        from the run's config): weights, optimiser, schedule, RNG states, counters and the
+        runtime's own part; nothing is changed."""
+        check_weights(payload["agent"], self.agent.state_dict(), "agent")
+        saved, own = payload["learner"], self.learner.state_dict()
+        check_optimizer(saved["optimizer"], self.learner.optimizer, "learner.optimizer")
+        for key in ("scheduler", "generator", "entropy_boost"):
+            if key in saved:
+                check_like(saved[key], own[key], f"learner.{key}")
+        check_like(payload["rng"], rng_state(), "rng")
+        self._check_counters(payload["counters"])
+        self.check_runtime_state(payload)
+
+    def _check_counters(self, counters: dict) -> None:
+        """Counters within the run's bounds and consistent with each other."""
+        total = self.cfg.updates_total
+        per_update = self.cfg.loss.unroll_length * self.cfg.runtime.batch_size
+        update = check_count(counters.get("update", 0), "counters.update", 0, total)
+        if "frames" in counters:
+            frames = check_count(counters["frames"], "counters.frames", 0)
+            if frames != update * per_update:
+                raise ValueMismatch(
+                    f"counters.frames: {frames:,}, expected updates x frames per update = "
+                    f"{update:,} x {per_update:,} = {update * per_update:,}"
+                )
+        if "episodes" in counters:
+            check_count(counters["episodes"], "counters.episodes", 0)
+        for key in ("returns", "lengths"):
+            for i, value in enumerate(counters.get(key, ())):
+                check_like(value, 0.0, f"counters.{key}[{i}]")
+        if "elapsed" in counters:
+            check_like(counters["elapsed"], 0.0, "counters.elapsed")
+            if counters["elapsed"] < 0:
+                raise ValueMismatch(f"counters.elapsed: {counters['elapsed']!r}, expected >= 0")
+
+    def check_runtime_state(self, payload: dict) -> None:
+        """The runtime's part of a checkpoint against what this runtime holds now: one actor
+        state per actor, each of the form of its actor's own (the env's state is left to
+        the env); the restart count a non-negative integer."""
+        own = self.runtime_state()
+        if "actor_restarts" in payload:
+            check_count(payload["actor_restarts"], "actor_restarts", 0)
+        if "actors" in own and "actors" in payload:
+            saved = payload["actors"]
+            if len(saved) != len(own["actors"]):
+                raise ValueMismatch(
+                    f"actors: {len(saved)} actor states, expected one per actor "
+                    f"({len(own['actors'])})"
+                )
+            for i, (s, o) in enumerate(zip(saved, own["actors"], strict=True)):
+                check_like(s, {**o, "env": None}, f"actors[{i}]")
+
+    def restore(self, payload: dict, source=None) -> None:
+        """The checkpoint `payload` (read from `source`) into this runtime, once all of its
+        values are checked (ConfigError naming `source` otherwise: nothing is changed)."""
+        if source is None:
+            source = self.run.checkpoint_path if self.run else "checkpoint"
+        try:
+            self.check_payload(payload)
+        except ValueMismatch as exc:
+            raise ConfigError(f"{source}: does not fit the run's config: {exc}") from exc
         load_agent_weights(self.agent, payload["agent"], source)
         self.learner.load_state_dict(payload["learner"])  # optimiser state moves to the device
         self.saved_counters = payload["counters"]

@@ -11,6 +11,7 @@ from r2ac.errors import ConfigError
 from r2ac.rtrl.registry import CORES
 
 RULES = ("bptt", "rtrl")
+MAX_LR = 10.0  # Adam moves each weight by up to lr a step: past this, any run diverges
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -115,6 +116,15 @@ class CopyConfig:
                 raise ConfigError(
                     f"--{name} must be a finite number {'> 0' if low else '>= 0'}, got {value}"
                 )
+            if value is not None and value > MAX_LR:
+                raise ConfigError(
+                    f"--{name} {value:g} is above {MAX_LR:g}: Adam's steps would be that large "
+                    "and the weights diverge"
+                )
+        for name in ("seed", "test_seed"):
+            value = getattr(self, name)
+            if not 0 <= value < 2**63:
+                raise ConfigError(f"--{name.replace('_', '-')} must be in 0..2**63-1, got {value}")
         if self.clip < 0 or self.threads < 0:
             raise ConfigError("--clip and --threads must be >= 0")
         if self.segment is not None and self.segment < 1:

@@ -15,7 +15,15 @@ import torch
 from r2ac.errors import ConfigError
 from r2ac.runs import checkpoint
 from r2ac.runs.schema import NUMBER, OPTIMIZER, STATE_DICT, ListOf, Opt
+from r2ac.runs.values import (
+    ValueMismatch,
+    check_count,
+    check_like,
+    check_optimizer,
+    check_weights,
+)
 from r2ac.tasks.copy.config import CopyConfig
+from r2ac.tasks.copy.curve import CURVE_FIELDS
 from r2ac.tasks.copy.schedules import UpdateStats
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -132,11 +140,47 @@ def save(
     checkpoint.save_atomic(state, path)
 
 
+def check_values(ck: dict, cfg: CopyConfig, model, optimizer, gen: torch.Generator) -> None:
+    """ValueMismatch unless every value of a copy checkpoint fits the model and optimiser
+    `cfg` builds: weights, optimiser state, generator, curve rows and counters."""
+    check_weights(ck["model"], model.state_dict(), "model")
+    check_optimizer(ck["optimizer"], optimizer, "optimizer")
+    check_like(ck["generator"], gen.get_state(), "generator")
+    p = ck["progress"]
+    step = check_count(p["step"], "progress.step", 0)
+    check_count(p["updates"], "progress.updates", 0)
+    check_like(p["seconds"], 0.0, "progress.seconds")
+    if p["seconds"] < 0:
+        raise ValueMismatch(f"progress.seconds: {p['seconds']!r}, expected >= 0")
+    if p.get("solved") is not None:
+        check_count(p["solved"], "progress.solved", 1, step)
+    for i, row in enumerate(p["curve"]):
+        if set(row) != set(CURVE_FIELDS):
+            raise ValueMismatch(
+                f"progress.curve[{i}]: columns {sorted(map(str, row))[:10]}, expected "
+                f"{', '.join(CURVE_FIELDS)}"
+            )
+        for key in CURVE_FIELDS:
+            value = row[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueMismatch(f"progress.curve[{i}].{key}: {value!r}, expected a number")
+    for i, stats in enumerate(p.get("window", [])):
+        if len(stats) != len(UpdateStats._fields):
+            raise ValueMismatch(
+                f"progress.window[{i}]: {len(stats)} values, expected {len(UpdateStats._fields)}"
+            )
+
+
 def load(path: str, cfg: CopyConfig, model, optimizer, gen: torch.Generator, device) -> Progress:
     """Restore model, optimiser and generator from `path` (checked against `cfg`); the run's
-    Progress. ConfigError for a foreign, damaged or code-carrying file."""
+    Progress. ConfigError for a foreign, damaged or code-carrying file, or one whose values
+    do not fit (checked before anything is restored)."""
     ck = read(path, map_location=device)  # weights-only, checksum and structure checked
     check_resumable(ck.get("config"), cfg, path)
+    try:
+        check_values(ck, cfg, model, optimizer, gen)
+    except ValueMismatch as exc:
+        raise ConfigError(f"{path}: does not fit the run's options: {exc}") from exc
     try:
         model.load_state_dict(ck["model"])
     except RuntimeError as exc:  # a checkpoint from before the config was stored in it

@@ -5,6 +5,7 @@ clean stop on SIGINT / SIGTERM (the batch finishes, a checkpoint is written,
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -19,6 +20,10 @@ from r2ac.tasks.copy.data import batch_to, make_batch, make_test_set
 from r2ac.tasks.copy.metrics import evaluate
 from r2ac.tasks.copy.model import CopyModel, build_model
 from r2ac.tasks.copy.schedules import UpdateStats, update
+
+
+class CopyDiverged(RuntimeError):  # noqa: N818  (a stop of the run)
+    """A batch left the loss or the weights non-finite: nothing of it is saved."""
 
 
 @dataclass
@@ -72,10 +77,23 @@ class Trainer:
         t0 = time.perf_counter()
         stats = update(cfg, self.model, self.optimizer, batch)
         p.seconds += time.perf_counter() - t0
+        self._check_finite(stats, p.step + 1)
         p.step += 1
         p.updates += stats.updates
         p.window.append(stats)
         return stats
+
+    def _check_finite(self, stats: UpdateStats, step: int) -> None:
+        """CopyDiverged if batch `step` left a non-finite loss or weights (before a checkpoint
+        or the curve sees them)."""
+        norms = torch.stack([p.detach().float().norm() for p in self.model.parameters()])
+        if math.isfinite(stats.loss) and bool(torch.isfinite(norms).all()):
+            return
+        raise CopyDiverged(
+            f"training diverged at batch {step}: loss {stats.loss:g}, weights "
+            f"{'finite' if bool(torch.isfinite(norms).all()) else 'no longer finite'} (is "
+            f"--lr {self.cfg.lr:g} too large?); the last checkpoint holds the weights before it"
+        )
 
     def record(self) -> dict[str, float]:
         """Evaluate on the test set, append a curve row; the full evaluation."""
