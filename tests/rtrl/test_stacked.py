@@ -20,6 +20,8 @@ from r2ac.rtrl.registry import make_core
 from r2ac.rtrl.stacked import (
     MODULE_NAMES,
     STACKED_CORES,
+    bench_stacked,
+    format_bench,
     make_stacked_core,
     params_from_modules,
     stacked_core_names,
@@ -275,3 +277,10 @@ def test_float32_tolerance(name):
             worst = max(worst, float((x - y.double()).abs().max() / x.abs().max().clamp_min(1e-30)))
     assert worst < 1e-4, worst
     assert math.isfinite(worst)
+
+
+def test_bench_smoke():
+    rows = bench_stacked(("rtu-rtrl", "rtu-bptt"), ks=(2,), input_size=4, hidden_size=4,
+                         steps=3, warmup=1)  # fmt: skip
+    assert [(r["name"], r["K"]) for r in rows] == [("rtu-rtrl", 2), ("rtu-bptt", 2)]
+    assert rows[0]["rtrl_over_bptt"] > 0 and "rtu-rtrl" in format_bench(rows)
