@@ -6,8 +6,8 @@
 4. K = 1 == the batched module of the same name (r2ac.rtrl.registry), outputs and gradients
 5. bad names / sizes -> ConfigError
 
-All in float64. In float32 the rtrl gradients agree with the float64 BPTT reference to about
-2e-6 relative (max over 40 steps, K = 3; see test_float32_tolerance).
+All in float64. In float32 the rtrl gradients agree with the float64 ones to ~5e-6 (RTU),
+~1e-6 (eLSTM) relative to the largest entry (40 steps, K = 3; test_float32_tolerance).
 """
 
 import math
@@ -263,7 +263,7 @@ def test_bad_names_and_sizes():
 
 @pytest.mark.parametrize("name", RTRL)
 def test_float32_tolerance(name):
-    """float32 rtrl gradients against the float64 ones: relative error < 1e-4 (observed ~1e-6)."""
+    """float32 rtrl gradients against the float64 ones: relative error < 1e-4 (observed <= 5e-6)."""
     core = make_stacked_core(name, K, D, N, F64)
     params = make_params(core, 7)
     xs, resets = stream(K, T, D, 1)
