@@ -1,0 +1,418 @@
+"""The streaming runtime (`--runtime stream`, `--preset stream`): K stream AC(lambda) agents
+in lockstep, one process, an update after every step (r2ac/rl/learning/stream.py).
+
+Agent k has its own env stream (seed + k), weights (drawn from seed + k), traces, core state,
+observation and reward normalisers and sampler (a counter hash of seed + k and the step), so
+K agents together equal K runs alone. One lockstep step is one "update" (of every agent);
+its frames are K; `--total-frames` counts each agent's steps (the run makes that many
+updates).
+
+The same product as the batched runtimes around it: the run directory, metrics.csv and
+TensorBoard (r2ac.rl.harness.tracker), progress with ETA, atomic checkpoints every
+`checkpoint_every` steps and at the end, bit-exact resume (weights, traces, core states with
+their sensitivities, normalisers, counters, the envs' states; a backend without get_state
+restarts its episodes on resume, with a warning, and the agents' core states and traces
+are reset with them), SIGINT / SIGTERM stop after the current step with a checkpoint, and
+the greedy evaluation at the end (`evaluate`: weights and normalisers frozen, each agent's
+result and their mean).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import numpy as np
+import torch
+
+from r2ac.envs.base import BatchedEnv, StepResult, stream_seeds
+from r2ac.errors import ConfigError
+from r2ac.rl.config import TrainConfig, to_dict
+from r2ac.rl.harness.run_dir import RunDir
+from r2ac.rl.harness.tracker import ProgressLines, Tracker
+from r2ac.rl.learning.actor import EpisodeLog
+from r2ac.rl.learning.stream import StreamAC, StreamSettings, detach_state
+from r2ac.rl.model.build import eval_seed, make_env, seed_everything
+from r2ac.rl.model.distributions import distribution
+from r2ac.rl.runtimes.base import TrainingDiverged, rng_state, set_rng_state
+from r2ac.runs.stop import StopRequest, TrainingInterrupted
+
+log = logging.getLogger(__name__)
+
+MAX_EVAL_STREAMS = 32
+
+
+def _value(cfg: TrainConfig, name: str):
+    """An option by its flat name, wherever its group keeps it."""
+    return cfg.flat()[name]
+
+
+def check_stream_config(cfg: TrainConfig) -> None:
+    """One-line ConfigErrors for the streaming agent's settings (called by validate)."""
+    streaming, runtime = cfg.stream.streaming, cfg.runtime.name
+    if streaming == "off":
+        if runtime == "stream":
+            raise ConfigError(
+                "--runtime stream runs the streaming agents: give --streaming ac "
+                "(or --preset stream)"
+            )
+        return
+    if runtime != "stream":
+        raise ConfigError(
+            f"--streaming {streaming} runs on --runtime stream (one process, an update every "
+            f"step), not --runtime {runtime}"
+        )
+    k = cfg.stream.num_agents
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ConfigError(f"--num-agents must be a positive integer, got {k!r}")
+    flat = cfg.flat()
+    for name in ("epochs", "minibatches"):
+        if flat.get(name, 1) != 1:
+            raise ConfigError(
+                f"--{name} {flat[name]}: the streaming agent makes one update per step from "
+                "that step alone (no batches to pass over)"
+            )
+    if flat.get("algorithm", "impala") != "impala":
+        raise ConfigError(f"--algorithm {flat['algorithm']}: not with --streaming")
+    for name in ("unroll_length", "batch_size", "num_envs"):
+        if flat[name] != 1:
+            raise ConfigError(
+                f"--{name.replace('_', '-')} {flat[name]}: the streaming agent learns from one "
+                "stream per agent, one step at a time (it must be 1; --num-agents sets K)"
+            )
+    from r2ac.rtrl.stacked import STACKED_CORES
+
+    if cfg.model.core not in STACKED_CORES:
+        raise ConfigError(
+            f"--core {cfg.model.core}: no streaming version; choose one of "
+            f"{', '.join(STACKED_CORES)}"
+        )
+    if cfg.model.core.startswith("rtu") and cfg.model.hidden_size % 2:
+        raise ConfigError(f"--hidden-size {cfg.model.hidden_size}: the RTU's is 2 x units (even)")
+    _check_numbers(cfg)
+
+
+def _check_numbers(cfg: TrainConfig) -> None:
+    s = cfg.stream
+    bad = [f"trace_lambda={s.trace_lambda}"] if not 0 <= s.trace_lambda <= 1 else []
+    bad += [f"{n}={v}" for n, v in (("kappa_actor", s.kappa_actor),
+                                    ("kappa_critic", s.kappa_critic)) if not v > 0]  # fmt: skip
+    bad += [f"stream_mlp={s.stream_mlp}"] if any(w < 1 for w in s.stream_mlp) else []
+    if bad:
+        raise ConfigError(
+            f"out of range: {', '.join(bad)} (trace_lambda in [0, 1], kappas > 0, widths >= 1)"
+        )
+    if cfg.runtime.device != "cpu":
+        raise ConfigError("--streaming runs on the CPU (--device cpu)")
+
+
+# ---------------------------------------------------------------- the agents' envs
+
+
+class ConcatEnvs(BatchedEnv):
+    """K single-stream envs as one batched env of K streams (stream k: envs[k])."""
+
+    def __init__(self, envs: list[BatchedEnv]):
+        self.envs = envs
+        self.num_envs = len(envs)
+        self.observation_spec = envs[0].observation_spec
+        self.num_actions = getattr(envs[0], "num_actions", 0)
+        self._space = envs[0].action_space
+
+    @property
+    def action_space(self):
+        return self._space
+
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        return np.concatenate([e.reset() for e in self.envs])
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        results = [e.step(actions[k : k + 1]) for k, e in enumerate(self.envs)]
+        info = {
+            key: np.concatenate([r.info[key] for r in results])
+            for key in ("episode_return", "episode_length", "final_obs")
+        }
+        return StepResult(
+            np.concatenate([r.obs for r in results]),
+            np.concatenate([r.reward for r in results]),
+            np.concatenate([r.terminated for r in results]),
+            np.concatenate([r.truncated for r in results]),
+            info,
+        )
+
+    def get_state(self):
+        return {"envs": [e.get_state() for e in self.envs]}
+
+    def set_state(self, state) -> None:
+        for e, s in zip(self.envs, state["envs"], strict=True):
+            e.set_state(s)
+
+    def close(self) -> None:
+        for e in self.envs:
+            e.close()
+
+
+def agent_seeds(seed: int, k: int) -> list[int]:
+    return [seed + i for i in range(k)]
+
+
+def make_agent_envs(cfg: TrainConfig, seeds: list[int]) -> BatchedEnv:
+    """Stream k is the env `make_env(cfg, 1, seeds[k])` would give: the built-in envs as one
+    batched env with each stream's seed set so, other backends as K envs side by side."""
+    from r2ac.envs.builtin import _CounterRNGEnv
+
+    env = make_env(cfg, len(seeds), seeds[0])
+    if isinstance(env, _CounterRNGEnv):
+        env.seeds[:] = [stream_seeds(s, 1)[0] for s in seeds]
+        return env
+    env.close()
+    return ConcatEnvs([make_env(cfg, 1, s) for s in seeds])
+
+
+# ---------------------------------------------------------------- the agent
+
+
+def make_agent(cfg: TrainConfig, env: BatchedEnv, seeds, dtype=torch.float32) -> StreamAC:
+    from r2ac.rtrl.stacked import make_stacked_core
+
+    spec = env.observation_spec
+    if spec.is_image:
+        raise ConfigError(f"{cfg.env.id}: the streaming agent takes vector observations only")
+    obs_size = int(math.prod(spec.shape))
+
+    def core(k: int, d: int):
+        return make_stacked_core(cfg.model.core, k, d, cfg.model.hidden_size, dtype)
+
+    settings = StreamSettings(
+        discount=cfg.loss.discount,
+        trace_lambda=cfg.stream.trace_lambda,
+        lr=cfg.optim.learning_rate,
+        kappa_actor=cfg.stream.kappa_actor,
+        kappa_critic=cfg.stream.kappa_critic,
+        entropy_cost=cfg.loss.entropy_cost,
+    )
+    return StreamAC(core, env.action_space, obs_size, seeds, settings, cfg.stream.stream_mlp, dtype)
+
+
+class StreamTracker(Tracker):
+    """The Tracker with its progress total in agent-steps (K x total_frames)."""
+
+    def __init__(self, cfg, run, saved, num_agents: int):
+        self.num_agents = num_agents
+        super().__init__(cfg, run, saved)
+
+    def _make_bar(self):
+        bar = super()._make_bar()
+        if bar is not None:
+            bar.total = self.cfg.run.total_frames * self.num_agents
+            if not isinstance(bar, ProgressLines):
+                bar.refresh()
+        return bar
+
+
+class StreamRuntime:
+    """`r2ac train` with `--runtime stream` (the interface train_cli uses of a runtime:
+    train, restore, cpu_agent-free `evaluate`)."""
+
+    name = "stream"
+
+    def __init__(self, cfg: TrainConfig, run: RunDir | None = None, dtype=torch.float32):
+        self.cfg, self.run = cfg, run
+        seed_everything(cfg.run.seed)
+        if cfg.runtime.num_threads:
+            torch.set_num_threads(cfg.runtime.num_threads)
+        self.k = cfg.stream.num_agents
+        self.seeds = agent_seeds(cfg.run.seed, self.k)
+        self.env = make_agent_envs(cfg, self.seeds)
+        try:
+            self.agent = make_agent(cfg, self.env, self.seeds, dtype)
+            self.agent.observe_first(self.env.reset())
+        except BaseException:
+            self.env.close()
+            raise
+        self.saved_counters: dict | None = None
+        self._sums = torch.zeros(5, dtype=torch.float64)
+        self._count = 0
+
+    # -- checkpoints
+
+    def _payload(self, tracker: Tracker) -> dict:
+        try:
+            env_state = self.env.get_state()
+        except NotImplementedError:
+            env_state = None
+        s = self.cfg.stream
+        group = {"lr": self.cfg.optim.learning_rate, "trace_lambda": s.trace_lambda,
+                 "kappa_actor": s.kappa_actor, "kappa_critic": s.kappa_critic}  # fmt: skip
+        return {
+            "agent": self.agent.weights(),
+            # ObGD is the optimiser: its state is the traces (and all else a step carries)
+            "learner": {
+                "optimizer": {"state": self.agent.state_dict(), "param_groups": [group]},
+                "scheduler": {},
+            },
+            "rng": rng_state(),
+            "counters": tracker.state(),
+            "config": to_dict(self.cfg),
+            "runtime": self.name,
+            "env": env_state,
+        }
+
+    def checkpoint(self, tracker: Tracker) -> None:
+        if self.run is None:
+            return
+        tracker.flush()
+        self.run.save_checkpoint(self._payload(tracker))
+
+    def restore(self, payload: dict) -> None:
+        if payload.get("runtime") != self.name:
+            raise ConfigError(
+                f"checkpoint of runtime {payload.get('runtime')!r}, not a streaming one"
+            )
+        self.agent.load_state_dict(payload["learner"]["optimizer"]["state"])
+        self.saved_counters = payload["counters"]
+        set_rng_state(payload["rng"])
+        if payload.get("env") is not None:
+            self.env.set_state(payload["env"])
+        else:  # a backend without get_state: fresh episodes, the agents' memories with them
+            log.warning("env %s has no get_state: resumed runs restart episodes", self.cfg.env.id)
+            self.agent.observe_first(self.env.reset())
+            self.agent.z_a.zero_()
+            self.agent.z_c.zero_()
+
+    # -- training
+
+    def train(self) -> Tracker:
+        cfg = self.cfg
+        with StopRequest() as stop:
+            tracker = StreamTracker(cfg, self.run, self.saved_counters, self.k)
+            try:
+                every = _value(cfg, "checkpoint_every")
+                total = cfg.updates_total
+                while tracker.update < total:
+                    self._step(tracker)
+                    if tracker.update % every == 0 or tracker.update >= total or stop.requested:
+                        self.checkpoint(tracker)
+                    if stop.requested:
+                        raise TrainingInterrupted(stop.signum, tracker.update, self.run is not None)
+            finally:
+                try:
+                    self.close()
+                finally:
+                    tracker.close()
+        return tracker
+
+    def _step(self, tracker: Tracker) -> None:
+        agent = self.agent
+        action = agent.act()
+        res = self.env.step(action.numpy())
+        info = agent.learn(
+            res.reward, res.obs, res.info["final_obs"], res.terminated, res.truncated
+        )
+        self._sums += torch.stack(
+            [info.delta.abs().mean(), info.value.mean(), info.entropy.mean(),
+             info.step_actor.mean(), info.step_critic.mean()]
+        ).to(torch.float64)  # fmt: skip
+        self._count += 1
+        ended = np.flatnonzero(~np.isnan(res.info["episode_return"]))
+        episodes = EpisodeLog(
+            [float(res.info["episode_return"][i]) for i in ended],
+            [int(res.info["episode_length"][i]) for i in ended],
+        )
+        metrics = {}
+        due = (tracker.update + 1) % _value(self.cfg, "log_every") == 0
+        if due or tracker.update + 1 >= self.cfg.updates_total:
+            metrics = self._metrics(tracker.update + 1)
+        tracker.record(self.k, [episodes], metrics)
+
+    def _metrics(self, update: int) -> dict[str, float]:
+        a = self.agent
+        finite = bool(torch.isfinite(a.theta_a).all() and torch.isfinite(a.theta_c).all())
+        if not finite:
+            raise TrainingDiverged(f"training diverged at step {update}: weights not finite")
+        mean = (self._sums / max(self._count, 1)).tolist()
+        self._sums.zero_()
+        self._count = 0
+        return {
+            "td_abs": mean[0],
+            "value_mean": mean[1],
+            "entropy": mean[2],
+            "step_actor": mean[3],
+            "step_critic": mean[4],
+            "lr": self.cfg.optim.learning_rate,
+            "entropy_cost": self.cfg.loss.entropy_cost,
+        }
+
+    def close(self) -> None:
+        self.env.close()
+
+    # -- evaluation
+
+    def evaluate(self, sets: int, episodes: int, greedy: bool) -> dict:
+        """Each agent's frozen policy (its normalisers frozen too) on `sets` seeded sets of
+        `episodes` episodes (set s of agent k: env seed eval_seed(seed + k, s))."""
+        start, steps, per_agent = time.perf_counter(), 0, []
+        for k in range(self.k):
+            means = []
+            for s in range(sets):
+                seed = eval_seed(self.seeds[k], s)
+                env = make_env(self.cfg, min(episodes, MAX_EVAL_STREAMS), seed)
+                try:
+                    returns, n = play_agent(self.agent, k, env, episodes, greedy, seed)
+                finally:
+                    env.close()
+                means.append(float(np.mean(returns)))
+                steps += n
+            per_agent.append(
+                {"seed": self.seeds[k], "mean": float(np.mean(means)), "set_means": means}
+            )
+        agent_means = [a["mean"] for a in per_agent]
+        return {
+            "env": self.cfg.env.id,
+            "core": self.cfg.model.core,
+            "sets": sets,
+            "episodes_per_set": episodes,
+            "actions": "greedy" if greedy else "sampled",
+            "seed": self.cfg.run.seed,
+            "mean": float(np.mean(agent_means)),
+            "std": float(np.std(agent_means)),
+            "num_agents": self.k,
+            "agents": per_agent,
+            "frames": steps,
+            "seconds": time.perf_counter() - start,
+        }
+
+
+@torch.no_grad()
+def play_agent(agent: StreamAC, k: int, env, episodes: int, greedy: bool, seed: int):
+    """Agent k's policy (no learning) on env's B streams: the returns of exactly `episodes`
+    complete episodes (stream quotas, as r2ac eval), and the steps taken."""
+    from r2ac.rl.learning.stream import normalise_obs, sample_actions, sample_draws, uniforms
+
+    b = env.num_envs
+    net = agent.actor.resized(b)
+    theta = agent.theta_a.detach()[k : k + 1].expand(b, -1).contiguous()
+    stats = type(agent.obs_stats)(*(t[k : k + 1] for t in agent.obs_stats))
+    quota = np.array([episodes // b + (i < episodes % b) for i in range(b)])
+    returns: list[list[float]] = [[] for _ in range(b)]
+    sampler = np.array([seed * 1000 + i for i in range(b)], dtype=np.uint64)
+    state, reset = net.core.initial_state(), torch.ones(b, dtype=torch.bool)
+    obs, steps = env.reset(seed=seed), 0
+    while any(len(r) < q for r, q in zip(returns, quota)):
+        x = normalise_obs(stats, torch.as_tensor(obs).to(torch.float64).reshape(b, -1))
+        params, state = net.step(theta, x.to(agent.dtype), state, reset)
+        if greedy:
+            action = distribution(agent.space, params).mode()
+        else:
+            u = torch.from_numpy(uniforms(sampler, steps, sample_draws(agent.space)))
+            action = sample_actions(agent.space, params, u)
+        state = detach_state(state)
+        res = env.step(action.numpy())
+        steps += 1
+        for i in np.flatnonzero(~np.isnan(res.info["episode_return"])):
+            if len(returns[i]) < quota[i]:
+                returns[i].append(float(res.info["episode_return"][i]))
+        obs = res.obs
+        reset = torch.from_numpy(np.asarray(res.terminated | res.truncated, dtype=bool))
+    return [x for r in returns for x in r], steps * b

@@ -1,0 +1,144 @@
+"""`r2ac train --preset stream`: K agents equal K runs alone, bit-exact resume, one-line
+errors, a short run end to end (r2ac/rl/runtimes/stream.py)."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+import torch
+
+from r2ac.errors import ConfigError
+from r2ac.rl.config import validate
+from r2ac.rl.harness import train_cli
+from r2ac.rl.harness.run_dir import RunDir
+from r2ac.rl.presets import preset
+from r2ac.rl.runtimes.stream import StreamRuntime
+
+SMALL = dict(
+    env_options=("length=4",), hidden_size=8, stream_mlp=(8,), progress=False, eval_at_end=False
+)
+
+
+def small(**kw):
+    return preset("stream").updated(**{**SMALL, **kw})
+
+
+def _steps(rt: StreamRuntime, n: int) -> None:
+    class Counter:
+        update = 0
+
+        def record(self, *a, **k):
+            self.update += 1
+
+    c = Counter()
+    for _ in range(n):
+        rt._step(c)
+
+
+@pytest.mark.parametrize("steps", [60, pytest.param(1000, marks=pytest.mark.slow)])
+def test_k_agents_equal_k_runs_alone(steps):
+    together = StreamRuntime(small(num_agents=3, seed=5), dtype=torch.float64)
+    _steps(together, steps)
+    for k in range(3):
+        alone = StreamRuntime(small(num_agents=1, seed=5 + k), dtype=torch.float64)
+        _steps(alone, steps)
+        for a, b in ((together.agent.theta_a, alone.agent.theta_a),
+                     (together.agent.theta_c, alone.agent.theta_c)):  # fmt: skip
+            assert (a[k] - b[0]).abs().max().item() < 1e-10
+
+
+def _train(argv):
+    return train_cli.main(argv)
+
+
+def test_checkpoint_round_trip_is_bit_exact(tmp_path):
+    """25 steps, a checkpoint file, a new runtime restored from it, 15 more steps: the same
+    weights, traces and core states as 40 steps uninterrupted."""
+    from r2ac.rl.harness.tracker import Tracker
+    from r2ac.runs import checkpoint
+
+    cfg = small(num_agents=2, seed=1)
+    full = StreamRuntime(cfg)
+    _steps(full, 40)
+    part = StreamRuntime(cfg)
+    _steps(part, 25)
+    tracker = Tracker(cfg, None)
+    path = checkpoint.save_atomic(part._payload(tracker), tmp_path / "latest.pt")
+    resumed = StreamRuntime(cfg)
+    resumed.restore(checkpoint.load(path))
+    _steps(resumed, 15)
+    a, b = full.agent.state_dict(), resumed.agent.state_dict()
+    for key in ("theta_actor", "theta_critic", "trace_actor", "trace_critic", "x"):
+        assert torch.equal(a[key], b[key]), key
+    for ta, tb in zip(a["core_actor"] + a["core_critic"], b["core_actor"] + b["core_critic"]):
+        assert torch.equal(ta, tb)
+
+
+@pytest.mark.slow
+def test_stop_and_resume_is_bit_exact(tmp_path, monkeypatch):
+    flags = ["--preset", "stream", "--env-options", "length=4", "--hidden-size", "8",
+             "--stream-mlp", "8", "--num-agents", "2", "--total-frames", "40",
+             "--checkpoint-every", "15", "--log-every", "10", "--no-progress",
+             "--no-eval-at-end"]  # fmt: skip
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert _train([*flags, "--out-dir", str(full)]) == 0
+    # a SIGTERM after step 70: the run stops there with a checkpoint
+    original = StreamRuntime._step
+    count = {"n": 0}
+
+    def step(self, tracker):
+        original(self, tracker)
+        count["n"] += 1
+        if count["n"] == 25:
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(StreamRuntime, "_step", step)
+    assert _train([*flags, "--out-dir", str(part)]) == 143
+    monkeypatch.setattr(StreamRuntime, "_step", original)
+    assert _train(["--resume", str(part)]) == 0
+    a = RunDir.open(full).load_checkpoint()
+    b = RunDir.open(part).load_checkpoint()
+    assert a["counters"]["update"] == b["counters"]["update"] == 40
+    sa, sb = a["learner"]["optimizer"]["state"], b["learner"]["optimizer"]["state"]
+    for key in ("theta_actor", "theta_critic", "trace_actor", "trace_critic", "x"):
+        assert torch.equal(sa[key], sb[key]), key
+    for ta, tb in zip(sa["core_actor"], sb["core_actor"], strict=True):
+        assert torch.equal(ta, tb)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--runtime", "parallel"], "runs on --runtime stream"),
+        (["--num-agents", "0"], "--num-agents must be a positive integer"),
+        (["--epochs", "2"], "one update per step"),
+        (["--core", "lstm-bptt"], "no streaming version"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(flags, message, capsys, tmp_path):
+    code = _train(["--preset", "stream", "--out-dir", str(tmp_path / "x"), *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err and len(err.splitlines()) == 1, err
+
+
+def test_runtime_stream_needs_streaming():
+    with pytest.raises(ConfigError, match="give --streaming ac"):
+        validate(preset("stream").updated(streaming="off"))
+
+
+def test_short_run_end_to_end(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = _train(["--preset", "stream", "--env-options", "length=4", "--hidden-size", "8",
+                   "--stream-mlp", "8", "--num-agents", "2", "--total-frames", "60",
+                   "--log-every", "20", "--eval-episodes", "4", "--eval-sets", "1",
+                   "--no-progress", "--out-dir", str(out)])  # fmt: skip
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "120 frames, 60 updates in" in text and "frames/s" in text
+    result = json.loads((out / "eval.json").read_text())
+    assert len(result["agents"]) == 2 and result["actions"] == "greedy"
+    assert result["mean"] == pytest.approx(sum(a["mean"] for a in result["agents"]) / 2)
+    assert (out / "metrics.csv").read_text().count("\n") == 4  # header + 3 rows
+    assert json.loads((out / "config.json").read_text())["config"]["stream"]["num_agents"] == 2
