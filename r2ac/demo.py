@@ -14,7 +14,8 @@ import torch
 import tyro
 
 from r2ac.bench import core as bench
-from r2ac.perf import keep_freed_memory
+from r2ac.errors import ConfigError
+from r2ac.perf import check_memory, keep_freed_memory
 from r2ac.rtrl import ELSTM
 from r2ac.rtrl.gradcheck import check_gradients
 from r2ac.rtrl.reference import elstm_reference
@@ -32,8 +33,30 @@ class DemoConfig:
     """Timed repeats of the benchmark row."""
 
 
+def check(cfg: DemoConfig) -> tuple[int, int, int, int]:
+    """The benchmark shape; ConfigError for a bad shape, too few repeats or a shape that
+    does not fit in memory (before anything runs)."""
+    try:
+        shape = bench.parse_shape(cfg.shape)
+    except ValueError:
+        raise ConfigError(
+            f"--shape must be four positive integers T,B,N,D, got {cfg.shape!r}"
+        ) from None
+    if not 1 <= cfg.repeats <= 10_000:
+        raise ConfigError(f"--repeats must be in 1..10,000, got {cfg.repeats}")
+    if not 0 <= cfg.seed < 2**63:
+        raise ConfigError(f"--seed must be in 0..2**63-1, got {cfg.seed}")
+    check_memory(bench.memory_parts(shape, 4), f"--shape {cfg.shape}")
+    return shape
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = tyro.cli(DemoConfig, args=argv, prog="r2ac demo", description=__doc__)
+    try:
+        shape = check(cfg)
+    except ConfigError as exc:
+        print(f"r2ac demo: error: {exc}", file=sys.stderr)
+        return 2
     keep_freed_memory()
     segments = (7, 1, 5, 1, 1, 12)
     print(f"gradient check, float64, segments {segments}, 4 streams, resets with p = 0.15")
@@ -53,7 +76,6 @@ def main(argv: list[str] | None = None) -> int:
         if result.max_rel_error > 1e-9:
             print("gradient check FAILED", file=sys.stderr)
             return 1
-    shape = bench.parse_shape(cfg.shape)
     print(f"\nbenchmark, float32, {bench.machine_line('cpu')}")
     row = bench.bench_shape(shape, bench.BenchCoreConfig(repeats=cfg.repeats, memory=False))
     print(bench.format_rows([row]))

@@ -33,6 +33,9 @@ def check_writable(path, option: str, is_file: bool = False) -> None:
     from pathlib import Path
 
     p = Path(path).absolute()
+    long = [q.name for q in (p, *p.parents) if len(os.fsencode(q.name)) > 255]
+    if long:  # NAME_MAX of Linux's file systems; Path.exists would raise for it
+        raise ConfigError(f"{option} {path}: a name longer than 255 bytes ({long[0][:40]}...)")
     if is_file and p.is_dir():
         raise ConfigError(f"{option} {path} is a folder, not a file")
     start = p.parent if is_file else p
@@ -41,3 +44,39 @@ def check_writable(path, option: str, is_file: bool = False) -> None:
         raise ConfigError(f"{option} {path}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{option} {path}: {existing} is not writable")
+    if is_file:
+        _probe_file(p, existing, option, path)
+
+
+def _probe_file(p, existing, option: str, path) -> None:
+    """ConfigError unless a file can really be created at `p` (the nearest existing folder
+    `existing`): the permission bits pass for root on a read-only disk, and a FIFO, a device
+    or a name too long fail only when written; a probe file is created and removed there,
+    and an existing target is opened for appending (nothing written)."""
+    import os
+    import stat
+    import tempfile
+
+    try:
+        name_max = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    long = [q.name for q in (p, *p.parents) if len(os.fsencode(q.name)) > name_max]
+    if long:
+        raise ConfigError(f"{option} {path}: a name longer than {name_max} bytes")
+    if os.path.lexists(p):
+        try:
+            mode = os.stat(p).st_mode
+        except OSError:
+            raise ConfigError(f"{option} {path} is a dangling link") from None
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"{option} {path} is not a regular file (a device, FIFO or socket)")
+    try:
+        if os.path.lexists(p):
+            os.close(os.open(p, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))
+        else:
+            fd, probe = tempfile.mkstemp(dir=existing, prefix=".r2ac-probe-")
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(f"{option} {path}: cannot write there ({exc.strerror})") from None

@@ -331,6 +331,8 @@ def checked_shapes(cfg: BenchCoreConfig) -> list[tuple[int, int, int, int]]:
             f"need --repeats >= 1, --warmup >= 0 and --copy-mib >= 1, got {cfg.repeats},"
             f" {cfg.warmup}, {cfg.copy_mib}"
         )
+    if cfg.threads is not None and not 1 <= cfg.threads <= 4096:
+        raise ConfigError(f"--threads must be in 1..4096, got {cfg.threads}")
     for path, option in ((cfg.json_out, "--json-out"), (cfg.table_out, "--table-out")):
         if path:
             check_writable(path, option, is_file=True)

@@ -486,6 +486,9 @@ def plot_scaling(rows: list[ScaleRow], path: str, D: int, B: int) -> None:
     plt.close(fig)
 
 
+MAX_SIZE = 4096  # the largest hidden size measured (the RTRL sensitivities grow as N^3)
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = tyro.cli(BenchCoresConfig, args=argv, prog="r2ac bench cores", description=__doc__)
     if cfg.dtype not in DTYPES:
@@ -506,6 +509,11 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(
                 f"need --repeats >= 1 and --warmup >= 0, got {cfg.repeats}, {cfg.warmup}"
             )
+        for option, sizes in (("--sizes", cfg.sizes), ("--hybrid-sizes", cfg.hybrid_sizes)):
+            if not sizes or not all(1 <= n <= MAX_SIZE for n in sizes):
+                raise ConfigError(f"{option} must be sizes in 1..{MAX_SIZE}, got {list(sizes)}")
+        if cfg.threads < 0:
+            raise ConfigError(f"--threads must be >= 0 (0: torch's default), got {cfg.threads}")
         for option, path in (("--json-out", cfg.json_out), ("--plot", cfg.plot)):
             if path:
                 check_writable(path, option, is_file=True)

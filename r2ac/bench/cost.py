@@ -51,7 +51,7 @@ from r2ac.bench.core import machine_line, saved_for_backward_mb, time_alternatin
 from r2ac.bench.cores import state_bytes
 from r2ac.bench.probe import ProbeError, run_fresh
 from r2ac.errors import ConfigError
-from r2ac.perf import keep_freed_memory, peak_memory_mib
+from r2ac.perf import check_memory, keep_freed_memory, peak_memory_mib
 from r2ac.rl.config import TrainConfig
 from r2ac.rl.config import validate as validate_train
 from r2ac.rl.learning.actor import Segment
@@ -130,7 +130,21 @@ def validate(cfg: CostConfig) -> CostConfig:
         raise ConfigError(f"unknown device {cfg.device!r}; choose cpu or cuda")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("device cuda requested but no CUDA device is available")
+    check_memory(memory_parts(cfg), "this cost study", cfg.device)
     return cfg
+
+
+def memory_parts(cfg: CostConfig) -> dict[str, tuple[int, str]]:
+    """Rough bytes of the largest measured update (float32), before anything is allocated:
+    the weights with their optimiser state and gradient, an exact-RTRL core's sensitivities
+    (up to B x N x N x (N + D) for a dense one) and the activations of the longest span."""
+    n, b, d, span = cfg.hidden_size, cfg.batch_size, cfg.input_size, max(cfg.spans)
+    weights = 4 * n * (n + d + 1) * 4
+    return {
+        "weights": (4 * weights, "--hidden-size"),
+        "sensitivities": (b * n * (n + d) * 4 * 4, "--hidden-size or --batch-size"),
+        "activations": (span * b * (d + 16 * n) * 4, "--spans or --batch-size"),
+    }
 
 
 def gradient_span(core: str, M: int) -> int | str:

@@ -7,6 +7,7 @@ backend is missing are listed as skipped with the reason. Prints a Markdown tabl
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import numpy as np
@@ -65,7 +66,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not (0 < args.seconds <= 3600):
+        print(
+            f"r2ac bench envs: --seconds must be in (0, 3600], got {args.seconds}", file=sys.stderr
+        )
+        return 2
+    if not all(1 <= b <= 65_536 for b in args.batch_sizes):
+        print(
+            f"r2ac bench envs: --batch-sizes must be in 1..65536, got {args.batch_sizes}",
+            file=sys.stderr,
+        )
+        return 2
     print("| env | " + " | ".join(f"B={b}" for b in args.batch_sizes) + " |")
     print("|---|" + "---:|" * len(args.batch_sizes))
     for name in args.envs:

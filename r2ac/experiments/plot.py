@@ -11,11 +11,13 @@ F frames (0: raw rows). Columns are those of a run's metrics.csv (docs/rl.md, "L
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from r2ac.errors import ConfigError, check_writable
 from r2ac.experiments.report import curve_of
 
 
@@ -52,6 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smooth", type=float, default=0.0, help="trailing window in frames")
     parser.add_argument("--title", default="")
     args = parser.parse_args(argv)
+    try:
+        if not (math.isfinite(args.smooth) and args.smooth >= 0):
+            raise ConfigError(f"--smooth must be a finite number of frames >= 0, got {args.smooth}")
+        check_writable(args.out, "--out", is_file=True)
+    except ConfigError as exc:
+        print(f"r2ac plot: error: {exc}", file=sys.stderr)
+        return 2
     labels = args.labels or [run.name for run in args.runs]
     if len(labels) != len(args.runs):
         parser.exit(2, f"plot_runs: {len(labels)} labels for {len(args.runs)} runs\n")
@@ -78,8 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.title:
         fig.suptitle(args.title)
     fig.tight_layout()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=110)
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(args.out, dpi=110)
+    except OSError as exc:
+        print(f"r2ac plot: error: cannot write {args.out}: {exc.strerror}", file=sys.stderr)
+        return 2
     print(f"written: {args.out}")
     return 0
 
