@@ -15,6 +15,10 @@ BENCHES = {
         "r2ac.bench.rtrl_e2e",
         "exact RTRL vs TBPTT end to end: serial collect + update, alternated in one process",
     ),
+    "stream": (
+        "r2ac.bench.stream",
+        "streaming agent: agent-steps/s for K agents x core, env included and learner alone",
+    ),
     "random-policy": ("r2ac.bench.random_policy", "the uniform random policy's score on an env"),
     "peer": ("r2ac.bench.peer", "r2ac beside Sample Factory 2.1.1 over seeds: success, frames/s"),
 }
