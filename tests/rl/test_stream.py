@@ -218,3 +218,14 @@ def test_welford_matches_numpy():
     for row in x:
         w = w.update(row)
     assert torch.allclose(w.mean, x.mean(0)) and torch.allclose(w.var(), x.var(0, unbiased=True))
+
+
+def test_the_reference_tells_truncated_from_full():
+    """The test above has teeth: a TBPTT(1) core's critic gradients differ from full BPTT."""
+    agent, record = run_stream("rtu-bptt", SPACES["discrete"])
+    worst = max(
+        (reference_grads(agent.critic, agent.theta_c, record, t, lambda v: v.sum(), False)
+         - rec["g_c"]).abs().max().item()
+        for t, rec in enumerate(record)
+    )  # fmt: skip
+    assert worst > 1e-3

@@ -209,8 +209,11 @@ class Layout:
 
 def sparse_linear(generators, fan_in: int, fan_out: int, dtype) -> torch.Tensor:
     """(K, fan_in, fan_out): U(-1/sqrt(fan_in), 1/sqrt(fan_in)), then ceil(0.9 fan_in) of each
-    output unit's inputs zeroed (Elsayed et al.'s sparse init); agent k from generators[k]."""
-    bound, zeros = 1.0 / math.sqrt(fan_in), math.ceil(SPARSITY * fan_in)
+    output unit's inputs zeroed (Elsayed et al.'s sparse init), but never all of them: with
+    fan_in <= 10 (MemoryChain's 3 inputs) their rule zeroes the whole layer, which then sees
+    nothing of its input; here each unit keeps one. Agent k from generators[k]."""
+    bound = 1.0 / math.sqrt(fan_in)
+    zeros = min(math.ceil(SPARSITY * fan_in), fan_in - 1)
     out = []
     for g in generators:
         w = (torch.rand(fan_out, fan_in, generator=g, dtype=torch.float64) * 2 - 1) * bound
@@ -437,10 +440,10 @@ class StreamAC:
             "theta_critic": self.theta_c.detach().clone(),
             "trace_actor": self.z_a.clone(),
             "trace_critic": self.z_c.clone(),
-            "core_actor": self.state_a,
-            "core_critic": self.state_c,
-            "obs_stats": tuple(self.obs_stats),
-            "reward_stats": tuple(self.rewards.stats),
+            "core_actor": list(self.state_a),
+            "core_critic": list(self.state_c),
+            "obs_stats": list(self.obs_stats),
+            "reward_stats": list(self.rewards.stats),
             "reward_return": self.rewards.ret.clone(),
             "x": self.x.clone(),
             "reset": self.reset.clone(),
