@@ -195,7 +195,6 @@ def random_segment(
         obs=torch.randn(M + 1, B, OBS_DIM, generator=g),  # (M+1, B, OBS_DIM)
         last_reward=torch.cat([first, rewards]),  # (M+1, B): r(t-1) before obs[t]
         reset=torch.zeros(M + 1, B, dtype=torch.bool),  # (M+1, B)
-        episode_step=torch.arange(M + 1).unsqueeze(1).expand(M + 1, B).clone(),  # (M+1, B)
         actions=torch.randint(0, num_actions, (M, B), generator=g),  # (M, B)
         rewards=rewards,
         terminated=no_end,

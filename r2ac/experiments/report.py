@@ -154,7 +154,7 @@ def plot_curves(grid: Grid, tasks: tuple[Task, ...], specs: list[RunSpec], out: 
 def eval_protocol(task: Task) -> str:
     """How a column's runs are evaluated, e.g. "seaquest-cpu: 5 sets x 30 episodes, sampled"."""
     cfg = check_overrides(task.preset, task.overrides)
-    mode = "greedy" if cfg.run.eval_greedy else "sampled"
+    mode = "greedy" if cfg.study.eval_greedy else "sampled"
     return f"{task.name}: {cfg.run.eval_sets} sets x {cfg.run.eval_episodes} episodes, {mode}"
 
 

@@ -37,10 +37,6 @@ class EnvConfig:
     """Env name `<family>/<task>` (see `r2ac envs`)."""
     options: Annotated[tuple[str, ...], tyro.conf.arg(name="env-options")] = ()
     """Env options as key=value pairs, e.g. delay=64 (typed by the env's constructor)."""
-    decorrelate_steps: int = 0
-    """Actors' envs: end each stream's first episode after a random 1..K steps (truncated,
-    so bootstrapped), so that episodes of one fixed length (RepeatPrevious, CountRecall) do
-    not keep every stream in step for the whole run; 0: off. Evaluation never cuts."""
 
 
 @dataclass(frozen=True)
@@ -53,46 +49,11 @@ class ModelConfig:
     """Core state size N."""
     forget_bias: float | None = None
     """Initial forget-gate bias b_f of eLSTM cores (None: the core's own default, 1)."""
-    chrono_span: int = 0
-    """eLSTM / feLSTM cores: chrono init of the forget-gate biases, b_f = log(U(1, span - 1))
-    per cell, memory time scales spread over 2..span steps (Tallec & Ollivier 2018; the copy
-    task's --chrono-init); 0: off (every b_f the same, --forget-bias or the core's 1)."""
     stem_features: int = 64
     """Output features of the stem (the core input is these plus the clipped last reward)."""
-    mlp_hidden: tuple[int, ...] = (64,)
-    """Hidden layer sizes of the MLP stem (vector observations)."""
     head_hidden: int = 0
     """Width of a ReLU layer between the core and the policy / value heads, shared by both
     (POPGym's baselines decode the memory's output with an MLP); 0: linear heads."""
-    value_detach: bool = False
-    """The value head reads the core's output without passing its gradient into the core or
-    the stem: the critic's loss trains the head layers only, and the core is trained by the
-    policy and entropy terms alone (as with a separate critic on the same features). Why an
-    option: with exact RTRL the critic can learn the episode's clock through the core, which
-    competes with the policy's memory (docs/rl.md, "Tuning protocol")."""
-    entropy_detach: bool = False
-    """The entropy regulariser's gradient reaches the policy's output layer only (its weights
-    and bias, a Box's log-std): the core, the stem and the shared head layer get none, and the
-    policy holds its entropy (an entropy floor's raised cost) by the scale of its last layer.
-    Screened on the eLSTM: it learns RepeatPrevious several times slower without the entropy's
-    pull through the core (docs/rl.md, "Twenty-fourth session"); in no preset."""
-    critic_clock: bool = False
-    """The value head also reads the episode step (steps since the episode's first
-    observation, as saturating ramps at 4, 16, 64, 256 and 1,024 steps), a critic-only input
-    the policy never sees (time-aware values, Pardo et al. 2018). Why: in episodes of a fixed
-    length (RepeatPrevious, CountRecall) the value depends on the time left, which a critic
-    that reads only the core's output must learn through the core, beside the memory."""
-    policy_init_scale: float = 1.0
-    """Multiply the policy layer's initial weights and bias by this (1: PyTorch's default
-    init; 0.01 starts every state at a near-uniform policy, as cleanrl's PPO and RLlib's
-    models, POPGym's baselines, initialise their action layer)."""
-    conv_channels: tuple[int, ...] = (16, 32, 32)
-    """Channels of the three ResNet stages (image observations)."""
-    image_stem: str = "resnet"
-    """Stem for image observations: `resnet` (IMPALA's deep one, the paper's) or `shallow`
-    (IMPALA's two-conv one, cheap enough for Atari on a CPU)."""
-    load_stem: str | None = None
-    """Weights-only agent checkpoint (e.g. RUN/checkpoints/agent.pt) to load the stem from."""
     freeze_stem: bool = False
     """Freeze the stem (no gradients): a pre-trained one, or a random one for the built-in tasks."""
     stem_norm: bool = False
@@ -129,33 +90,14 @@ class LossConfig:
     """PopArt value normalisation: the value head learns normalised returns and the losses
     divide value errors and advantages by the running std of the V-trace targets, so that
     tasks with tiny rewards (POPGym: +-1/51 per step) train like tasks with unit rewards."""
-    popart_beta: float = 1e-3
-    """Step size of PopArt's running target mean and second moment (one move per update)."""
-    popart_advantages: bool = True
-    """With popart: divide the policy-gradient advantages by sigma too (PopArt's form);
-    --no-popart-advantages normalises only the value loss (the critic)."""
-    popart_sigma_floor: float = 0.0
-    """With popart and popart_advantages: divide the advantages by max(sigma, this) (the
-    critic still by sigma). 0: by sigma, PopArt's form. A floor stops the policy gradient
-    from growing as 1/sigma when an accurate critic sees a small spread of returns
-    (docs/rl.md, "Diagnosing a run")."""
-    advantage_norm: bool = False
-    """IMPALA: standardise the policy-gradient advantages over each batch (mean 0, std 1),
-    PPO-style: the policy's step no longer depends on the reward scale. (PPO always
-    standardises per minibatch; the flag with --algorithm ppo is an error.)"""
-    baseline_cost: float = 0.5
-    """Weight of the baseline loss."""
     entropy_cost: float = 0.01
     """Weight of the entropy regulariser."""
     entropy_floor: float = 0.0
     """A floor (nats) under the policy's mean entropy per step; 0: none. Below it the learner
-    raises the entropy cost by dual ascent (`entropy_floor_rate` per nat of deficit and
+    raises the entropy cost by dual ascent (0.01 per nat of deficit and
     optimiser step), above it lowers the raise again to 0, so that a policy cannot go
     deterministic before it has anything to be sure of. The floor follows the learning-rate
     schedule (with --lr-decay it falls to 0 with it). docs/rl.md, "An entropy floor"."""
-    entropy_floor_rate: float = 0.01
-    """With --entropy-floor: how fast the entropy cost moves, per nat of (floor - entropy)
-    and optimiser step."""
     entropy_floor_cap: float = 0.0
     """With --entropy-floor: the floor is at most this fraction of the largest entropy the
     action space allows (the uniform policy's: ln n for Discrete(n), summed over the
@@ -163,6 +105,15 @@ class LossConfig:
     at or above that largest entropy can never be met, and its dual ascent then raises the
     entropy cost without end (to 18 after 1 M frames on POPGym's two-action envs under a floor
     of 0.8 nats, holding the policy at uniform). docs/rl.md, "An entropy floor"."""
+    popart_sigma_floor: float = 0.0
+    """With popart: divide the advantages by max(sigma, this) (the
+    critic still by sigma). 0: by sigma, PopArt's form. A floor stops the policy gradient
+    from growing as 1/sigma when an accurate critic sees a small spread of returns
+    (docs/rl.md, "Diagnosing a run")."""
+    baseline_cost: float = 0.5
+    """Weight of the baseline loss."""
+    value_clip: float = 0.0
+    """PPO's value clip (on normalised values with PopArt); 0: no value clipping."""
     algorithm: Literal["impala", "ppo"] = "impala"
     """impala: V-trace actor-critic, losses summed over steps; ppo: the PPO-clip objective
     against the behaviour policy, advantages standardised per minibatch, losses as means."""
@@ -172,8 +123,6 @@ class LossConfig:
     """GAE's lambda (with --targets gae)."""
     clip_coef: float = 0.2
     """PPO's ratio clip epsilon."""
-    value_clip: float = 0.0
-    """PPO's value clip (on normalised values with PopArt); 0: no value clipping."""
 
 
 @dataclass(frozen=True)
@@ -184,32 +133,16 @@ class OptimConfig:
     """RMSProp learning rate."""
     lr_decay: bool = False
     """Decay the learning rate linearly to 0 over total_frames (--no-lr-decay: constant)."""
-    lr_warmup_updates: int = 0
-    """Ramp the learning rate linearly from 0 over this many updates (0: none)."""
-    rms_alpha: float = 0.99
-    """RMSProp smoothing constant."""
-    rms_eps: float = 0.01
-    """RMSProp epsilon."""
     grad_clip: float = 40.0
-    """Global gradient-norm clipping threshold (with core_grad_clip: the stem's and heads')."""
-    core_grad_clip: float = 0.0
-    """Clip the recurrent core's gradient norm on its own at this value, and the rest's
-    (stem, heads) at grad_clip (0: one global norm over all parameters at grad_clip)."""
+    """Global gradient-norm clipping threshold."""
     optimizer: Literal["rmsprop", "adam"] = "rmsprop"
-    """Optimiser: rmsprop (IMPALA's; rms_alpha, rms_eps) or adam (default betas, adam_eps)."""
+    """Optimiser: rmsprop (IMPALA's: alpha 0.99, eps 0.01) or adam (default betas, adam_eps)."""
     adam_eps: float = 1e-8
     """Adam's epsilon (with --optimizer adam)."""
-    core_lr_scale: float = 1.0
-    """Multiply the learning rate of the recurrent core's parameters (not the stem's or the
-    heads') by this; 1: one learning rate for all."""
     epochs: int = 1
     """Passes over each batch (each re-runs the core from the segments' start states)."""
     minibatches: int = 1
     """Minibatches per pass: disjoint sets of whole streams (batch_size must divide by it)."""
-    rtrl_history_epochs: int = 0
-    """With an RTRL core: how many epochs, from the first, add the history term
-    d_hat(t0) . S(t0) (0: every epoch). Later epochs take the gradient truncated at the
-    segment start: their stored sensitivities are those of older weights."""
     rtrl_start_correction: bool = False
     """With an eLSTM RTRL core and several passes: each step after the batch's first starts
     its segments from c(t0) + S(t0) . (theta - theta before the passes), the stored start
@@ -232,24 +165,10 @@ class RuntimeConfig:
     stream: the streaming agents of --streaming (one process, an update every step)."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Device of the learner (agent, losses, optimiser); actors always act on the CPU."""
-    num_actors: int = 0
-    """Actor processes of the parallel and ray runtimes (0: max(2, cpus - 1))."""
-    max_actor_restarts: int = 3
-    """Actor processes that die (parallel, ray) are restarted this many times in all; past
-    that the run stops with a checkpoint and a line naming the actor."""
     ray_address: str | None = None
     """Ray runtime: None starts a local Ray with num_actors CPUs (shut down at the end);
     `auto` joins the cluster this machine belongs to (`ray start`), HOST:PORT the cluster
     whose head listens there."""
-    sensitivity_carry: Literal["auto", "actor", "learner"] = "auto"
-    """Where the RTRL sensitivities are carried from one segment of a stream to the next:
-    `actor` (the reference's way: every segment ships its start state with them), `learner`
-    (parallel, ray: actors act with the light state and ship segments ~25x smaller; the
-    learner carries each stream's sensitivities itself, with its own weights;
-    r2ac/rl/runtimes/learner_carry.py). auto: learner under the ray runtime, actor otherwise."""
-    actor_timeout_s: float = 300.0
-    """The learner stops the run (with a checkpoint and a line naming the actors) when no
-    segment arrives from any actor for this many seconds (parallel, ray)."""
     num_threads: int = 1
     """torch threads of the learner process (0: torch's default). Small models run fastest on 1."""
 
@@ -272,15 +191,54 @@ class RunConfig:
     """Evaluation: number of seeded sets of episodes (K)."""
     eval_episodes: int = 100
     """Evaluation: episodes per set (E)."""
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Studies: settings that the reported studies vary, and rarely changed runtime limits."""
+
+    mlp_hidden: tuple[int, ...] = (64,)
+    """Hidden layer sizes of the MLP stem (vector observations)."""
+    progress: bool = True
+    """Show a progress bar (frames, frames/s, recent return, time left) on a terminal; when
+    stderr is not a terminal, one such line every progress_every_s seconds."""
+    num_actors: int = 0
+    """Actor processes of the parallel and ray runtimes (0: max(2, cpus - 1))."""
+    decorrelate_steps: int = 0
+    """Actors' envs: end each stream's first episode after a random 1..K steps (truncated,
+    so bootstrapped), so that episodes of one fixed length (RepeatPrevious, CountRecall) do
+    not keep every stream in step for the whole run; 0: off. Evaluation never cuts."""
+    chrono_span: int = 0
+    """eLSTM / feLSTM cores: chrono init of the forget-gate biases, b_f = log(U(1, span - 1))
+    per cell, memory time scales spread over 2..span steps (Tallec & Ollivier 2018; the copy
+    task's --chrono-init); 0: off (every b_f the same, --forget-bias or the core's 1)."""
+    load_stem: str | None = None
+    """Weights-only agent checkpoint (e.g. RUN/checkpoints/agent.pt) to load the stem from."""
+    lr_warmup_updates: int = 0
+    """Ramp the learning rate linearly from 0 over this many updates (0: none)."""
     eval_greedy: bool = True
     """Evaluation: greedy (argmax) actions; --no-eval-greedy samples from the policy."""
     eval_at_end: bool = True
     """Run the evaluation at the end of training and write eval.json."""
-    progress: bool = True
-    """Show a progress bar (frames, frames/s, recent return, time left) on a terminal; when
-    stderr is not a terminal, one such line every progress_every_s seconds."""
+    sensitivity_carry: Literal["auto", "actor", "learner"] = "auto"
+    """Where the RTRL sensitivities are carried from one segment of a stream to the next:
+    `actor` (the reference's way: every segment ships its start state with them), `learner`
+    (parallel, ray: actors act with the light state and ship segments ~25x smaller; the
+    learner carries each stream's sensitivities itself, with its own weights;
+    r2ac/rl/runtimes/learner_carry.py). auto: learner under the ray runtime, actor otherwise."""
+    actor_timeout_s: float = 300.0
+    """The learner stops the run (with a checkpoint and a line naming the actors) when no
+    segment arrives from any actor for this many seconds (parallel, ray)."""
+    max_actor_restarts: int = 3
+    """Actor processes that die (parallel, ray) are restarted this many times in all; past
+    that the run stops with a checkpoint and a line naming the actor."""
     progress_every_s: float = 30.0
     """Seconds between progress lines when stderr is not a terminal (a job, a log file)."""
+    conv_channels: tuple[int, ...] = (16, 32, 32)
+    """Channels of the three ResNet stages (image observations)."""
+    image_stem: str = "resnet"
+    """Stem for image observations: `resnet` (IMPALA's deep one, the paper's) or `shallow`
+    (IMPALA's two-conv one, cheap enough for Atari on a CPU)."""
 
 
 @dataclass(frozen=True)
@@ -320,6 +278,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    study: StudyConfig = field(default_factory=StudyConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
 
     @property
@@ -334,8 +293,8 @@ class TrainConfig:
 
     @property
     def actors(self) -> int:
-        if self.runtime.num_actors > 0:
-            return self.runtime.num_actors
+        if self.study.num_actors > 0:
+            return self.study.num_actors
         return max(2, (os.cpu_count() or 2) - 1)
 
     def env_kwargs(self) -> dict:
@@ -371,6 +330,7 @@ GROUPS: dict[str, type] = {
     "optim": OptimConfig,
     "runtime": RuntimeConfig,
     "run": RunConfig,
+    "study": StudyConfig,
     "stream": StreamConfig,
 }
 # Fields whose attribute is not their flat name (the group's name would repeat).
@@ -443,22 +403,15 @@ def check_types(cfg: TrainConfig) -> None:
 
 _FINITE = (
     "learning_rate",
-    "rms_alpha",
-    "rms_eps",
     "discount",
     "reward_scale",
     "reward_clip",
     "baseline_cost",
     "entropy_cost",
     "entropy_floor",
-    "entropy_floor_rate",
     "entropy_floor_cap",
     "grad_clip",
-    "core_grad_clip",
     "forget_bias",
-    "policy_init_scale",
-    "core_lr_scale",
-    "popart_beta",
     "popart_sigma_floor",
     "progress_every_s",
     "actor_timeout_s",
@@ -470,22 +423,15 @@ MAX_EVAL_EPISODES = 100_000
 # (option, whether its value is in range, the range in words)
 _RANGES = (
     ("learning_rate", lambda v: v >= 0, ">= 0"),
-    ("rms_eps", lambda v: v > 0, "> 0"),
-    ("rms_alpha", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("discount", lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("grad_clip", lambda v: v > 0, "> 0"),
-    ("core_grad_clip", lambda v: v >= 0, ">= 0 (0: one global norm)"),
-    ("core_lr_scale", lambda v: v > 0, "> 0"),
-    ("policy_init_scale", lambda v: v > 0, "> 0"),
     ("reward_scale", lambda v: v > 0, "> 0"),
     ("reward_clip", lambda v: v >= 0, ">= 0 (0: no clipping)"),
     ("baseline_cost", lambda v: v >= 0, ">= 0"),
     ("entropy_cost", lambda v: v >= 0, ">= 0"),
     ("entropy_floor", lambda v: v >= 0, ">= 0 (0: none)"),
-    ("entropy_floor_rate", lambda v: v > 0, "> 0"),
     ("entropy_floor_cap", lambda v: 0 <= v < 1, "in [0, 1) (0: no cap)"),
     ("seed", lambda v: 0 <= v < 2**63, ">= 0"),
-    ("popart_beta", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("popart_sigma_floor", lambda v: v >= 0, ">= 0"),
     ("progress_every_s", lambda v: v > 0, "> 0"),
     ("actor_timeout_s", lambda v: v > 0, "> 0"),
@@ -541,15 +487,14 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         )
     from r2ac.rl.model.nets import check_image_stem
 
-    check_image_stem(cfg.model.image_stem)
+    check_image_stem(cfg.study.image_stem)
     check_chrono_span(cfg)
     if cfg.run.out_dir is not None and not cfg.run.out_dir.strip():
         raise ConfigError("--out-dir is empty; give a folder (or leave it out: runs/<name>)")
     loss, rt = cfg.loss, cfg.runtime
-    if loss.popart_sigma_floor and not (loss.popart and loss.popart_advantages):
+    if loss.popart_sigma_floor and not loss.popart:
         raise ConfigError(
-            "--popart-sigma-floor floors the sigma that divides the advantages: it needs "
-            "--popart with --popart-advantages"
+            "--popart-sigma-floor floors the sigma that divides the advantages: it needs --popart"
         )
     if rt.batch_size % rt.num_envs:
         raise ConfigError(
@@ -571,7 +516,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
 def check_chrono_span(cfg: TrainConfig) -> None:
     """--chrono-span: 0 or >= 3, on a core with a forget gate, and not with --forget-bias."""
-    span, model = cfg.model.chrono_span, cfg.model
+    span, model = cfg.study.chrono_span, cfg.model
     if not span:
         return
     if span < 3:
@@ -586,7 +531,7 @@ def check_chrono_span(cfg: TrainConfig) -> None:
 # PPO's options and their defaults (an IMPALA run must leave them there)
 _PPO_OPTIONS = {"targets": "vtrace", "gae_lambda": 0.95, "clip_coef": 0.2, "value_clip": 0.0}
 # IMPALA's scalings of the advantages and their "off" values (a PPO run must leave them there)
-_IMPALA_ADVANTAGE_OPTIONS = {"advantage_norm": False, "popart_sigma_floor": 0.0}
+_IMPALA_ADVANTAGE_OPTIONS = {"popart_sigma_floor": 0.0}
 
 
 def multi_pass(cfg: TrainConfig) -> bool:
@@ -595,8 +540,8 @@ def multi_pass(cfg: TrainConfig) -> bool:
 
 
 def check_start_correction(cfg: TrainConfig) -> None:
-    """--rtrl-start-correction needs a core that has it with a sensitivity rule, several
-    steps per batch and the history term in every epoch."""
+    """--rtrl-start-correction needs a core that has it with a sensitivity rule and several
+    steps per batch."""
     from r2ac.rtrl.registry import CORES
 
     spec = CORES.get(cfg.model.core)
@@ -606,9 +551,6 @@ def check_start_correction(cfg: TrainConfig) -> None:
     if not multi_pass(cfg):
         raise ConfigError("--rtrl-start-correction acts from a batch's second step on: it needs "
                           "--algorithm ppo or --epochs / --minibatches above 1")  # fmt: skip
-    if cfg.optim.rtrl_history_epochs:
-        raise ConfigError("--rtrl-start-correction and --rtrl-history-epochs: the later "
-                          "epochs would have no sensitivities to move the state by; give one")  # fmt: skip
 
 
 def check_learner_options(cfg: TrainConfig) -> None:
@@ -623,9 +565,6 @@ def check_learner_options(cfg: TrainConfig) -> None:
             f"batch_size ({cfg.runtime.batch_size}) must divide into --minibatches "
             f"({optim.minibatches})"
         )
-    if optim.rtrl_history_epochs < 0:
-        raise ConfigError(f"--rtrl-history-epochs must be >= 0 (0: every epoch), got "
-                          f"{optim.rtrl_history_epochs}")  # fmt: skip
     if optim.rtrl_start_correction:
         check_start_correction(cfg)
     numbers = {"adam_eps": optim.adam_eps, "gae_lambda": loss.gae_lambda}
@@ -685,7 +624,7 @@ _RAY_ADDRESS = re.compile(r"^(auto|[A-Za-z0-9.\-]+:[0-9]{1,5})$")
 
 def check_sensitivity_carry(cfg: TrainConfig) -> None:
     """--sensitivity-carry learner not with the serial runtime."""
-    if cfg.runtime.sensitivity_carry == "learner" and cfg.runtime.name == "serial":
+    if cfg.study.sensitivity_carry == "learner" and cfg.runtime.name == "serial":
         raise ConfigError(
             "--sensitivity-carry learner needs --runtime parallel or ray (the serial runtime "
             "keeps the actors' carry, for its bit-exact resume)"
@@ -708,9 +647,9 @@ def check_ray_options(cfg: TrainConfig) -> None:
 
 def learner_carries(cfg: TrainConfig) -> bool:
     """Whether the learner carries the sensitivities (`sensitivity_carry`, auto resolved)."""
-    if cfg.runtime.sensitivity_carry == "auto":
+    if cfg.study.sensitivity_carry == "auto":
         return cfg.runtime.name == "ray"
-    return cfg.runtime.sensitivity_carry == "learner"
+    return cfg.study.sensitivity_carry == "learner"
 
 
 def to_dict(cfg: TrainConfig) -> dict:
@@ -724,9 +663,46 @@ def flatten(data: dict) -> dict:
     if not (data and all(k in GROUPS and isinstance(v, dict) for k, v in data.items())):
         return dict(data)
     reverse = {ga: name for name, ga in FLAT_FIELDS.items()}
-    return {
-        reverse.get((g, k), f"{g}.{k}"): v for g, group in data.items() for k, v in group.items()
-    }
+    return {_flat_name(reverse, g, k): v for g, group in data.items() for k, v in group.items()}
+
+
+def _flat_name(reverse: dict, group: str, attr: str) -> str:
+    """The flat name of `group.attr`; a field since moved to another group (or removed)
+    keeps its own name."""
+    if (group, attr) in reverse:
+        return reverse[(group, attr)]
+    return attr if attr in FLAT_FIELDS or attr in REMOVED_OPTIONS else f"{group}.{attr}"
+
+
+# Options this version no longer has, at the values every run that did not set them had: a
+# config.json or checkpoint of an older run that left them there still loads.
+REMOVED_OPTIONS: dict[str, Any] = {
+    "value_detach": False,
+    "entropy_detach": False,
+    "critic_clock": False,
+    "policy_init_scale": 1.0,
+    "core_lr_scale": 1.0,
+    "core_grad_clip": 0.0,
+    "rtrl_history_epochs": 0,
+    "entropy_floor_rate": 0.01,
+    "popart_beta": 1e-3,
+    "rms_alpha": 0.99,
+    "rms_eps": 0.01,
+    "popart_advantages": True,
+    "advantage_norm": False,
+}
+
+
+def _drop_removed(flat: dict) -> dict:
+    """`flat` without the removed options; ConfigError if one is set away from its old
+    default (this version cannot run what that config asked for)."""
+    changed = [f"{k}={flat[k]!r}" for k, v in REMOVED_OPTIONS.items() if k in flat and flat[k] != v]
+    if changed:
+        raise ConfigError(
+            f"config sets options this version no longer has: {', '.join(changed)} "
+            "(run it with the version in its config.json's git revision)"
+        )
+    return {k: v for k, v in flat.items() if k not in REMOVED_OPTIONS}
 
 
 def from_dict(data: dict, require: tuple[str, ...] = ()) -> TrainConfig:
@@ -734,7 +710,7 @@ def from_dict(data: dict, require: tuple[str, ...] = ()) -> TrainConfig:
     ConfigError if one of the flat options `require` is missing."""
     if not isinstance(data, dict):
         raise ConfigError(f"config must be a JSON object, got {type(data).__name__}")
-    flat = flatten(data)
+    flat = _drop_removed(flatten(data))
     missing = [n for n in require if n not in flat]
     if missing:
         raise ConfigError(f"config lacks {', '.join(missing)} (emptied or damaged?)")

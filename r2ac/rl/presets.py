@@ -51,7 +51,6 @@ POPGYM_IMPALA = TrainConfig.make(  # `popgym-impala`, and the base of `popgym` (
     reward_scale=50.0,
     prev_action=True,
     popart=True,
-    popart_advantages=True,
     popart_sigma_floor=15.0,
     head_hidden=128,
     eval_sets=3,

@@ -164,10 +164,9 @@ class RecurrentCore(nn.Module, metaclass=abc.ABCMeta):
     @contextlib.contextmanager
     def without_history(self) -> Iterator[None]:
         """Inside, a sensitivity rule's forward adds no history term and accepts a light
-        state: the gradient is BPTT truncated at the segment start, what rule "bptt" gives.
-        For the learner's later epochs under `--rtrl-history-epochs K`, whose stored
-        sensitivities are those of older weights (docs/rules/passes.md). Applies to every
-        core inside this one."""
+        state: the gradient is BPTT truncated at the segment start, what rule "bptt" gives
+        (the diagnostics' split of a gradient into its in-segment part and its history term).
+        Applies to every core inside this one."""
         cores = [m for m in self.modules() if isinstance(m, RecurrentCore)]
         for core in cores:
             core._history_off = True

@@ -48,54 +48,22 @@ def test_segment_layout_and_episode_bookkeeping():
     assert torch.equal(nxt.last_reward[0], seg.last_reward[M])
 
 
-def test_episode_step_counts_the_steps_since_each_reset_across_segments_and_a_restore():
-    cfg = tiny(env="builtin/watermaze", env_options=("size=3", "episode_steps=5"))
-    actor, agent, env = _actor(cfg)
-    first, _ = actor.collect()
-    saved = actor.get_state()
-    second, _ = actor.collect()
-    step = torch.cat([first.episode_step, second.episode_step[1:]])  # (2M+1, B)
-    reset = torch.cat([first.reset, second.reset[1:]])
-    assert step.dtype == torch.int64 and torch.equal(first.episode_step[M], second.episode_step[0])
-    assert (step[reset] == 0).all() and reset[0].all()
-    assert torch.equal(step[1:][~reset[1:]], step[:-1][~reset[1:]] + 1)
-    # episodes of 5 steps, in step: 0 1 2 3 4 0 1 2 3 4 0 ...
-    expected = (torch.arange(2 * M + 1) % 5).unsqueeze(1).expand_as(step)
-    assert torch.equal(step, expected)
-    restored, _, _ = _actor(cfg)
-    assert restored.set_state(saved)
-    again, _ = restored.collect()
-    assert torch.equal(again.episode_step, second.episode_step)
-    del saved["episode_step"]  # a checkpoint from before the field: zeros, as a fresh start
-    assert restored.set_state(saved) and not restored.episode_step.any()
-
-
-@pytest.mark.parametrize("critic_clock", [False, True])
-def test_final_values_match_a_manual_unroll(critic_clock):
-    """V(final_obs) of a truncated episode from the state after its last step; with
-    critic_clock at the final observation's step (5 after 5 steps), not at the next episode's
-    first observation's (0)."""
+def test_final_values_match_a_manual_unroll():
+    """V(final_obs) of a truncated episode from the state after its last step."""
     cfg = tiny(
-        env="builtin/watermaze", env_options=("size=3", "episode_steps=5"), core="elstm-bptt",
-        critic_clock=critic_clock,
-    )  # fmt: skip
+        env="builtin/watermaze", env_options=("size=3", "episode_steps=5"), core="elstm-bptt"
+    )
     actor, agent, env = _actor(cfg)
     infos, step = [], env.step
     env.step = lambda actions: infos.append(step(actions)) or infos[-1]
     state0 = actor.state
     seg, _ = actor.collect()
     final_obs = torch.from_numpy(infos[4].info["final_obs"])  # (B, 7) truncation at t = 4
-    five = torch.full((1, B), 5)
     with torch.no_grad():
         _, _, state = agent(seg.obs[:5], seg.last_reward[:5], seg.reset[:5], state0)
-        _, v, _ = agent(final_obs[None], seg.rewards[4][None], None, state, episode_step=five)
-        _, v0, _ = agent(final_obs[None], seg.rewards[4][None], None, state, episode_step=0 * five)
+        _, v, _ = agent(final_obs[None], seg.rewards[4][None], None, state)
     assert torch.allclose(v[0], seg.final_values[4], atol=1e-12)
     assert not torch.equal(final_obs, seg.obs[5])  # the next obs starts a new episode
-    if critic_clock:
-        assert (v[0] - v0[0]).abs().min() > 0
-    else:  # without the clock the step is not read
-        assert torch.equal(v, v0)
 
 
 def test_rtrl_actor_carries_sensitivities_and_matches_a_per_step_carry():

@@ -225,59 +225,6 @@ def test_bad_chrono_span_is_a_one_line_error(kw, words):
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
-def test_policy_init_scale_scales_the_policy_layer_only():
-    """--policy-init-scale s multiplies the policy layer's initial weights and bias by s, after
-    the default init (the same random draws): every other parameter is bit-identical."""
-    from .rl_helpers import agents_with, tiny
-
-    agents = agents_with(tiny(algorithm="ppo"), "policy_init_scale", (1.0, 0.01))
-    default, small = (dict(a.named_parameters()) for a in agents)
-    for name, p in default.items():
-        expected = p * 0.01 if name.startswith("heads.policy.") else p
-        assert torch.equal(small[name], expected), name
-    assert default["heads.policy.weight"].abs().max() > 0.01
-
-
-def _detach_inputs(agent):
-    """Inputs of 4 steps x 3 streams, one stream restarting at step 2, for the detach tests."""
-    g = torch.Generator().manual_seed(3)
-    obs = torch.randn(4, 3, agent.stem.layers[0].in_features, generator=g)  # (T, B, obs)
-    last_reward = torch.randn(4, 3, generator=g)  # (T, B)
-    reset = torch.zeros(4, 3, dtype=torch.bool)
-    reset[2, 1] = True
-    return obs, last_reward, reset
-
-
-@pytest.mark.parametrize("head_hidden", [0, 8])
-def test_value_detach_keeps_the_value_loss_out_of_the_core_and_the_stem(head_hidden):
-    """--value-detach: the same outputs; the value's gradient reaches the head layers only
-    (none in the core or the stem, under exact RTRL too), the policy's is unchanged."""
-    from .rl_helpers import agents_with, tiny
-
-    shared, detached = agents_with(tiny(head_hidden=head_hidden), "value_detach", (False, True))
-    obs, last_reward, reset = _detach_inputs(shared)
-
-    def grads(agent, part):
-        agent.zero_grad(set_to_none=True)
-        state = agent.initial_state(3)
-        logits, values, _ = agent(obs, last_reward, reset, state)
-        loss = values.square().sum() if part == "value" else logits.logsumexp(-1).sum()
-        loss.backward()
-        return logits, values, {n: p.grad for n, p in agent.named_parameters()}
-
-    for part in ("value", "policy"):
-        logits_s, values_s, g_s = grads(shared, part)
-        logits_d, values_d, g_d = grads(detached, part)
-        assert torch.equal(logits_s, logits_d) and torch.equal(values_s, values_d)
-        for name, grad in g_d.items():
-            below_heads = not name.startswith("heads.")
-            if part == "value" and below_heads:
-                assert grad is None or not grad.any(), name
-                assert g_s[name] is not None and g_s[name].abs().max() > 0, name
-            elif grad is not None or g_s[name] is not None:
-                assert torch.allclose(grad, g_s[name], atol=1e-7, rtol=1e-6), name
-
-
 def test_stem_norm_normalises_the_features_only_and_adds_nothing_when_off():
     """--stem-norm: the core sees the stem's features through a LayerNorm (each step's features
     at mean 0 and variance 1 at the init's gain 1 and bias 0, however large the stem's output),
@@ -309,34 +256,3 @@ def test_stem_norm_normalises_the_features_only_and_adds_nothing_when_off():
     torch.testing.assert_close(x_normed[..., features:], x_plain[..., features:])
     expected = torch.nn.functional.layer_norm(x_plain[..., :features], (features,))
     torch.testing.assert_close(x_normed[..., :features], expected)
-
-
-@pytest.mark.parametrize("head_hidden", [0, 8])
-def test_entropy_detach_keeps_the_entropy_out_of_everything_below_the_policy_layer(head_hidden):
-    """--entropy-detach: the same outputs and entropy parameters; the entropy's gradient reaches
-    the policy's output layer only (the same there as without the flag; none in the torso, the
-    core or the stem, under exact RTRL too); without the flag the entropy reads the logits."""
-    from .rl_helpers import agents_with, tiny
-
-    shared, detached = agents_with(tiny(head_hidden=head_hidden), "entropy_detach", (False, True))
-    obs, last_reward, reset = _detach_inputs(shared)
-
-    def grads(agent):
-        agent.zero_grad(set_to_none=True)
-        out = agent(obs, last_reward, reset, agent.initial_state(3), entropy_params=True)
-        logits, values, _, entropy_logits = out
-        entropy = torch.distributions.Categorical(logits=entropy_logits).entropy().sum()
-        entropy.backward()
-        return logits, entropy_logits, {n: p.grad for n, p in agent.named_parameters()}
-
-    logits_s, read_s, g_s = grads(shared)
-    logits_d, read_d, g_d = grads(detached)
-    assert read_s is logits_s  # off: the entropy reads the logits themselves
-    assert torch.equal(logits_s, logits_d) and torch.equal(read_d, logits_d)
-    for name, grad in g_d.items():
-        if name.startswith("heads.policy."):
-            torch.testing.assert_close(grad, g_s[name], rtol=1e-6, atol=1e-7)
-        else:
-            assert grad is None or not grad.any(), name
-    below = [n for n in g_s if not n.startswith("heads.")]
-    assert below and all(g_s[n] is not None and g_s[n].abs().max() > 0 for n in below)

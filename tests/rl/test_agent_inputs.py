@@ -176,7 +176,7 @@ def test_popart_losses_are_invariant_to_the_reward_scale():
 
 
 def test_learner_moves_popart_statistics_and_actor_records_previous_actions():
-    cfg = tiny(prev_action=True, popart=True, popart_beta=0.5)
+    cfg = tiny(prev_action=True, popart=True)
     env = make_env(cfg, cfg.runtime.num_envs, seed=5)
     torch.manual_seed(0)
     agent = agent_for_env(cfg, env)
@@ -214,17 +214,6 @@ def test_progress_lines_when_not_on_a_terminal():
     assert printed[1].startswith("[progress] 1000/1000 frames (100%)")
 
 
-def test_critic_only_normalisation_keeps_the_actor_on_the_reward_scale():
-    cfg, seg, logits, values = _float64_segment(seed=4)
-    s = 7.0
-    plain = segment_losses(logits, values, seg, cfg.loss)
-    critic = segment_losses(logits, values, seg, replace(cfg.loss, popart_advantages=False), s)
-    torch.testing.assert_close(critic["pg_loss"], plain["pg_loss"], rtol=1e-12, atol=0)
-    torch.testing.assert_close(
-        critic["baseline_loss"], plain["baseline_loss"] / s**2, rtol=1e-12, atol=0
-    )
-
-
 def test_sigma_floor_bounds_the_advantage_scale_only():
     """--popart-sigma-floor: advantages / max(sigma, floor), the critic still / sigma; a
     floor below sigma changes nothing; without PopArt's advantages it is refused."""
@@ -242,10 +231,7 @@ def test_sigma_floor_bounds_the_advantage_scale_only():
     from r2ac.rl.config import validate
 
     validate(tiny(popart=True, popart_sigma_floor=10.0))
-    for bad in (
-        tiny(popart_sigma_floor=10.0),
-        tiny(popart=True, popart_advantages=False, popart_sigma_floor=10.0),
-    ):
+    for bad in (tiny(popart_sigma_floor=10.0),):
         with pytest.raises(ConfigError, match="popart-sigma-floor"):
             validate(bad)
     with pytest.raises(ConfigError, match="popart_sigma_floor"):

@@ -12,6 +12,7 @@ import torch
 from r2ac.errors import ConfigError
 from r2ac.rl.config import validate
 from r2ac.rl.harness import evaluate, train_cli
+from r2ac.rl.learning.learner import RMS_ALPHA, RMS_EPS
 from r2ac.rl.presets import PRESETS
 from r2ac.runs import checkpoint
 from r2ac.runs.locked_dir import machine_changes
@@ -99,8 +100,8 @@ def test_presets_validate_and_follow_the_paper():
         assert (
             cfg.loss.baseline_cost,
             cfg.loss.entropy_cost,
-            cfg.optim.rms_alpha,
-            cfg.optim.rms_eps,
+            RMS_ALPHA,
+            RMS_EPS,
         ) == (
             0.5,
             0.01,

@@ -12,7 +12,7 @@ import torch
 from r2ac.errors import ConfigError
 from r2ac.rl.config import validate
 from r2ac.rl.learning.actor import Actor
-from r2ac.rl.learning.learner import Learner, raised_entropy_boost
+from r2ac.rl.learning.learner import ENTROPY_FLOOR_RATE, Learner, raised_entropy_boost
 from r2ac.rl.model.build import agent_for_env, make_env
 
 from .rl_helpers import tiny
@@ -46,8 +46,8 @@ def test_below_the_floor_each_step_raises_the_cost_and_trains_as_that_entropy_co
     kw = dict(batch_size=3, num_envs=3, learning_rate=1e-2, lr_decay=True, total_frames=3 * 4 * 4)
     if algorithm == "ppo":
         kw.update(algorithm="ppo", targets="gae", epochs=steps, minibatches=1)
-    floor, rate = 5.0, 0.02  # delayed cue has 2 actions: entropy <= ln 2 < 5
-    cfg = tiny(entropy_floor=floor, entropy_floor_rate=rate, **kw)
+    floor, rate = 5.0, ENTROPY_FLOOR_RATE  # delayed cue has 2 actions: entropy <= ln 2 < 5
+    cfg = tiny(entropy_floor=floor, **kw)
     validate(cfg)
     learner, segments = _learner_and_batches(cfg, 3)
     boost = 0.0
@@ -108,7 +108,6 @@ def test_the_raise_travels_in_the_learner_state():
     [
         ({"entropy_floor": -0.1}, "entropy_floor=-0.1"),
         ({"entropy_floor": float("nan")}, "entropy_floor=nan"),
-        ({"entropy_floor": 0.5, "entropy_floor_rate": 0.0}, "entropy_floor_rate=0.0"),
     ],
 )
 def test_bad_entropy_floors_are_one_line_errors(kw, words):
@@ -122,7 +121,7 @@ def test_a_floor_with_learning_rate_0_still_raises_the_cost():
     cfg = tiny(entropy_floor=5.0, learning_rate=0.0)
     learner, segments = _learner_and_batches(cfg, 1)
     metrics = learner.update(segments[0])
-    expected = cfg.loss.entropy_floor_rate * (5.0 - metrics["entropy"])
+    expected = ENTROPY_FLOOR_RATE * (5.0 - metrics["entropy"])
     assert math.isclose(learner.entropy_boost, expected, rel_tol=1e-12)
 
 

@@ -177,25 +177,6 @@ def test_every_pass_of_a_bptt_core_equals_truncated_bptt(algorithm, monkeypatch)
     assert err < 1e-10, err
 
 
-@pytest.mark.parametrize("kept", [1, 2])
-@pytest.mark.parametrize("core", ["elstm-rtrl", "rtu-rtrl"])
-def test_rtrl_history_epochs_truncates_the_later_epochs_only(core, kept, monkeypatch):
-    """`--rtrl-history-epochs K` (3 epochs): the steps of the first K epochs equal full BPTT
-    over the history, the later epochs' equal BPTT truncated at the segment start; the start
-    state (which the later epochs read light, without sensitivities) stays intact (`_run`)."""
-    cfg = _config(core, "ppo", "terminations", optimizer="adam")
-    cfg = cfg.updated(epochs=3, rtrl_history_epochs=kept)
-    agent, learner, segments, per_segment = _run(cfg, monkeypatch)
-    ref = _reference(cfg, agent)
-    cut = kept * cfg.optim.minibatches
-    first = [steps[:cut] for steps in per_segment]
-    later = [steps[cut:] for steps in per_segment]
-    assert _check_steps(cfg, learner, ref, segments, first, full=True) < 1e-10
-    assert _check_steps(cfg, learner, ref, segments, later, full=False) < 1e-10
-    # and the later epochs do differ from the full-history gradient
-    assert _check_steps(cfg, learner, ref, segments[-1:], later[-1:], full=True) > 1e-4
-
-
 def _count_corrections(core, monkeypatch):
     """The calls of core.first_order_start: (state given, state returned, snapshot, weights now)."""
     calls, correct = [], core.first_order_start

@@ -10,7 +10,6 @@ from r2ac.rl.model.nets import (
     MLPStem,
     PolicyValueHeads,
     ShallowConvStem,
-    clock_features,
     make_stem,
 )
 from r2ac.rtrl.feedforward import Feedforward, FeedforwardState
@@ -171,51 +170,6 @@ def test_policy_value_heads_with_a_shared_hidden_layer():
     torch.testing.assert_close(logits, z @ heads.policy.weight.T + heads.policy.bias)
     torch.testing.assert_close(values, z @ heads.baseline.weight[0] + heads.baseline.bias[0])
     assert heads.policy.in_features == heads.baseline.in_features == 9
-
-
-def test_clock_features_are_ramps_that_saturate_at_each_scale():
-    steps = torch.tensor([[0, 1, 4], [10, 100, 5000]])  # (2, 3)
-    ramps = clock_features(steps, torch.float64)  # (2, 3, 5): scales 4, 16, 64, 256, 1024
-    assert ramps.shape == (2, 3, 5) and ramps.dtype == torch.float64
-    torch.testing.assert_close(
-        ramps[0, 1], torch.tensor([1 / 4, 1 / 16, 1 / 64, 1 / 256, 1 / 1024], dtype=torch.float64)
-    )
-    torch.testing.assert_close(
-        ramps[1, 0], torch.tensor([1.0, 10 / 16, 10 / 64, 10 / 256, 10 / 1024], dtype=torch.float64)
-    )
-    torch.testing.assert_close(
-        ramps[1, 1], torch.tensor([1.0, 1.0, 1.0, 100 / 256, 100 / 1024], dtype=torch.float64)
-    )
-    assert (ramps[0, 0] == 0).all() and (ramps[1, 2] == 1).all()
-
-
-@pytest.mark.parametrize("hidden", [0, 9])
-def test_a_clocked_critic_reads_the_episode_step_and_the_policy_does_not(hidden):
-    """critic_clock: values = baseline([torso(h), clock(t)]) (PopArt-scaled), the logits are
-    those of the same heads without the clock; no episode step: no values; PopArt's update
-    keeps every value, the clock's weights included."""
-    torch.manual_seed(0)
-    plain = PolicyValueHeads(6, 4, hidden=hidden, value_norm=True).double()
-    torch.manual_seed(0)
-    clocked = PolicyValueHeads(6, 4, hidden=hidden, value_norm=True, critic_clock=True).double()
-    assert clocked.baseline.in_features == (hidden or 6) + 5
-    h = torch.randn(5, 3, 6, dtype=torch.float64)
-    steps = torch.randint(0, 300, (5, 3))
-    logits, values = clocked(h, episode_step=steps)
-    torch.testing.assert_close(logits, plain(h)[0], rtol=0, atol=0)
-    z = clocked.torso(h)  # (5, 3, width)
-    inputs = torch.cat([z, clock_features(steps, torch.float64)], dim=-1)
-    torch.testing.assert_close(
-        values, inputs @ clocked.baseline.weight[0] + clocked.baseline.bias[0]
-    )
-    other = clocked(h, episode_step=steps + 7)[1]
-    assert (other - values).abs().min() > 0  # every value moves with the clock
-    assert clocked(h)[1] is None
-    with pytest.raises(ValueError, match="episode_step must be"):
-        clocked(h, episode_step=steps[0])
-    clocked.update_value_stats(10.0 + 5.0 * torch.randn(40, dtype=torch.float64), beta=0.5)
-    assert float(clocked.value_scale()) != 1.0
-    torch.testing.assert_close(clocked(h, episode_step=steps)[1], values, rtol=1e-12, atol=1e-12)
 
 
 def test_feedforward_core_contract():

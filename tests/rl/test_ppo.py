@@ -151,9 +151,6 @@ def test_select_segment_of_an_index_tensor_copies_the_start_state():
         ({"value_clip": 0.2}, "--value-clip: PPO options"),
         ({"algorithm": "ppo", "gae_lambda": 1.5}, "gae_lambda=1.5"),
         ({"optimizer": "adam", "adam_eps": 0.0}, "adam_eps=0.0"),
-        ({"core_lr_scale": 0.0}, "core_lr_scale"),
-        ({"core_grad_clip": -1.0}, "core_grad_clip=-1.0"),
-        ({"rtrl_history_epochs": -1}, "--rtrl-history-epochs must be >= 0"),
         (
             {"rtrl_start_correction": True, "epochs": 2, "core": "gru-bptt"},
             "elstm-rtrl or elstm-snap1, not gru-bptt",
@@ -167,15 +164,9 @@ def test_select_segment_of_an_index_tensor_copies_the_start_state():
             "needs --algorithm ppo or --epochs / --minibatches above 1",
         ),
         (
-            {"rtrl_start_correction": True, "epochs": 2, "rtrl_history_epochs": 1},
-            "--rtrl-start-correction and --rtrl-history-epochs",
-        ),
-        ({"algorithm": "ppo", "advantage_norm": True}, "--advantage-norm: IMPALA's options"),
-        (
             {"algorithm": "ppo", "popart": True, "popart_sigma_floor": 15.0},
             "--popart-sigma-floor: IMPALA's options",
         ),
-        ({"policy_init_scale": 0.0}, "policy_init_scale=0.0"),
     ],
 )
 def test_bad_learner_options_are_one_line_errors(kw, words):
@@ -188,106 +179,3 @@ def test_good_learner_options_validate():
     validate(tiny(algorithm="ppo", targets="gae", epochs=2, minibatches=3, optimizer="adam"))
     validate(tiny(epochs=3))  # IMPALA with several passes
     validate(tiny(core="elstm-snap1", algorithm="ppo", rtrl_start_correction=True))
-
-
-@pytest.mark.parametrize("optimizer", ["adam", "rmsprop"])
-def test_core_lr_scale_gives_the_core_its_own_learning_rate(optimizer):
-    """--core-lr-scale s: the core's parameters step at lr * s (the schedule scales both
-    groups alike), the stem's and the heads' at lr; s = 1 keeps one group."""
-    from r2ac.rl.learning.learner import make_optimizer
-    from r2ac.rl.model.build import agent_for_env, make_env
-
-    cfg = tiny(optimizer=optimizer, learning_rate=1e-3, lr_decay=True, core_lr_scale=3.0)
-    env = make_env(cfg, cfg.runtime.num_envs, 0)
-    agent = agent_for_env(cfg, env, torch.float32)
-    env.close()
-    opt, sched = make_optimizer(agent, cfg)
-    rest, core = opt.param_groups
-    assert {id(p) for p in core["params"]} == {id(p) for p in agent.core.parameters()}
-    assert not {id(p) for p in rest["params"]} & {id(p) for p in core["params"]}
-    assert math.isclose(core["lr"], 3e-3) and math.isclose(rest["lr"], 1e-3)
-    opt.step()  # no gradients: nothing moves
-    sched.step()
-    assert math.isclose(core["lr"] / rest["lr"], 3.0)
-    one, _ = make_optimizer(agent, cfg.updated(core_lr_scale=1.0))
-    assert len(one.param_groups) == 1
-
-
-@pytest.mark.parametrize("core_clip", [0.0, 0.3])
-def test_core_grad_clip_clips_the_core_and_the_rest_apart(core_clip):
-    """--core-grad-clip c: the core's gradient is scaled to norm c on its own and the stem's
-    and heads' to grad_clip, each by its own factor; 0 keeps one global norm. The logged norm
-    is the global one before clipping either way."""
-    from r2ac.rl.learning.learner import Learner
-    from r2ac.rl.model.build import agent_for_env, make_env
-
-    cfg = tiny(learning_rate=0.0, grad_clip=0.2, core_grad_clip=core_clip)
-    env = make_env(cfg, cfg.runtime.num_envs, 0)
-    agent = agent_for_env(cfg, env, torch.float64)
-    env.close()
-    learner = Learner(agent, cfg)
-    core_ids = {id(p) for p in agent.core.parameters()}
-    torch.manual_seed(0)
-    for p in learner.params:
-        p.grad = torch.randn_like(p)
-    before = {id(p): p.grad.clone() for p in learner.params}
-
-    def norm(params, grads):
-        return torch.linalg.vector_norm(torch.stack([grads[id(p)].norm() for p in params]))
-
-    core = [p for p in learner.params if id(p) in core_ids]
-    rest = [p for p in learner.params if id(p) not in core_ids]
-    assert core and rest
-    core_norm, rest_norm = norm(core, before), norm(rest, before)
-    assert core_norm > 0.3 and rest_norm > 0.2  # both clips bind
-    total = float(torch.hypot(core_norm, rest_norm))
-    assert math.isclose(learner._step(), total, rel_tol=1e-12)
-    for p in learner.params:
-        if core_clip:
-            want = (0.3 / core_norm) if id(p) in core_ids else (0.2 / rest_norm)
-        else:
-            want = 0.2 / total
-        torch.testing.assert_close(p.grad, before[id(p)] * want, rtol=1e-6, atol=0)
-
-
-@pytest.mark.parametrize("algorithm", ["impala", "ppo"])
-def test_entropy_detach_gives_the_entropy_gradient_to_the_policy_layer_only(algorithm):
-    """--entropy-detach in the learner, both losses, exact RTRL, float64: the policy layer's
-    gradient is the whole loss's, every other parameter's that of the loss without its entropy
-    term (entropy cost 0)."""
-    from r2ac.rl.learning.actor import Actor
-    from r2ac.rl.learning.learner import Learner
-    from r2ac.rl.model.build import agent_for_env, make_env
-
-    kw = dict(algorithm=algorithm, entropy_cost=0.5)
-    if algorithm == "ppo":
-        kw.update(epochs=1, minibatches=1)
-    cfgs = {
-        "detached": tiny(entropy_detach=True, **kw),
-        "whole": tiny(**kw),
-        "no_entropy": tiny(**{**kw, "entropy_cost": 0.0}),
-    }
-    env = make_env(cfgs["whole"], 3, 0)
-    torch.manual_seed(0)
-    agent = agent_for_env(cfgs["whole"], env, torch.float64)
-    actor = Actor(agent, env, 0, 4)
-    actor.collect()  # sensitivities away from zero
-    seg, _ = actor.collect()
-    env.close()
-    grads = {}
-    for name, cfg in cfgs.items():
-        twin = agent_for_env(cfg, make_env(cfg, 3, 0), torch.float64)
-        twin.load_state_dict(agent.state_dict())
-        learner = Learner(twin, cfg)
-        if algorithm == "ppo":
-            learner.ppo_backward(seg, learner.prepare(seg))
-        else:
-            learner.backward(seg)
-        grads[name] = {n: p.grad for n, p in twin.named_parameters()}
-    for n, grad in grads["detached"].items():
-        want = grads["whole" if n.startswith("heads.policy.") else "no_entropy"][n]
-        torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-14, msg=n)
-    core = [n for n in grads["whole"] if n.startswith("core.")]
-    assert core and any(
-        not torch.allclose(grads["whole"][n], grads["no_entropy"][n], rtol=1e-6) for n in core
-    )  # the entropy does reach the core without the flag

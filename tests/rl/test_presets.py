@@ -49,9 +49,7 @@ def test_popgym_preset_is_the_measured_recipe():
         "prev_action": True,
         "entropy_cost": 0.01,
         "popart": True,
-        "popart_advantages": True,
         "head_hidden": 128,
-        "advantage_norm": False,
     }
     chosen = PRESETS["popgym"]
     assert {k: chosen.flat()[k] for k in pinned} == pinned

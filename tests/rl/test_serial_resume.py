@@ -72,10 +72,9 @@ def _final_weights(run_dir: Path) -> dict:
 
 # PPO with Adam, 2 epochs x 2 minibatches: the optimiser's moments and the learner's shuffle
 # generator are in the checkpoint too, and the entropy floor's raise (a floor of 5 nats is
-# above the delayed cue's ln 2: the raise grows every step), with the critic reading the
-# episode step (the actors' step counters are in the checkpoint).
+# above the delayed cue's ln 2: the raise grows every step).
 PPO_ARGS = ["--algorithm", "ppo", "--optimizer", "adam", "--epochs", "2", "--minibatches", "2"]
-PPO_ARGS += ["--entropy-floor", "5", "--critic-clock"]
+PPO_ARGS += ["--entropy-floor", "5"]
 
 
 @pytest.mark.parametrize("extra", [[], PPO_ARGS], ids=["impala", "ppo-adam-passes"])

@@ -74,7 +74,6 @@ def critic_report(runtime: SerialRuntime, batches: int) -> list[str]:
             seg.state,
             carry=False,
             last_action=seg.last_action,
-            episode_step=seg.episode_step,
         )
         values.append(v[:-1])
         rewards.append(clip_rewards(seg.rewards, cfg.loss.reward_clip) * cfg.loss.reward_scale)

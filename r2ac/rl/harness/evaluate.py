@@ -125,7 +125,7 @@ def evaluate_run(
         cfg,
         sets or cfg.run.eval_sets,
         episodes or cfg.run.eval_episodes,
-        cfg.run.eval_greedy if greedy is None else greedy,
+        cfg.study.eval_greedy if greedy is None else greedy,
         seed,
     )
     return result, write_eval(run, result, out)

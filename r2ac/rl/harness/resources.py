@@ -49,9 +49,9 @@ def segment_bytes(cfg: TrainConfig, s: Sizes) -> int:
 def activation_bytes(cfg: TrainConfig, s: Sizes) -> int:
     """The learner's forward/backward memory for one stream-step (rough)."""
     if s.image_pixels:  # conv stages at full, 1/2, 1/4 resolution, a few tensors each
-        stem = s.obs_values + 3 * sum(cfg.model.conv_channels) * s.image_pixels
+        stem = s.obs_values + 3 * sum(cfg.study.conv_channels) * s.image_pixels
     else:
-        stem = s.obs_values + 2 * sum(cfg.model.mlp_hidden)
+        stem = s.obs_values + 2 * sum(cfg.study.mlp_hidden)
     values = (
         stem + 4 * cfg.model.stem_features + 24 * cfg.model.hidden_size + 2 * cfg.model.head_hidden
     )

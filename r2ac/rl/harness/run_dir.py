@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from r2ac.errors import ConfigError, check_writable
-from r2ac.rl.config import TrainConfig, flatten, from_dict, to_dict
+from r2ac.rl.config import REMOVED_OPTIONS, TrainConfig, flatten, from_dict, to_dict
 from r2ac.runs import checkpoint
 from r2ac.runs.locked_dir import (
     LockedDir,
@@ -285,15 +285,20 @@ def config_differences(saved: dict, current: dict) -> list[str]:
         return json.loads(json.dumps(value))
 
     # A checkpoint from before the groups is flat; an option it predates had its default.
+    # Options since removed were at their defaults (from_dict refuses any other value).
     defaults = TrainConfig().flat()
-    saved = {**defaults, **flatten(saved)}
-    current = {**defaults, **flatten(current)}
+    saved = {**defaults, **_without_removed(flatten(saved))}
+    current = {**defaults, **_without_removed(flatten(current))}
     names = sorted((set(saved) | set(current)) - EDITABLE_FIELDS)
     return [
         f"{n}: checkpoint {norm(saved.get(n))!r}, config.json {norm(current.get(n))!r}"
         for n in names
         if norm(saved.get(n)) != norm(current.get(n))
     ]
+
+
+def _without_removed(flat: dict) -> dict:
+    return {k: v for k, v in flat.items() if k not in REMOVED_OPTIONS}
 
 
 def check_same_config(run: RunDir, cfg: TrainConfig, payload: dict[str, Any]) -> None:

@@ -77,11 +77,11 @@ class Tracker:
     def _make_bar(self):
         """A tqdm bar on a terminal; one progress line every `progress_every_s` seconds when
         stderr is a file or a pipe (a job's log), where a bar would print nothing useful."""
-        if not self.cfg.run.progress:
+        if not self.cfg.study.progress:
             return None
         if not sys.stderr.isatty():
             return ProgressLines(
-                self.cfg.run.total_frames, self.frames, self.cfg.run.progress_every_s
+                self.cfg.run.total_frames, self.frames, self.cfg.study.progress_every_s
             )
         from tqdm import tqdm
 

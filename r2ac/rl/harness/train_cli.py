@@ -202,12 +202,12 @@ def finish(cfg: TrainConfig, run: RunDir, runtime) -> None:
         title=f"{cfg.env.id} {' '.join(cfg.env.options)}  {cfg.model.core}  "
         f"M={cfg.loss.unroll_length}  N={cfg.model.hidden_size}",
     )
-    if cfg.run.eval_at_end:
+    if cfg.study.eval_at_end:
         from r2ac.rl.harness.evaluate import evaluate, write_eval
 
         if cfg.runtime.name == "stream":  # K agents, each evaluated (eval.json: their mean)
             result = runtime.evaluate(
-                cfg.run.eval_sets, cfg.run.eval_episodes, cfg.run.eval_greedy
+                cfg.run.eval_sets, cfg.run.eval_episodes, cfg.study.eval_greedy
             )
         else:
             result = evaluate(
@@ -215,7 +215,7 @@ def finish(cfg: TrainConfig, run: RunDir, runtime) -> None:
                 cfg,
                 cfg.run.eval_sets,
                 cfg.run.eval_episodes,
-                cfg.run.eval_greedy,
+                cfg.study.eval_greedy,
             )
         write_eval(run, result)
         print(

@@ -6,8 +6,6 @@ Segment layout (time-major, M steps, B streams; see docs/rl.md):
     last_reward      (M+1, B)       raw reward received before obs[t]; 0 where reset[t]
     last_action      (M+1, B, *S)   action taken before obs[t]; 0 where reset[t]
     reset            (M+1, B) bool  obs[t] is the first observation of an episode
-    episode_step     (M+1, B) int64 steps since the episode's first observation (0 where
-                                    reset[t]); a critic-only input (`critic_clock`)
     actions          (M, B, *S)     S = action_space.action_shape: () for Discrete; int64,
                                     or the agent's float dtype for a Box (unclipped samples)
     rewards          (M, B)         raw (the learner clips)
@@ -48,7 +46,6 @@ class Segment(NamedTuple):
     last_reward: torch.Tensor
     last_action: torch.Tensor
     reset: torch.Tensor
-    episode_step: torch.Tensor
     actions: torch.Tensor
     rewards: torch.Tensor
     terminated: torch.Tensor
@@ -145,7 +142,6 @@ class Actor:
             (B, *self.space.action_shape), dtype=self.action_dtype
         )  # (B, *S)
         self.reset = torch.ones(B, dtype=torch.bool)  # (B,)
-        self.episode_step = torch.zeros(B, dtype=torch.int64)  # (B,)
         self.state = agent.initial_state(B, None if sensitivities else False)
         self.carry_slots, self.defer_carry = carry_slots, defer_carry
         if defer_carry and (carry_slots is None or not agent.core.defers_carry):
@@ -165,7 +161,6 @@ class Actor:
             "last_reward": torch.empty(M + 1, B, **f),
             "last_action": torch.empty(M + 1, B, *S, dtype=self.action_dtype),
             "reset": torch.empty(M + 1, B, dtype=torch.bool),
-            "episode_step": torch.empty(M + 1, B, dtype=torch.int64),
             "actions": torch.empty(M, B, *S, dtype=self.action_dtype),
             "rewards": torch.empty(M, B, **f),
             "terminated": torch.empty(M, B, dtype=torch.bool),
@@ -181,7 +176,6 @@ class Actor:
             self.reset,
         )
         buf["last_action"][t] = self.last_action
-        buf["episode_step"][t] = self.episode_step
 
     @torch.no_grad()
     def collect(self) -> tuple[Segment, EpisodeLog]:
@@ -216,7 +210,7 @@ class Actor:
             )
             if bool(truncated.any()):
                 buf["final_values"][t] = self._final_values(
-                    result.info["final_obs"], reward, action, state, self.episode_step + 1
+                    result.info["final_obs"], reward, action, state
                 )
             self._log_episodes(result.info, log)
             done = terminated | truncated
@@ -224,7 +218,6 @@ class Actor:
             self.last_reward = reward.masked_fill(done, 0.0)
             self.last_action = zero_where(action, done)
             self.reset = done
-            self.episode_step = (self.episode_step + 1).masked_fill(done, 0)
         self._record_input(buf, self.unroll_length)
         if self.defer_carry:  # `state` stays `start` until finish_carry
             self._pending = (start, traces, agent.core.carry_weights())
@@ -256,14 +249,12 @@ class Actor:
         reward: torch.Tensor,
         action: torch.Tensor,
         state: Any,
-        episode_step: torch.Tensor,
     ) -> torch.Tensor:
-        """V(final_obs) from the state after the step (the state of the ended episode);
-        `episode_step` (B,): the final observation's step in its episode."""
+        """V(final_obs) from the state after the step (the state of the ended episode)."""
         obs = torch.from_numpy(np.asarray(final_obs)).unsqueeze(0)
         x = self.agent.core_input(obs, reward.unsqueeze(0), None, action.unsqueeze(0))
         h, _ = self.agent.core(x, state, reset=None)
-        return self.agent.heads(h, episode_step=episode_step.unsqueeze(0))[1][0]  # (B,)
+        return self.agent.heads(h)[1][0]  # (B,)
 
     @staticmethod
     def _log_episodes(info: dict, log: EpisodeLog) -> None:
@@ -285,7 +276,6 @@ class Actor:
             "last_reward": self.last_reward.clone(),
             "last_action": self.last_action.clone(),
             "reset": self.reset.clone(),
-            "episode_step": self.episode_step.clone(),
             "state": self.state,
             "generator": self.generator.get_state(),
             "env": env_state,
@@ -303,7 +293,4 @@ class Actor:
         # prev_action ignores it, so zeros continue such a run exactly
         self.last_action = saved.get("last_action", torch.zeros_like(self.last_action))
         self.reset, self.state = saved["reset"], saved["state"]
-        # checkpoints written before the episode step was tracked: it is an input of a
-        # critic_clock agent only, which such checkpoints cannot hold
-        self.episode_step = saved.get("episode_step", torch.zeros_like(self.episode_step))
         return True

@@ -14,7 +14,6 @@ untruncated RTRL gradient for an RTRL core and the truncated one for a BPTT core
 from __future__ import annotations
 
 import warnings
-from contextlib import nullcontext
 
 import torch
 
@@ -27,12 +26,15 @@ from r2ac.rl.learning.ppo import (
     gae,
     ppo_losses,
     select_segment,
-    standardise,
     stream_minibatches,
 )
 from r2ac.rl.learning.vtrace import VTraceReturns, bootstrap_truncation, discounts_from, vtrace
 from r2ac.rl.model.agent import Agent, clip_rewards
 from r2ac.rl.model.distributions import max_entropy
+
+RMS_ALPHA, RMS_EPS = 0.99, 0.01  # RMSProp's smoothing and epsilon (IMPALA's values)
+POPART_BETA = 1e-3  # the step of PopArt's running target moments, one move per update
+ENTROPY_FLOOR_RATE = 0.01  # --entropy-floor: the cost's move per nat of deficit and step
 
 
 def segment_returns(
@@ -94,23 +96,18 @@ def segment_losses(
     The targets are `segment_returns` (pass `returns` if already computed). `value_scale`
     (PopArt's sigma) divides the value errors and the policy-gradient advantages, so that
     the losses are those of normalised returns; 1 gives IMPALA's losses unchanged;
-    `loss.popart_advantages=False` divides only the value errors (a normalised critic, the
-    actor on the rewards' own scale); `loss.popart_sigma_floor` > 0 divides the advantages
-    by max(value_scale, floor) instead. With `loss.advantage_norm` the advantages are
-    standardised over the batch instead (PPO's convention, which POPGym's baselines use):
-    the policy gradient is then independent of the reward scale. `entropy_cost` (None:
+    `loss.popart_sigma_floor` > 0 divides the advantages by max(value_scale, floor)
+    instead. `entropy_cost` (None:
     `loss.entropy_cost`) is the learner's, raised under an entropy floor; `entropy_logits`
     (None: `logits`) what the entropy term reads (`compute_loss`).
     """
     M = seg.actions.shape[0]
     if returns is None:
         returns = segment_returns(logits, values, seg, loss, space)
-    advantage_scale = value_scale if loss.popart_advantages else 1.0
+    advantage_scale = value_scale
     if loss.popart_sigma_floor:
         advantage_scale = torch.as_tensor(advantage_scale).clamp(min=loss.popart_sigma_floor)
     advantages = returns.pg_advantages / advantage_scale  # (M, B)
-    if loss.advantage_norm:
-        advantages = standardise(returns.pg_advantages)
     return compute_loss(
         logits[:M],
         seg.actions,
@@ -124,40 +121,24 @@ def segment_losses(
     )
 
 
-def parameter_groups(agent: Agent, lr: float, core_lr_scale: float) -> list:
-    """The trainable parameters: one list, or with `core_lr_scale` != 1 two groups, the
-    core's at lr * core_lr_scale and the rest (stem, heads) at lr."""
-    if core_lr_scale == 1.0:
-        return [p for p in agent.parameters() if p.requires_grad]
-    core, rest = core_and_rest(agent)
-    return [{"params": rest}, {"params": core, "lr": lr * core_lr_scale}]
-
-
-def core_and_rest(agent: Agent) -> tuple[list, list]:
-    """The trainable parameters split: the recurrent core's, and the rest (stem, heads)."""
-    core = {id(p) for p in agent.core.parameters()}
-    params = [p for p in agent.parameters() if p.requires_grad]
-    return [p for p in params if id(p) in core], [p for p in params if id(p) not in core]
-
-
 def make_optimizer(agent: Agent, cfg: TrainConfig):
     """RMSProp (momentum 0) or Adam, and a LambdaLR: constant or linear decay to 0 over the
     run, after an optional linear warm-up over `lr_warmup_updates` (RMSProp has no bias
     correction: its first steps are up to 1/sqrt(1 - alpha) = 10x the learning rate, which
     can make a policy deterministic within ten updates). The schedule counts batches, not
     the optimiser steps of several passes."""
-    params = parameter_groups(agent, cfg.optim.learning_rate, cfg.optim.core_lr_scale)
+    params = [p for p in agent.parameters() if p.requires_grad]
     if cfg.optim.optimizer == "adam":
         optimizer = torch.optim.Adam(params, lr=cfg.optim.learning_rate, eps=cfg.optim.adam_eps)
     else:
         optimizer = torch.optim.RMSprop(
             params,
             lr=cfg.optim.learning_rate,
-            alpha=cfg.optim.rms_alpha,
-            eps=cfg.optim.rms_eps,
+            alpha=RMS_ALPHA,
+            eps=RMS_EPS,
             momentum=0.0,
         )
-    total, decay, warmup = cfg.updates_total, cfg.optim.lr_decay, cfg.optim.lr_warmup_updates
+    total, decay, warmup = cfg.updates_total, cfg.optim.lr_decay, cfg.study.lr_warmup_updates
 
     def factor(update: int) -> float:
         ramp = min(1.0, (update + 1) / warmup) if warmup else 1.0
@@ -225,14 +206,11 @@ class Learner:
     def __init__(self, agent: Agent, cfg: TrainConfig):
         self.agent, self.cfg = agent, cfg
         self.params = [p for p in agent.parameters() if p.requires_grad]
-        self.core_params, self.rest_params = core_and_rest(agent)  # --core-grad-clip
         self.optimizer, self.scheduler = make_optimizer(agent, cfg)
         # Shuffles the streams into minibatches; its own stream, so that acting and the
         # runtimes' RNG are untouched, and saved with the learner for a bit-exact resume.
         self.generator = torch.Generator().manual_seed(cfg.run.seed + 0x5EED)
-        # --rtrl-history-epochs K > 0: epochs from the K+1-th drop the (stale) history term.
         carries = agent.core.carries_sensitivities
-        self.history_epochs = cfg.optim.rtrl_history_epochs if carries else 0
         self.start_correction = cfg.optim.rtrl_start_correction and carries
         # --entropy-floor: what dual ascent adds to the entropy cost (0 while above the floor)
         self.entropy_boost = 0.0
@@ -250,7 +228,7 @@ class Learner:
             return
         floor = self.entropy_floor * sched.lr_lambdas[0](sched.last_epoch)
         self.entropy_boost = raised_entropy_boost(
-            self.entropy_boost, entropy, floor, loss.entropy_floor_rate
+            self.entropy_boost, entropy, floor, ENTROPY_FLOOR_RATE
         )
 
     def backward(self, seg: Segment) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -260,7 +238,7 @@ class Learner:
         which PopArt (`value_norm`) moves its statistics after the optimiser step."""
         logits, values, _, entropy_logits = self.agent(
             seg.obs, seg.last_reward, seg.reset, seg.state, carry=False,
-            last_action=seg.last_action, entropy_params=True, episode_step=seg.episode_step,
+            last_action=seg.last_action, entropy_params=True,
         )  # fmt: skip
         space = self.agent.action_space
         returns = segment_returns(logits, values, seg, self.cfg.loss, space)
@@ -284,7 +262,6 @@ class Learner:
             carry=False,
             last_action=seg.last_action[:M],
             entropy_params=True,
-            episode_step=seg.episode_step[:M],
         )  # (M, B, A), (M, B), state, (M, B, A)
         losses = self.ppo_loss(logits, values, seg, targets, entropy_logits=entropy_logits)
         losses["loss"].backward()
@@ -316,22 +293,13 @@ class Learner:
         with torch.no_grad():
             logits, values, _ = self.agent(
                 seg.obs, seg.last_reward, seg.reset, seg.state, carry=False,
-                last_action=seg.last_action, episode_step=seg.episode_step,
+                last_action=seg.last_action,
             )  # fmt: skip
         return batch_targets(logits, values, seg, self.cfg, self.agent.action_space)
 
     def _step(self) -> float:
-        """Clip the gradient norm (global, or per group with `core_grad_clip`) and step the
-        optimiser; the global norm before clipping."""
-        optim = self.cfg.optim
-        if optim.core_grad_clip > 0:
-            # separate clips, so that exact RTRL's large core gradient (2-10x TBPTT's) does
-            # not shrink the stem's and heads' steps through one shared norm
-            core_norm = torch.nn.utils.clip_grad_norm_(self.core_params, optim.core_grad_clip)
-            rest_norm = torch.nn.utils.clip_grad_norm_(self.rest_params, optim.grad_clip)
-            grad_norm = torch.hypot(core_norm, rest_norm)
-        else:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, optim.grad_clip)
+        """Clip the global gradient norm and step the optimiser; the norm before clipping."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip)
         self.optimizer.step()
         return float(grad_norm)
 
@@ -362,20 +330,16 @@ class Learner:
         lr = self.optimizer.param_groups[0]["lr"]
         # --rtrl-start-correction: the weights the stored states and sensitivities belong to
         snapshot = core.recurrent_snapshot() if self.start_correction else None
-        for epoch in range(cfg.optim.epochs):
-            truncate = 0 < self.history_epochs <= epoch
+        for _ in range(cfg.optim.epochs):
             for block in stream_minibatches(B, cfg.optim.minibatches, self.generator):
                 sub = select_segment(seg, block)
                 self.optimizer.zero_grad(set_to_none=True)
-                if truncate:  # no history term: the sensitivities are not even read
-                    sub = sub._replace(state=core.light_state(sub.state))
                 if snapshot is not None and rows:  # the weights have moved since the snapshot
                     sub = sub._replace(state=core.first_order_start(sub.state, snapshot))
-                with core.without_history() if truncate else nullcontext():
-                    if targets is None:
-                        losses, value_targets = self.backward(sub)
-                    else:
-                        losses = self.ppo_backward(sub, targets.select(block))
+                if targets is None:
+                    losses, value_targets = self.backward(sub)
+                else:
+                    losses = self.ppo_backward(sub, targets.select(block))
                 row = {k: float(v.detach()) for k, v in losses.items()}
                 row.update(grad_norm=self._step(), entropy_cost=self.entropy_cost())
                 self._follow_entropy_floor(row["entropy"])
@@ -393,7 +357,7 @@ class Learner:
         """With PopArt, move the value statistics toward `targets`; log them."""
         heads = self.agent.heads
         if heads.value_norm:
-            heads.update_value_stats(targets, self.cfg.loss.popart_beta)
+            heads.update_value_stats(targets, POPART_BETA)
             metrics.update(
                 value_mean=float(heads.value_mean), value_scale=float(heads.value_scale())
             )

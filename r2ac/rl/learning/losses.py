@@ -84,8 +84,7 @@ def compute_loss(
     only entry with a graph (call ``.backward()`` on it); the parts are detached and already
     multiplied by their costs, so ``loss = pg_loss + baseline_loss + entropy_loss``.
     ``"entropy"`` is the mean per-step policy entropy, for logging. `entropy_logits` (None:
-    `logits`) are what the entropy term reads: the same numbers on another graph
-    (`PolicyValueHeads`' ``entropy_detach``).
+    `logits`) are what the entropy term reads.
     """
     _check_same_shape(values=values, vs=vs, pg_advantages=pg_advantages)
     check_actions(space, logits, actions)

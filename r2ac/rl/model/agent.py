@@ -49,10 +49,7 @@ class Agent(nn.Module):
     the stem gets no gradients (its parameters are frozen and it runs under ``no_grad``).
     ``reward_scale`` multiplies the last reward of the input, clipped to
     [-reward_clip, reward_clip] (0: unclipped; the losses see the same clip and scale).
-    ``head_hidden`` > 0 puts a shared ReLU layer between core and heads; ``value_detach``
-    keeps the value loss's gradient out of the core and the stem, ``entropy_detach`` the entropy
-    regulariser's out of everything below the policy's output layer, and ``critic_clock`` gives
-    the value head the episode step as a critic-only input (`PolicyValueHeads`).
+    ``head_hidden`` > 0 puts a shared ReLU layer between core and heads (`PolicyValueHeads`).
     ``num_actions`` is an `ActionSpace` (an int: Discrete with that many actions); the policy
     head outputs its distribution's parameters (`distribution`). ``stem_norm`` puts a
     LayerNorm (with its affine gain and bias) on the stem's features before the core, so
@@ -69,9 +66,6 @@ class Agent(nn.Module):
         value_norm: bool = False,
         reward_scale: float = 1.0,
         head_hidden: int = 0,
-        value_detach: bool = False,
-        entropy_detach: bool = False,
-        critic_clock: bool = False,
         reward_clip: float = 1.0,
         feed_last_reward: bool = True,
         stem_norm: bool = False,
@@ -96,9 +90,6 @@ class Agent(nn.Module):
             space.head_size,
             value_norm=value_norm,
             hidden=head_hidden,
-            value_detach=value_detach,
-            entropy_detach=entropy_detach,
-            critic_clock=critic_clock,
             log_std=space.dims if space.is_float else 0,
         )
         self.action_space = space
@@ -125,7 +116,6 @@ class Agent(nn.Module):
         carry: bool = True,
         last_action: torch.Tensor | None = None,
         entropy_params: bool = False,
-        episode_step: torch.Tensor | None = None,
     ) -> tuple[Any, ...]:
         """obs ``(T, B, *obs_shape)``, last_reward ``(T, B)``, reset ``(T, B)`` bool or None,
         last_action ``(T, B, *action_shape)`` (the action taken before obs[t]; needed with
@@ -138,17 +128,13 @@ class Agent(nn.Module):
         `core.skips_carry`, skip their sensitivity carry; the returned state is then incomplete).
         `entropy_params`: also return the parameters the entropy regulariser reads ``(T, B, P)``
         (`PolicyValueHeads.forward`), as a fourth output.
-        `episode_step` ``(T, B)``: steps since each episode's first observation, which a
-        ``critic_clock`` agent's values need (without it they are None).
         """
         x = self.core_input(obs, last_reward, reset, last_action)  # (T, B, D)
         h, state = self.core(x, state, reset=reset, carry=carry)  # (T, B, N)
         if entropy_params:
-            logits, values, entropy_logits = self.heads(
-                h, entropy_params=True, episode_step=episode_step
-            )
+            logits, values, entropy_logits = self.heads(h, entropy_params=True)
             return logits, values, state, entropy_logits
-        logits, values = self.heads(h, episode_step=episode_step)  # (T, B, A), (T, B)
+        logits, values = self.heads(h)  # (T, B, A), (T, B)
         return logits, values, state
 
     def core_input(

@@ -49,9 +49,9 @@ def make_actor_env(cfg: TrainConfig, num_envs: int, seed: int) -> BatchedEnv:
     """An actor's envs: `make_env`, with the first episodes cut at random under
     --decorrelate-steps (never the evaluation's)."""
     env = make_env(cfg, num_envs, seed)
-    if cfg.env.decorrelate_steps:
+    if cfg.study.decorrelate_steps:
         try:
-            env.decorrelate(cfg.env.decorrelate_steps, seed)
+            env.decorrelate(cfg.study.decorrelate_steps, seed)
         except BaseException:
             env.close()
             raise
@@ -72,9 +72,9 @@ def make_agent(
         observation_shape,
         observation_dtype,
         out_features=cfg.model.stem_features,
-        channels=cfg.model.conv_channels,
-        mlp_hidden=cfg.model.mlp_hidden,
-        image_stem=cfg.model.image_stem,
+        channels=cfg.study.conv_channels,
+        mlp_hidden=cfg.study.mlp_hidden,
+        image_stem=cfg.study.image_stem,
     )
     input_size = core_input_size(
         cfg.model.stem_features, num_actions, cfg.model.prev_action, cfg.model.last_reward
@@ -83,8 +83,8 @@ def make_agent(
     if cfg.model.forget_bias is not None and hasattr(core, "b_f"):
         with torch.no_grad():
             core.b_f.fill_(cfg.model.forget_bias)
-    if cfg.model.chrono_span:
-        chrono_forget_bias_(core, cfg.model.chrono_span)
+    if cfg.study.chrono_span:
+        chrono_forget_bias_(core, cfg.study.chrono_span)
     agent = Agent(
         stem,
         core,
@@ -93,20 +93,13 @@ def make_agent(
         prev_action=cfg.model.prev_action,
         value_norm=cfg.loss.popart,
         head_hidden=cfg.model.head_hidden,
-        value_detach=cfg.model.value_detach,
-        entropy_detach=cfg.model.entropy_detach,
-        critic_clock=cfg.model.critic_clock,
         reward_scale=cfg.loss.reward_scale,
         reward_clip=cfg.loss.reward_clip,
         feed_last_reward=cfg.model.last_reward,
         stem_norm=cfg.model.stem_norm,
     ).to(dtype)
-    if cfg.model.policy_init_scale != 1.0:  # after the default init: the same random draws
-        with torch.no_grad():
-            agent.heads.policy.weight.mul_(cfg.model.policy_init_scale)
-            agent.heads.policy.bias.mul_(cfg.model.policy_init_scale)
-    if load_stem and cfg.model.load_stem:
-        agent.load_stem(cfg.model.load_stem)
+    if load_stem and cfg.study.load_stem:
+        agent.load_stem(cfg.study.load_stem)
     return agent
 
 

@@ -185,19 +185,6 @@ def make_stem(
     )
 
 
-# Time scales (steps) of the critic's clock features: ramps that saturate at each, so a linear
-# layer on them is piecewise linear in the episode step with knots at these steps.
-CLOCK_SCALES = (4.0, 16.0, 64.0, 256.0, 1024.0)
-
-
-def clock_features(episode_step: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The episode step t (steps since the episode's first observation; any shape ``(...)``)
-    as ramps ``min(t, s) / s`` for each scale s of CLOCK_SCALES: ``(..., len(CLOCK_SCALES))``."""
-    t = episode_step.to(dtype).unsqueeze(-1)  # (..., 1)
-    scales = torch.tensor(CLOCK_SCALES, dtype=dtype)
-    return torch.minimum(t, scales) / scales  # (..., K)
-
-
 class PolicyValueHeads(nn.Module):
     """Linear policy logits and a linear baseline on core outputs ``(..., in_features)``,
     optionally after one shared ReLU layer of width ``hidden`` (0: none).
@@ -209,17 +196,6 @@ class PolicyValueHeads(nn.Module):
     ``update_value_stats`` moves the statistics and rescales the layer so that V is unchanged
     ("preserving outputs precisely"); the learner divides the value error and the advantages
     by ``value_scale()``, which makes the losses invariant to the reward scale.
-
-    ``value_detach``: the baseline reads ``h`` detached (through the same torso), so the
-    value loss trains the torso and the baseline layer but nothing below the heads.
-
-    ``entropy_detach``: the entropy regulariser reads the policy layer on the torso's output
-    detached (`forward(h, entropy_params=True)`), so its gradient reaches that layer only.
-
-    ``critic_clock``: the baseline layer also reads the episode step (`clock_features`), an
-    input of the critic only: the policy never sees it. Why: in fixed-length episodes the
-    value depends on the time left, which a critic that sees only the core's output has to
-    learn through the core (the episode's clock), competing with the policy's memory.
 
     ``log_std`` > 0 (a Box action space of that many dimensions) adds a state-independent
     log-std parameter (initialised to 0) that ``forward`` appends to the policy outputs, so
@@ -235,20 +211,14 @@ class PolicyValueHeads(nn.Module):
         value_norm: bool = False,
         hidden: int = 0,
         log_std: int = 0,
-        value_detach: bool = False,
-        entropy_detach: bool = False,
-        critic_clock: bool = False,
     ):
         super().__init__()
-        self.value_detach = value_detach
-        self.critic_clock = critic_clock
-        self.entropy_detach = entropy_detach
         self.torso = (
             nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU()) if hidden else nn.Identity()
         )
         width = hidden or in_features
         self.policy = nn.Linear(width, num_actions)
-        self.baseline = nn.Linear(width + (len(CLOCK_SCALES) if critic_clock else 0), 1)
+        self.baseline = nn.Linear(width, 1)
         if log_std:
             self.log_std = nn.Parameter(torch.zeros(log_std))
         self.value_norm = value_norm
@@ -263,49 +233,16 @@ class PolicyValueHeads(nn.Module):
         variance = self.value_sq_mean - self.value_mean**2
         return variance.clamp(min=self.SIGMA_RANGE[0] ** 2).sqrt().clamp(*self.SIGMA_RANGE)
 
-    def forward(
-        self,
-        h: torch.Tensor,
-        entropy_params: bool = False,
-        episode_step: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor | None, ...]:
+    def forward(self, h: torch.Tensor, entropy_params: bool = False) -> tuple[torch.Tensor, ...]:
         """Returns logits ``(..., num_actions)`` (with the log-stds appended: ``(..., 2D)``)
         and values ``(...)`` (unnormalised); with `entropy_params` also the parameters the
-        entropy regulariser reads: the logits themselves, or with ``entropy_detach`` the same
-        numbers computed from the torso's output detached. With ``critic_clock`` the values
-        need `episode_step` ``(...)``; without it they are None (an actor's policy alone)."""
+        entropy regulariser reads (the logits themselves)."""
         features = self.torso(h)  # (..., width)
-        values = self._values(h, features, episode_step)  # (...) or None
-        params = self._policy_params(features)  # (..., P)
-        if not entropy_params:
-            return params, values
-        entropy = params
-        if self.entropy_detach and torch.is_grad_enabled():  # the same numbers, cut below
-            entropy = self._policy_params(features.detach())
-        return params, values, entropy
-
-    def _values(
-        self, h: torch.Tensor, features: torch.Tensor, episode_step: torch.Tensor | None
-    ) -> torch.Tensor | None:
-        clock = None
-        if self.critic_clock:
-            if episode_step is None:
-                return None  # before any work: the policy alone was asked for
-            if episode_step.shape != features.shape[:-1]:
-                raise ValueError(
-                    f"episode_step must be {tuple(features.shape[:-1])}; "
-                    f"got {tuple(episode_step.shape)}"
-                )
-            clock = clock_features(episode_step, features.dtype)  # (..., K)
-        value_features = features  # (..., width)
-        if self.value_detach and torch.is_grad_enabled():  # a second torso pass, cut below it
-            value_features = self.torso(h.detach())
-        if clock is not None:
-            value_features = torch.cat([value_features, clock], dim=-1)
-        values = self.baseline(value_features).squeeze(-1)  # (...)
+        values = self.baseline(features).squeeze(-1)  # (...)
         if self.value_norm:
             values = values * self.value_scale() + self.value_mean
-        return values
+        params = self._policy_params(features)  # (..., P)
+        return (params, values, params) if entropy_params else (params, values)
 
     def _policy_params(self, features: torch.Tensor) -> torch.Tensor:
         params = self.policy(features)  # (..., A)

@@ -224,13 +224,13 @@ class ParallelRuntime(Runtime):
 
     def next_batch(self) -> Batch:
         need = self.cfg.segments_per_batch
-        deadline = time.monotonic() + self.cfg.runtime.actor_timeout_s
+        deadline = time.monotonic() + self.cfg.study.actor_timeout_s
         while len(self.ready) < need:
-            if self._receive(timeout=min(POLL_S * 10, self.cfg.runtime.actor_timeout_s)):
-                deadline = time.monotonic() + self.cfg.runtime.actor_timeout_s
+            if self._receive(timeout=min(POLL_S * 10, self.cfg.study.actor_timeout_s)):
+                deadline = time.monotonic() + self.cfg.study.actor_timeout_s
             elif time.monotonic() > deadline:
                 raise ActorError(
-                    f"no segment from any actor in {self.cfg.runtime.actor_timeout_s:g} s "
+                    f"no segment from any actor in {self.cfg.study.actor_timeout_s:g} s "
                     f"(actor_timeout_s); actors: {self._describe()}"
                 )
         items = self._take(need)
@@ -302,13 +302,13 @@ class ParallelRuntime(Runtime):
         what = (
             f"actor {h.spec.index} (pid {h.process.pid}) died ({describe_exit(h.process.exitcode)})"
         )
-        if self.restarts >= self.cfg.runtime.max_actor_restarts:
+        if self.restarts >= self.cfg.study.max_actor_restarts:
             raise ActorError(
-                f"{what}; no restart left (max_actor_restarts={self.cfg.runtime.max_actor_restarts})"
+                f"{what}; no restart left (max_actor_restarts={self.cfg.study.max_actor_restarts})"
             )
         self.restarts += 1
         log.warning(
-            "%s; restarting it (%d of %d)", what, self.restarts, self.cfg.runtime.max_actor_restarts
+            "%s; restarting it (%d of %d)", what, self.restarts, self.cfg.study.max_actor_restarts
         )
         self._spawn(h.spec.index, h.spec.generation + 1)
 
