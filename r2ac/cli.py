@@ -21,7 +21,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("r2ac.demo", "gradient check and one benchmark row of the eLSTM layer"),
     "bench": (
         "r2ac.bench.cli",
-        "speed and memory benchmarks (bench core | cores | envs | runtime | cost)",
+        "benchmarks (bench core | cores | envs | runtime | cost | rtrl-e2e | stream"
+        " | random-policy | peer)",
     ),
     "envs": ("r2ac.envs.cli", "list env families and whether they run on this machine"),
     "train": ("r2ac.rl.harness.train_cli", "train R2AC (--preset NAME, --resume RUN_DIR; --help)"),

@@ -240,7 +240,8 @@ class PopgymFamily:
     about: str
     """What the task asks, printed under the table."""
     easy_scores: str = ""
-    """Reference scores measured on Easy (`python scripts/popgym_scores.py`)."""
+    """Reference scores measured on Easy: the uniform random policy (`r2ac bench random-policy`)
+    and the oracle that reads the hidden state (`r2ac.envs.scripted.popgym_oracle_policy`)."""
 
 
 POPGYM_FAMILIES = (

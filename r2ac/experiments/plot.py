@@ -4,7 +4,7 @@
         [--metrics return_mean value_scale] [--labels seed0 seed1] [--smooth 250000]
 
 Each run is one line per panel; `--smooth F` averages each column over a trailing window of
-F frames (0: raw rows). Columns are those of a run's metrics.csv (docs/rl.md, "Logs");
+F frames (0: raw rows). Columns are those of a run's metrics.csv (docs/rl.md, "Run directory");
 `value_scale` is PopArt's sigma. Exit 2 with one line when a run or a column is missing.
 """
 

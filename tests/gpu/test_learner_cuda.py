@@ -77,7 +77,7 @@ def test_the_ppo_passes_with_the_start_correction_on_cuda_equal_the_cpu():
     """`--preset popgym`'s elstm-rtrl learner in small (PPO-clip with GAE, Adam, 2 epochs x 2
     minibatches, the first-order start state, the entropy floor): the weights after two
     batches on CUDA equal the CPU's. On CUDA the start sums take the blocked torch path (the
-    native kernel is the CPU's), which `scripts/gpu_session.sh popgym-e2e` times. float64
+    native kernel is the CPU's), which `r2ac bench rtrl-e2e --device cuda` times. float64
     only: eight Adam steps divide each gradient by its own running norm, which in float32
     would turn the two devices' rounding in near-zero gradients into differences of order
     the learning rate."""

@@ -1,4 +1,4 @@
-"""Issue 68: nothing of a run is lost, whatever its directory holds, and every loaded value is
+"""Nothing of a run is lost, whatever its directory holds, and every loaded value is
 checked before use.
 
 A latest.pt that is a folder, a FIFO, a link to a device or a dangling link is named for what

@@ -1,4 +1,4 @@
-"""Issue 38: bad input gets one line naming the file or option, exit 2, and changes nothing.
+"""Bad input gets one line naming the file or option, exit 2, and changes nothing.
 
 Checkpoints with a correct checksum but a malformed structure, in each of the four loaders
 (train --resume, eval, copy --resume, --load-stem); config.json damaged in three ways; a

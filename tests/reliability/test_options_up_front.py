@@ -1,4 +1,4 @@
-"""Issue 68: every command validates its options before it runs: one line, exit 2, nothing
+"""Every command validates its options before it runs: one line, exit 2, nothing
 allocated or written (bench, demo, plot, diagnose, copy, eval's and bench's output files)."""
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ def test_copy_refuses_a_locked_or_non_empty_out(tmp_path, capsys):
     code, lines = r2ac_inline(capsys, *args)
     assert code == 2 and len(lines) == 1 and "not empty; add --resume" in lines[0], lines
     assert (out / "results.json").read_text() == "{}"
-    (out / "results.json").unlink()  # results without a checkpoint: refused (issue 68)
+    (out / "results.json").unlink()  # results without a checkpoint: refused
     lock = checkpoint.lock_directory(out)
     try:
         code, lines = r2ac_inline(capsys, *args, "--resume")
@@ -123,7 +123,7 @@ def test_a_full_disk_stops_training_with_one_line(tmp_path, capsys, monkeypatch)
     out = tmp_path / "run"
     code, lines = r2ac_inline(capsys, "train", *tiny_args(2), "--out-dir", str(out))
     assert code == 1 and lines[-1].startswith("r2ac train: error: cannot write to"), lines
-    # the disk was full at the first checkpoint: no claim of an intact one (issue 68)
+    # the disk was full at the first checkpoint: no claim of an intact one
     assert "No space left on device" in lines[-1] and f"--restart {out}" in lines[-1]
     assert "no checkpoint was written yet" in lines[-1] and "intact" not in lines[-1]
     assert not any("Traceback" in ln for ln in lines)

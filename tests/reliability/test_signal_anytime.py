@@ -1,4 +1,4 @@
-"""Issue 38: a signal at any time, from the first line of `main` to the exit, ends in one line.
+"""A signal at any time, from the first line of `main` to the exit, ends in one line.
 
 Each trial starts a tiny `r2ac train` (start-up, training, the final evaluation, exit), waits
 until the process has caught SIGTERM (its handler, installed by the first line of

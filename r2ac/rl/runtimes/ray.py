@@ -297,7 +297,7 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
 def sigterm_stays_ours() -> Iterator[None]:
     """`ray.init` installs SIGTERM handlers (`sys.exit(15)` while it starts, then its node's:
     stop Ray, `sys.exit(1)`), so a SIGTERM during start-up ended r2ac with status 15 and no
-    line (issue 38). Inside, Ray's way of installing them does nothing, so the process's
+    line. Inside, Ray's way of installing them does nothing, so the process's
     own handler (the CLI's: Terminated, one line, exit 143) stays; and whatever handler is
     there at the end is replaced by the one found at the start. The driver's core worker
     gets no C++ failure-signal handler either (`keep_ray_failure_handler_out`)."""
@@ -320,8 +320,8 @@ def keep_ray_failure_handler_out() -> None:
     """No C++ failure-signal handler (Abseil's, installed by Ray's core worker) in this
     process. It takes SIGTERM too: while `ray.shutdown()` uninstalls it (about 1.3 s at a
     run's end) a SIGTERM printed "*** SIGTERM received" and killed the process (status -15,
-    no line), and the uninstall left SIGTERM at the default action behind Python's back
-    (issue 38). Without it SIGTERM stays Python's from `ray.init` to exit. Set on Ray's
+    no line), and the uninstall left SIGTERM at the default action behind Python's back.
+    Without it SIGTERM stays Python's from `ray.init` to exit. Set on Ray's
     constant, not in the environment, so the actors' processes keep theirs (their C++
     crashes are still reported); the driver's Python stack is what a crash here shows."""
     constants = getattr(getattr(ray, "_private", None), "ray_constants", None)

@@ -3,8 +3,8 @@
 Ray ties the processes its driver starts (gcs_server, raylet, monitors) to the driver with
 PR_SET_PDEATHSIG, but not the raylet's own children: `ray::DashboardAgent` and
 `ray::RuntimeEnvAgent` notice their raylet's death and then wait to report it to a GCS that
-died too, re-parented to 1 for 60-90 s (issue 38: 2 of 4 SIGTERMs during start-up, 1 of 2
-SIGKILLs of the learner; measured again: 60 s after a SIGKILL).
+died too, re-parented to 1 for 60-90 s (measured: after 2 of 4 SIGTERMs during start-up and 1 of 2
+SIGKILLs of the learner; 60 s after a SIGKILL).
 
 `Reaper.start` runs this file as a script (the standard library only: no torch, no Ray) in a
 session of its own, so that a signal to the learner's process group does not reach it. It

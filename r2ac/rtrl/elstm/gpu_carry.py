@@ -17,7 +17,7 @@ each runs one of these candidates, with the same arguments and results:
     compile-graph, triton-graph
              that candidate replayed as a CUDA graph (`Graphed`): at small B the compiled
              carry is bound by its launches and guards (~0.5 ms a call on an H200 whatever
-             the size, docs/log/gpu.md), which a replay skips; it copies FZ in (and for the
+             the size), which a replay skips; it copies FZ in (and for the
              carry back out), so it only pays where launches cost more than those copies
 
 `R2AC_GPU_CARRY=auto` (the default) tries each available candidate once per operation, dtype

@@ -7,20 +7,18 @@ block and a share of the streams (every S-th); for each of its streams it loads 
 adds it, weighted by d_hat, to its partial history sum, and with CARRY writes back G * FZ +
 sum_t outer(x(t), u(t)), accumulated in registers. FZ is read once and written once, against
 five passes for the PyTorch path; the S partial sums (S * D * C, small next to B * D * C) are
-added afterwards. On an H200 that loop over streams was latency-bound (scripts/
-tune_gpu_triton.py, docs/log/gpu.md): with `stream_grid` (float32's default) the history is
+added afterwards. On an H200 that loop over streams was latency-bound: with `stream_grid` (float32's default) the history is
 that kernel without CARRY, FZ read only, and the carry is `_carry_tile_kernel`, one program per
 (tile, stream): FZ read twice and written once, in 0.59x the time at (100, 256, 1024, 257),
 and in 32 x 64 tiles of two warps (more programs in flight) 0.79x that again. (Loading the
-FZ tile before the dots, or one program walking several C tiles, were measured slower there
-and removed: docs/log/gpu.md, third session.)
+FZ tile before the dots, or one program walking several C tiles, measured slower there.)
 
 The sum over the segment's T steps is a small matrix product per stream, x_b^T (BLOCK_D, T)
 times u_b (T, BLOCK_C). In float32 it runs as `tl.dot` over chunks of BLOCK_T steps on the
 tensor cores in 3xTF32 (each operand split into a high and a low TF32 part, three products:
 the one dropped, low x low, is ~2^-22 of the whole, where plain TF32 keeps ~2^-11), because
 on an H200 the same sum as T rank-1 multiply-adds ran at ~5 TFLOP/s, 5.6x slower than
-cuBLAS's float32 bmm (docs/log/gpu.md, first lease). In float64 it stays T rank-1
+cuBLAS's float32 bmm. In float64 it stays T rank-1
 multiply-adds (no float64 tensor-core path in every Triton build; float64 is for checking
 exactness, not for speed).
 
@@ -47,7 +45,7 @@ class KernelConfig:
     """How the kernels are launched: the tile, the steps a tl.dot takes at once, warps and
     pipeline stages, the dot's precision (None: rank-1 updates, no tl.dot), how many programs
     per SM the streams are split over in `_history_carry_kernel`, and whether the carry runs
-    as `_carry_tile_kernel` on the stream grid. scripts/tune_gpu_triton.py sweeps it."""
+    as `_carry_tile_kernel` on the stream grid. $R2AC_TRITON_CONFIG sets it (`parse`)."""
 
     block_d: int
     block_c: int
@@ -89,12 +87,12 @@ class KernelConfig:
 
 
 MAX_GRID_Z = 65535  # CUDA's limit on a grid's third dimension: more streams, the stream loop
-CONFIG_ENV = "R2AC_TRITON_CONFIG"  # the float32 launch, for measuring (scripts/gpu_lease.sh)
+CONFIG_ENV = "R2AC_TRITON_CONFIG"  # the float32 launch, for measuring another one
 
 
 # float32: tl.dot in 3xTF32 (float32 accuracy on the tensor cores), the carry on the stream
-# grid in 32 x 64 tiles of two warps: the fastest launch of scripts/tune_gpu_triton.py on an
-# H200 at all three of its shapes (docs/log/gpu.md, third session: 1.25-1.32 ms against
+# grid in 32 x 64 tiles of two warps: the fastest launch measured on an
+# H200 at three shapes (1.25-1.32 ms against
 # 1.64-1.67 for 64 x 64 tiles of four warps and 2.8 for the one-pass kernel at (100, 256,
 # 1024, 257)); float64: rank-1 updates on the stream loop (its launch was never swept)
 DEFAULT_CONFIG = {
@@ -169,7 +167,7 @@ def _carry_tile_kernel(
     x_b^T u_b over the tile, the sum over steps a small GEMM over chunks of steps. Programs
     of one stream are neighbours in the grid, so x_b and u_b are mostly read from L2.
     (_history_carry_kernel's stream loop serialises the loads of each stream's x and u behind
-    its dot: the second lease measured it latency-bound, docs/log/gpu.md.)"""
+    its dot: on an H200 it measured latency-bound.)"""
     rd = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
     rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     b = tl.program_id(2).to(tl.int64)
