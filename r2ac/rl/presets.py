@@ -115,18 +115,13 @@ PRESETS: dict[str, TrainConfig] = {
         lr_decay=True,
     ),
     # POPGym (Morad et al. 2023): card games and CartPoles with returns in [-1, 1] and
-    # per-step rewards of 1/51 .. 1/200. The peer's recipe (Sample Factory's APPO; chosen on
-    # tuning seeds 10/11, docs/log/learner.md): PPO-clip with GAE(0.95), Adam 1e-3 (eps
-    # 1e-6), 2 epochs x 4 minibatches of 64 whole streams (256 streams = 8 serial actors of
-    # 32, 1,024 frames a batch), advantages standardised per minibatch, global clip 4; the lr
-    # decayed linearly (greedy 0.962 vs 0.838 constant on gru-bptt seed 10); entropy cost
-    # 0.01 (0.003 won on the tuning seeds but solved RepeatPreviousEasy in 1 of 3 reported
-    # seeds and left CountRecallEasy at -0.92: docs/log/learner.md, exp36b). Kept from
-    # popgym-impala: rewards x50 with PopArt on the critic, the previous action as input, a
-    # shared 128-wide ReLU layer before the heads, a trainable stem. PPO clip 0.1 (0.2 before):
-    # the fourth tuning session's winner (gru-bptt CountRecallEasy, tuning seeds: -0.828
-    # against -0.922, the only candidate whose training return left the random level) and no
-    # family's check run lowered (gru/lstm/elstm RepeatPreviousEasy, rtu CountRecallEasy).
+    # per-step rewards of 1/51 .. 1/200. The peer's recipe (Sample Factory's APPO): PPO-clip
+    # with GAE(0.95), Adam 1e-3 (eps 1e-6), 2 epochs x 4 minibatches of 64 whole streams
+    # (256 streams, 1,024 frames a batch), advantages standardised per minibatch, global
+    # clip 4, the lr decayed linearly (a learned policy stays learned), entropy cost 0.01.
+    # Kept from popgym-impala: rewards x50 with PopArt on the critic, the previous action as
+    # input, a shared 128-wide ReLU layer before the heads, a trainable stem. PPO clip 0.1:
+    # the one value whose training return left the random level on CountRecallEasy.
     "popgym": POPGYM_IMPALA.updated(
         batch_size=256,
         learning_rate=1e-3,
@@ -142,7 +137,7 @@ PRESETS: dict[str, TrainConfig] = {
         popart_sigma_floor=0.0,  # IMPALA's: PPO standardises its advantages per minibatch
     ),
     "control": CONTROL,
-    # Streaming (issue 66; r2ac/rl/learning/stream.py, docs/rules/stream.md): stream AC(lambda)
+    # Streaming (r2ac/rl/learning/stream.py, docs/rules/stream.md): stream AC(lambda)
     # of Elsayed et al. 2024 with the anchors' values (Farr et al. 2026: an RTU of 64 features,
     # ObGD alpha 1.0, kappa 3 actor / 2 critic, lambda 0.8, gamma 0.99), one stream per agent,
     # an update every step. MemoryChain: no previous action or reward as input (a memoryless
@@ -222,63 +217,14 @@ PRESETS: dict[str, TrainConfig] = {
 # a family that needs its own values gets them written next to the preset). They apply when
 # `--core` is of that family, under any flag the command line gives (`preset_for`).
 # A key may also name one core ("elstm-rtrl") for an option only that rule has; its values
-# win over its family's.
-# popgym, lstm: grad clip 0.5 won the LSTM's screen on RepeatPreviousEasy (tuning seeds 10 / 11:
-# -0.033 / 1.000 against the preset's -0.502 / -0.500) and lowered the eLSTM's check run
-# (-0.233 against -0.177), so it is the LSTM's alone (docs/log/learner.md, fourth session).
-# popgym, elstm: 4 epochs won the eLSTM's screen after 8 minibatches (the screen's best,
-# -0.026 against the preset's -0.171) failed its CountRecallEasy check (-0.928 against -0.853):
-# 4 epochs -0.083 on RepeatPreviousEasy, CountRecallEasy check -0.838; it lowered the RTU's
-# screen (-0.923 against -0.843), so it is the eLSTM's alone (fifth session).
-# Sixth session: 8 epochs with the RTRL history term in the first epoch only (later epochs
-# truncated at the segment start, docs/rules/passes.md) won elstm-rtrl's RepeatPreviousEasy
-# screen (tuning seeds 10-14: mean 0.416, 3 of 5 solved, against 4 epochs' -0.128, 0 of 5) but
-# lowered elstm-bptt's (8 epochs, seed 10: -0.300 against 4 epochs' 0.562) and the CountRecall
-# check (-0.878 against -0.844): not taken (docs/log/learner.md). The 4 epochs stay.
-# Sixteenth session: N = 256, the stem's norm, an entropy floor of 0.8 nats, lr 2e-3 held
-# constant, and for exact RTRL the first-order start state won elstm-rtrl's screen (tuning
-# seeds 10-14: mean 0.843, 3 of 5 solved, against -0.128, 0 of 5); checks: CountRecallEasy
-# -0.851 against -0.838 (seed 10), elstm-bptt RepeatPreviousEasy 0.578 against 0.562 (seed
-# 10). Reported seeds (choose nothing): elstm-rtrl 0.729, elstm-bptt 0.308 (before: -0.221,
-# 0.894). Seventeenth session: on elstm-bptt's tuning seeds these values 0.570 (1 of 5) beat
-# the values before 0.214 (0 of 5): they stay its own. 6 epochs won elstm-rtrl's screen (0.961,
-# 5 of 5) but lowered the CountRecallEasy check (-0.897 against -0.851): not taken.
-# Eighteenth session (another box): elstm-rtrl 5 epochs (0.730), 6 epochs (0.709, re-run) and no
-# start correction lost to the preset re-run there (0.871); elstm-bptt 6 epochs won its screen
-# (0.914 against 0.570) but lowered the three-seed CountRecall check by 0.021: not taken.
-# Nineteenth session: the 0.8-nat floor is above the largest entropy of a two-action space
-# (ln 2 = 0.693: the three CartPole families and HigherLower), where it raised the entropy cost
-# to ~18 by 1 M frames and held the policy at uniform; the cap (0.6 of the largest entropy,
-# 0.416 nats there) leaves every env with more actions bit for bit as it was (0.6 ln 4 > 0.8).
-# Twentieth session: GAE lambda 0.8 won elstm-rtrl's RepeatPreviousEasy screen (tuning seeds
-# 10-14: 0.920, 4 of 5, against the preset re-run 0.871) among five candidates (discount 0.9,
-# hidden 128, floor 0.6, clip 0.2 all lost); checks, three seeds against the preset re-run:
-# elstm-rtrl CountRecallEasy -0.882 against -0.925, NoisyPositionOnlyCartPoleEasy 0.566
-# against 0.558, elstm-bptt RepeatPreviousEasy 0.908 against 0.797: taken for the family.
-# Reported seeds (choose nothing): RepeatPreviousEasy elstm-rtrl 0.545 (0.805 at 0.95),
-# elstm-bptt 0.801 (0.309); over eight seeds the screen's lead was inside their spread.
-# Twenty-first session: withdrawn. On ten tuning seeds (10-19) elstm-rtrl RepeatPreviousEasy
-# was level (0.863 against 0.857 at 0.95, 6 of 10 each) and lambda 0.8 lowered its
-# MultiarmedBanditEasy check (0.201 against 0.352); elstm-bptt's own screen won
-# RepeatPreviousEasy (0.889 against 0.570) but lowered its NoisyPositionOnlyCartPoleEasy
-# (0.139 against 0.176) and MultiarmedBanditEasy checks: both rules back at 0.95.
-# Twenty-second session: elstm-rtrl stem features 32 / 128, 8 minibatches and grad clip 16
-# could not reach the preset's ten-seed RepeatPreviousEasy mean (0.857); elstm-bptt's own
-# screen of 8 minibatches won it (0.877 against 0.560) but lowered MultiarmedBanditEasy
-# (-0.045 against 0.270): nothing taken. Twenty-third session: elstm-rtrl --core-grad-clip 4,
-# --grad-clip 2, --chrono-span 8, --hidden-size 512 and --minibatches 2 lost the ten-seed
-# screen; --baseline-cost 0.25 won it (0.903 against 0.857) and raised three checks but
-# lowered MultiarmedBanditEasy (0.283 against 0.352); 0.35 gave 0.722: nothing taken.
-# Twenty-fourth session: elstm-rtrl --entropy-detach (0.204), --decorrelate-steps 51 (0.174),
-# --head-hidden 256 (0.648) and a floor of 1.0 (0.710) lost the screen by far;
-# --entropy-floor-rate 0.03 was level (0.863) and lowered MultiarmedBanditEasy (0.162): nothing.
-# Twenty-fifth session: elstm-rtrl --critic-clock (0.731 over six) and --batch-size 128 (0.816)
-# lost the screen; the clock won gru-bptt's CountRecallEasy screen (-0.817 against -0.856) but
-# lowered its NoisyPositionOnlyCartPole and MultiarmedBandit checks: nothing taken.
-# Twenty-sixth session: the eLSTM's values but N (4 epochs, stem norm, the capped floor, lr 2e-3
-# constant) offered to the baselines: gru-bptt CountRecallEasy -0.937 against -0.856 (lost);
-# lstm-bptt RepeatPreviousEasy 0.806 against 0.561 over ten seeds, but its NoisyPositionOnly-
-# CartPole (0.224 / 0.312) and MultiarmedBandit (0.207 / 0.354) checks lowered: not taken.
+# win over its family's. Why each (the screens behind them, and those that lost, are in
+# docs/results.md, "Tried, not taken"):
+# - elstm epochs 4: more epochs overfit a batch (the CountRecallEasy check fell at 6 and 8).
+# - elstm hidden 256, stem norm, lr 2e-3 constant: the eLSTM learns RepeatPrevious with them.
+# - elstm entropy floor 0.8 nats, capped at 0.6 of the largest entropy: keeps exploring; the
+#   cap keeps two-action envs (ln 2 < 0.8) from being held at the uniform policy.
+# - elstm-rtrl start correction: exact RTRL's first-order start state for each segment.
+# - lstm grad clip 0.5: the LSTM's RepeatPrevious needs it; it lowers the eLSTM's.
 FAMILY_VALUES: dict[str, dict[str, dict[str, Any]]] = {
     "popgym": {
         "elstm": dict(

@@ -276,8 +276,8 @@ class Learner:
         keep_graph: bool = False,
         entropy_logits: torch.Tensor | None = None,
     ) -> dict:
-        """`ppo_losses` with this config (a test calls it on a reference's outputs;
-        scripts/gradient_noise.py differentiates its terms one at a time: `keep_graph`)."""
+        """`ppo_losses` with this config (a test calls it on a reference's outputs, and
+        differentiates its terms one at a time: `keep_graph`)."""
         cfg = self.cfg
         scale = self.agent.heads.value_scale().detach()
         return ppo_losses(
