@@ -239,6 +239,10 @@ class StudyConfig:
     image_stem: str = "resnet"
     """Stem for image observations: `resnet` (IMPALA's deep one, the paper's) or `shallow`
     (IMPALA's two-conv one, cheap enough for Atari on a CPU)."""
+    obs_norm: bool = False
+    """Standardise flat float observations by the running mean and variance of the learner's
+    batches, clipped to +-5, before the stem (Sample Factory's normalize_input;
+    r2ac/rl/model/obs_norm.py). Off: the agent and its checkpoints are unchanged."""
 
 
 @dataclass(frozen=True)

@@ -306,7 +306,10 @@ class Learner:
     def update(self, seg: Segment) -> dict[str, float]:
         """zero_grad, backward, clip the global norm, optimiser step, scheduler step; then,
         with PopArt, the value statistics move toward this batch's targets. With several
-        passes (`multi_pass`) see `_passes`."""
+        passes (`multi_pass`) see `_passes`. With --obs-norm the observation statistics
+        first move toward the batch's M acted steps (obs[M] is the next segment's first)."""
+        if self.agent.obs_norm is not None:
+            self.agent.obs_norm.update(seg.obs[: seg.actions.shape[0]])
         if multi_pass(self.cfg):
             return self._passes(seg)
         self.optimizer.zero_grad(set_to_none=True)

@@ -21,6 +21,7 @@ from r2ac.envs.spaces import ActionSpace, as_action_space
 from r2ac.errors import ConfigError
 from r2ac.rl.model.distributions import action_code, distribution
 from r2ac.rl.model.nets import PolicyValueHeads
+from r2ac.rl.model.obs_norm import RunningObsNorm
 from r2ac.rtrl import RecurrentCore
 from r2ac.runs import checkpoint
 from r2ac.runs.schema import WEIGHTS_FILE
@@ -69,6 +70,7 @@ class Agent(nn.Module):
         reward_clip: float = 1.0,
         feed_last_reward: bool = True,
         stem_norm: bool = False,
+        obs_norm: bool = False,
     ):
         super().__init__()
         if not isinstance(core, RecurrentCore):
@@ -103,6 +105,12 @@ class Agent(nn.Module):
             self.stem.requires_grad_(False)
         # registered only when asked: without it the parameters and checkpoints are as before
         self.stem_norm = nn.LayerNorm(stem.out_features) if stem_norm else None
+        # --obs-norm: running statistics of the learner's batches (flat float obs only)
+        self.obs_norm = None
+        if obs_norm:
+            if not hasattr(stem, "in_features"):
+                raise ConfigError("--obs-norm needs flat float observations (the MLP stem)")
+            self.obs_norm = RunningObsNorm(stem.in_features)
 
     def initial_state(self, batch_size: int, with_sensitivities: bool | None = None) -> Any:
         return self.core.initial_state(batch_size, with_sensitivities)
@@ -163,6 +171,8 @@ class Agent(nn.Module):
                 f"last_action must be (T, B{dims}) = {expected}; got {tuple(last_action.shape)}"
             )
         n_steps, batch_size = last_reward.shape
+        if self.obs_norm is not None:
+            obs = self.obs_norm(obs)  # (T, B, D)
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze_stem):
             features = self.stem(obs.flatten(0, 1))  # (T * B, F)
         features = features.reshape(n_steps, batch_size, -1)  # (T, B, F)

@@ -97,6 +97,7 @@ def make_agent(
         reward_clip=cfg.loss.reward_clip,
         feed_last_reward=cfg.model.last_reward,
         stem_norm=cfg.model.stem_norm,
+        obs_norm=cfg.study.obs_norm,
     ).to(dtype)
     if load_stem and cfg.study.load_stem:
         agent.load_stem(cfg.study.load_stem)
