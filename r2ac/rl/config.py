@@ -252,9 +252,10 @@ class StreamConfig:
     (batch 1, no replay) with eligibility traces and ObGD; --learning-rate is ObGD's alpha,
     --discount, --entropy-cost, --core and --hidden-size apply as named."""
 
-    streaming: Literal["off", "ac"] = "off"
-    """ac: stream AC(lambda) (Elsayed et al. 2024) on --runtime stream; off: the batched
-    learner."""
+    streaming: Literal["off", "ac", "q"] = "off"
+    """ac: stream AC(lambda) (Elsayed et al. 2024) on --runtime stream; q: QRC(lambda)
+    (r2ac/rl/learning/stream_q.py; Discrete actions; --learning-rate is Q's SGD step); off:
+    the batched learner."""
     num_agents: int = 1
     """K agents advanced as one batched computation, sharing nothing; agent k uses seed + k.
     --total-frames counts each agent's steps."""
@@ -266,6 +267,16 @@ class StreamConfig:
     """ObGD's kappa of the critic."""
     stream_mlp: tuple[int, ...] = (128, 128)
     """Widths of the layers (LayerNorm, leaky ReLU) below each network's core."""
+    epsilon_start: float = 1.0
+    """--streaming q: epsilon-greedy's epsilon at the first step."""
+    epsilon_end: float = 0.01
+    """--streaming q: epsilon after its linear decay."""
+    epsilon_fraction: float = 0.1
+    """--streaming q: the fraction of --total-frames over which epsilon decays linearly."""
+    h_learning_rate: float = 1e-5
+    """--streaming q: SGD step of QRC's secondary estimate h."""
+    qrc_beta: float = 1.0
+    """--streaming q: QRC's regulariser of h (beta theta_h in h's update)."""
 
 
 @dataclass(frozen=True)

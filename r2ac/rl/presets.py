@@ -163,6 +163,36 @@ PRESETS: dict[str, TrainConfig] = {
         log_every=1_000,
         num_threads=1,
     ),
+    # QRC(lambda) (r2ac/rl/learning/stream_q.py, docs/rules/stream.md): the value-based
+    # streaming agent Farr et al. 2026 ran on MemoryChain, with their values (their repo
+    # recurrent-streaming-rl: config/algorithm/qrc.yaml, config/hyperparameters/qrc/gymnax/
+    # bsuite/memory_chain.yaml, src/recipes/qrc_bsuite.py). Discrete actions only.
+    "stream-q": TrainConfig.make(
+        env="builtin/memory-chain",
+        env_options=("length=32",),
+        core="rtu-rtrl",
+        hidden_size=64,  # config/cell/rtu.yaml: 64 features
+        runtime="stream",
+        streaming="q",
+        unroll_length=1,
+        batch_size=1,
+        num_envs=1,
+        stream_mlp=(128,),  # qrc_bsuite.py: one Dense(128, sparse 0.9) -> LayerNorm -> leaky ReLU
+        learning_rate=1e-4,  # qrc.yaml q_lr: plain SGD on Q (no ObGD bound, no clip on MemoryChain)
+        h_learning_rate=1e-5,  # qrc.yaml h_lr: plain SGD on h
+        qrc_beta=1.0,  # qrc.yaml regularization_coefficient
+        trace_lambda=0.95,  # hyperparameters/qrc/.../memory_chain.yaml
+        discount=0.99,  # qrc.yaml gamma
+        epsilon_start=1.0,  # qrc.yaml: 1.0 -> 0.01, linear over 10% of the steps
+        epsilon_end=0.01,
+        epsilon_fraction=0.1,
+        last_reward=False,  # as `stream`: the bit must be carried by the core
+        prev_action=False,
+        total_frames=500_000,  # memory_chain.yaml total_timesteps
+        checkpoint_every=50_000,
+        log_every=1_000,
+        num_threads=1,
+    ),
     # Masked MuJoCo (the RTU paper's position-only / velocity-only locomotion; docs/envs.md):
     # the control recipe, untuned for MuJoCo beyond it, without the last reward in the core's
     # input: HalfCheetah's reward is its forward velocity, so with it a "memoryless" agent

@@ -54,8 +54,8 @@ def check_stream_config(cfg: TrainConfig) -> None:
     if streaming == "off":
         if runtime == "stream":
             raise ConfigError(
-                "--runtime stream runs the streaming agents: give --streaming ac "
-                "(or --preset stream)"
+                "--runtime stream runs the streaming agents: give --streaming ac or q "
+                "(or --preset stream, stream-q)"
             )
         return
     if runtime != "stream":
@@ -105,6 +105,10 @@ def _check_numbers(cfg: TrainConfig) -> None:
         )
     if cfg.runtime.device != "cpu":
         raise ConfigError("--streaming runs on the CPU (--device cpu)")
+    if s.streaming == "q":
+        from r2ac.rl.learning.stream_q import check_q_settings
+
+        check_q_settings(s)
 
 
 # ---------------------------------------------------------------- the agents' envs
@@ -174,6 +178,7 @@ def make_agent_envs(cfg: TrainConfig, seeds: list[int]) -> BatchedEnv:
 
 
 def make_agent(cfg: TrainConfig, env: BatchedEnv, seeds, dtype=torch.float32) -> StreamAC:
+    """The agents of --streaming: StreamAC (ac) or StreamQRC (q, r2ac/rl/learning/stream_q.py)."""
     from r2ac.rtrl.stacked import make_stacked_core
 
     spec = env.observation_spec
@@ -184,6 +189,12 @@ def make_agent(cfg: TrainConfig, env: BatchedEnv, seeds, dtype=torch.float32) ->
     def core(k: int, d: int):
         return make_stacked_core(cfg.model.core, k, d, cfg.model.hidden_size, dtype)
 
+    if cfg.stream.streaming == "q":
+        from r2ac.rl.learning.stream_q import StreamQRC, settings_from
+
+        settings = settings_from(cfg)
+        mlp = cfg.stream.stream_mlp
+        return StreamQRC(core, env.action_space, obs_size, seeds, settings, mlp, dtype)
     settings = StreamSettings(
         discount=cfg.loss.discount,
         trace_lambda=cfg.stream.trace_lambda,
@@ -280,6 +291,8 @@ class StreamRuntime:
             self.agent.observe_first(self.env.reset())
             self.agent.z_a.zero_()
             self.agent.z_c.zero_()
+            if hasattr(self.agent, "z_b"):  # QRC's trace of h's values
+                self.agent.z_b.zero_()
 
     # -- training
 
@@ -310,10 +323,9 @@ class StreamRuntime:
         info = agent.learn(
             res.reward, res.obs, res.info["final_obs"], res.terminated, res.truncated
         )
-        self._sums += torch.stack(
-            [info.delta.abs().mean(), info.value.mean(), info.entropy.mean(),
-             info.step_actor.mean(), info.step_critic.mean()]
-        ).to(torch.float64)  # fmt: skip
+        # StepInfo (ac) or QStepInfo (q): |delta| and four means
+        means = [info[0].abs().mean(), *(v.mean() for v in info[1:])]
+        self._sums += torch.stack(means).to(torch.float64)
         self._count += 1
         ended = np.flatnonzero(~np.isnan(res.info["episode_return"]))
         episodes = EpisodeLog(
@@ -334,6 +346,9 @@ class StreamRuntime:
         mean = (self._sums / max(self._count, 1)).tolist()
         self._sums.zero_()
         self._count = 0
+        if self.cfg.stream.streaming == "q":
+            names = ("td_abs", "q_mean", "epsilon", "h_mean", "non_greedy")
+            return {**dict(zip(names, mean, strict=True)), "lr": self.cfg.optim.learning_rate}
         return {
             "td_abs": mean[0],
             "value_mean": mean[1],
