@@ -62,8 +62,28 @@ def machine(threads: int = 0) -> dict[str, str | int]:
         "torch": torch.__version__,
         "numpy": numpy.__version__,
         "python": platform.python_version(),
+        "packages": package_versions(),
         "load_average": _load_average(),
     }
+
+
+# The packages beyond torch and numpy whose versions can move a run's numbers: the envs'
+# dynamics and seeding, and the runtimes'.
+ENV_PACKAGES = ("gymnasium", "popgym", "envpool", "minigrid", "minatar", "mujoco", "ray")
+
+
+def package_versions() -> str:
+    """"gymnasium 1.4.0, popgym 1.0.7, ..." for the installed ones of ENV_PACKAGES (read
+    from their metadata: nothing is imported)."""
+    from importlib import metadata
+
+    found = []
+    for name in ENV_PACKAGES:
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return ", ".join(found)
 
 
 def _load_average() -> str:
@@ -74,7 +94,7 @@ def _load_average() -> str:
 
 
 # The entries of `machine()` that change a run's floats.
-SAME_FLOATS_KEYS = ("cpu_capability", "torch", "numpy")
+SAME_FLOATS_KEYS = ("cpu_capability", "torch", "numpy", "packages")
 
 
 def machine_changes(recorded: object, now: dict) -> list[str]:
