@@ -228,6 +228,71 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.baddbmm(b.unsqueeze(1), x.unsqueeze(1), w).squeeze(1)
 
 
+# ---------------------------------------------------------------- the hand-written gradient
+# The learner's step runs without autograd: the MLP, the head and the core each compute their
+# forward and their vector-Jacobian product in a few whole-tensor ops (R rows: the actor's K
+# agents and the critic's K stacked), which is what a batch-1 step costs on a CPU (autograd's
+# per-node overhead was most of it).
+
+LN_EPS = 1e-5  # F.layer_norm's default
+LEAK = 0.01  # F.leaky_relu's default
+
+
+def mlp_forward(ws, bs, x: torch.Tensor) -> tuple[torch.Tensor, list[tuple]]:
+    """x (R, I) through the layers (w (R, I, O), b (R, O)): linear, LayerNorm, leaky ReLU.
+    Returns the features (R, F) and per layer what `mlp_backward` needs."""
+    saved = []
+    for w, b in zip(ws, bs, strict=True):
+        pre = torch.baddbmm(b.unsqueeze(1), x.unsqueeze(1), w).squeeze(1)  # (R, O)
+        normed, mean, rstd = torch.native_layer_norm(pre, pre.shape[-1:], None, None, LN_EPS)
+        saved.append((x, pre, mean, rstd, normed))
+        x = F.leaky_relu(normed, LEAK)
+    return x, saved
+
+
+def mlp_backward(ws, saved, g: torch.Tensor, g_ws, g_bs) -> None:
+    """Writes dL/dw (R, I, O) and dL/db (R, O) of every layer into g_ws, g_bs for dL/dfeatures
+    = g (R, F); the input (the observation) needs no gradient."""
+    for i in reversed(range(len(ws))):
+        x, pre, mean, rstd, normed = saved[i]
+        g = torch.ops.aten.leaky_relu_backward(g, normed, LEAK, False)
+        g = torch.ops.aten.native_layer_norm_backward(
+            g, pre, pre.shape[-1:], mean, rstd, None, None, [True, False, False]
+        )[0]  # (R, O)
+        torch.mul(x.unsqueeze(2), g.unsqueeze(1), out=g_ws[i])
+        g_bs[i].copy_(g)
+        if i:
+            g = torch.bmm(g.unsqueeze(1), ws[i].transpose(1, 2)).squeeze(1)  # (R, I)
+
+
+def head_forward(p: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+    """h (K, H) @ head.w (K, H, O) + head.b, then log_std appended where there is one."""
+    y = torch.baddbmm(p["head.b"].unsqueeze(1), h.unsqueeze(1), p["head.w"]).squeeze(1)
+    return torch.cat([y, p["log_std"]], -1) if "log_std" in p else y
+
+
+def head_backward(p, g_p, h: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Writes the head's dL/dparams into g_p for dL/dout = g (K, out); returns dL/dh (K, H)."""
+    w = p["head.w"]
+    n = w.shape[2]
+    if "log_std" in p:
+        g_p["log_std"].copy_(g[:, n:])
+        g = g[:, :n]
+    torch.mul(h.unsqueeze(2), g.unsqueeze(1), out=g_p["head.w"])
+    g_p["head.b"].copy_(g)
+    return torch.bmm(g.unsqueeze(1), w.transpose(1, 2)).squeeze(1)
+
+
+def categorical_grads(logits: torch.Tensor, action: torch.Tensor):
+    """Entropy (K,) and d log pi(a) / d logits, d H / d logits (K, A) in closed form:
+    onehot(a) - pi and -pi (log pi + H)."""
+    logp = torch.log_softmax(logits, -1)
+    p = logp.exp()
+    entropy = -(p * logp).sum(-1)
+    g_logp = torch.neg(p).scatter_add_(1, action.view(-1, 1), torch.ones_like(p[:, :1]))
+    return entropy, g_logp, -p * (logp + entropy.unsqueeze(1))
+
+
 class StackedNet:
     """MLP (LayerNorm, leaky ReLU) -> stacked core -> linear head, for K agents; parameters
     are views of one flat (K, P) tensor ('mlp{i}.w', 'mlp{i}.b', 'core.<name>', 'head.w',
@@ -314,11 +379,61 @@ class StepInfo(NamedTuple):
     step_critic: torch.Tensor
 
 
+class PairBuffers:
+    """The actor's and the critic's flat parameters (or gradients, or traces) in one (2, K, P)
+    tensor: row 0 the actor's (K, P_a), row 1 the critic's (K, P_c), P = max(P_a, P_c), the
+    shorter zero-padded. Their bodies (MLP and core, laid out first and alike in both) are one
+    (2K, P_body) computation: `body` maps each body name to a (2K, ...) view (actor's agents,
+    then the critic's), `heads` each net's head names to (K, ...) views. All views are of
+    `flat`, taken once: in-place updates of `flat` are seen through them."""
+
+    def __init__(self, flat: torch.Tensor, actor: StackedNet, critic: StackedNet):
+        self.flat = flat  # (2, K, P)
+        two, k, _ = flat.shape
+        body_slots = [sl for sl in actor.layout.slots if not _is_head(sl.name)]
+        size = sum(sl.size for sl in body_slots)
+        body = flat[:, :, :size].view(2 * k, size)  # (2K, P_body), rows strided by P
+        self.body = {sl.name: _slot(body, sl) for sl in body_slots}
+        self.heads = tuple(
+            {sl.name: _slot(flat[i], sl) for sl in net.layout.slots if _is_head(sl.name)}
+            for i, net in enumerate((actor, critic))
+        )
+        self.actor = flat[0, :, : actor.layout.size]  # (K, P_a)
+        self.critic = flat[1, :, : critic.layout.size]  # (K, P_c)
+
+
+def _is_head(name: str) -> bool:
+    return name.startswith("head.") or name == "log_std"
+
+
+def _slot(flat: torch.Tensor, sl: Slot) -> torch.Tensor:
+    return flat[:, sl.offset : sl.offset + sl.size].view(flat.shape[0], *sl.shape)
+
+
+def _body_parts(views: dict[str, torch.Tensor], depth: int):
+    """(MLP weights, MLP biases, core params) of a body's views."""
+    ws = [views[f"mlp{i}.w"] for i in range(depth)]
+    bs = [views[f"mlp{i}.b"] for i in range(depth)]
+    return ws, bs, {n[5:]: v for n, v in views.items() if n.startswith("core.")}
+
+
+def _rows(state, lo: int, hi: int):
+    return type(state)(*(t[lo:hi] for t in state))
+
+
+def _cat_states(a, b):
+    return type(a)(*(torch.cat([x, y]) for x, y in zip(a, b, strict=True)))
+
+
 class StreamAC:
     """K stream AC(lambda) agents in lockstep: networks, traces, normalisers, core states.
 
     Use: `obs = agent.observe_first(raw_obs)`; then per step `action = agent.act()`, the env
-    step, `agent.learn(reward, next_obs, final_obs, terminated, truncated)`."""
+    step, `agent.learn(reward, next_obs, final_obs, terminated, truncated)`.
+
+    The actor and the critic (separate networks) run as one stacked computation of 2K rows
+    (PairBuffers), with hand-written gradients (no autograd graph): `theta_a`, `theta_c`,
+    `z_a`, `z_c` are (K, P) views of the (2, K, P) buffers."""
 
     def __init__(
         self,
@@ -334,19 +449,32 @@ class StreamAC:
         self.space, self.settings, self.dtype = space, settings, dtype
         self.k, self.obs_size = len(seeds), obs_size
         self.seeds = np.asarray(seeds, dtype=np.uint64)
+        self.depth = len(mlp)
         feat = mlp[-1] if mlp else obs_size
         self.actor = StackedNet(
             make_core(self.k, feat), obs_size, mlp, space.head_size,
             log_std=space.dims if space.kind == "box" else 0,
         )  # fmt: skip
         self.critic = StackedNet(make_core(self.k, feat), obs_size, mlp, 1)
+        self.body_core = make_core(2 * self.k, feat)  # both bodies' cores, 2K rows
         generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
-        self.theta_a = self.actor.init(generators, dtype).requires_grad_()
-        self.theta_c = self.critic.init(generators, dtype).requires_grad_()
-        self.z_a = torch.zeros_like(self.theta_a, requires_grad=False)
-        self.z_c = torch.zeros_like(self.theta_c, requires_grad=False)
-        self.state_a = self.actor.core.initial_state()
-        self.state_c = self.critic.core.initial_state()
+        theta_a = self.actor.init(generators, dtype)
+        theta_c = self.critic.init(generators, dtype)
+        width = max(theta_a.shape[1], theta_c.shape[1])
+        flat = torch.zeros(2, self.k, width, dtype=dtype)
+        flat[0, :, : theta_a.shape[1]] = theta_a
+        flat[1, :, : theta_c.shape[1]] = theta_c
+        self.params = PairBuffers(flat, self.actor, self.critic)
+        self.grads = PairBuffers(torch.zeros_like(flat), self.actor, self.critic)
+        self.traces = PairBuffers(torch.zeros_like(flat), self.actor, self.critic)
+        self.theta_a, self.theta_c = self.params.actor, self.params.critic
+        self.z_a, self.z_c = self.traces.actor, self.traces.critic
+        # ObGD's alpha kappa per network (2, 1)
+        self._lr_kappa = torch.tensor(
+            [[settings.lr * settings.kappa_actor], [settings.lr * settings.kappa_critic]],
+            dtype=dtype,
+        )
+        self.state = self.body_core.initial_state()  # (2K, ...): actor's, then critic's
         self.obs_stats = Welford.zeros(self.k, (obs_size,))
         self.rewards = RewardScaler.zeros(self.k)
         self.x = torch.zeros(self.k, obs_size, dtype=dtype)  # normalised current observation
@@ -355,6 +483,24 @@ class StreamAC:
         self.frozen = False
         self._pending: tuple | None = None
         self.last_grads: tuple | None = None
+
+    # -- each network's core state (K, ...), views of the stacked one
+
+    @property
+    def state_a(self):
+        return _rows(self.state, 0, self.k)
+
+    @state_a.setter
+    def state_a(self, value):
+        self.state = _cat_states(value, self.state_c)
+
+    @property
+    def state_c(self):
+        return _rows(self.state, self.k, 2 * self.k)
+
+    @state_c.setter
+    def state_c(self, value):
+        self.state = _cat_states(self.state_a, value)
 
     # -- observations
 
@@ -370,59 +516,102 @@ class StreamAC:
 
     # -- acting and learning
 
+    @torch.no_grad()
     def act(self, greedy: bool = False) -> torch.Tensor:
         """The actions (K, *action_shape) at the current observation; keeps what `learn`
-        needs (the graph of this step's log-prob, entropy and value)."""
-        params, state_a = self.actor.step(self.theta_a, self.x, self.state_a, self.reset)
-        value, state_c = self.critic.step(self.theta_c, self.x, self.state_c, self.reset)
-        dist = distribution(self.space, params)
-        with torch.no_grad():
-            if greedy:
-                action = dist.mode()
-            else:
-                u = uniforms(self.seeds, self.steps, sample_draws(self.space))
-                action = sample_actions(self.space, params.detach(), torch.from_numpy(u))
-        self._pending = (dist, action, value.squeeze(-1), state_a, state_c)
+        needs (both networks' forward intermediates)."""
+        k, p = self.k, self.params
+        ws, bs, core_p = _body_parts(p.body, self.depth)
+        x2 = self.x.repeat(2, 1)  # (2K, obs): both networks see the same observation
+        feat, mlp_saved = mlp_forward(ws, bs, x2)  # (2K, F)
+        h, state, core_saved = self.body_core.forward_manual(
+            core_p, feat, self.state, self.reset.repeat(2)
+        )  # (2K, H)
+        params = head_forward(p.heads[0], h[:k])  # (K, head out)
+        value = head_forward(p.heads[1], h[k:]).squeeze(-1)  # (K,)
+        if greedy:
+            action = distribution(self.space, params).mode()
+        else:
+            u = uniforms(self.seeds, self.steps, sample_draws(self.space))
+            action = sample_actions(self.space, params, torch.from_numpy(u))
+        self._pending = (params, action, value, h, state, mlp_saved, core_saved)
         return action
 
+    def _policy_grads(self, params: torch.Tensor, action: torch.Tensor):
+        """Entropy (K,), d log pi(a) / d params and d H / d params (K, head out)."""
+        if self.space.kind == "discrete":
+            return categorical_grads(params, action)
+        with torch.enable_grad():
+            leaf = params.detach().requires_grad_()
+            dist = distribution(self.space, leaf)
+            logp, entropy = dist.log_prob(action), dist.entropy()
+            (g_logp,) = torch.autograd.grad(logp.sum(), leaf, retain_graph=True)
+            (g_ent,) = torch.autograd.grad(entropy.sum(), leaf)
+        return entropy.detach(), g_logp, g_ent
+
+    @torch.no_grad()
     def learn(self, reward, obs, final_obs, terminated, truncated) -> StepInfo:
         """One update from this step's TD error; then the next observation becomes current."""
-        dist, action, value, state_a, state_c = self._pending
+        params, action, value, h, state, mlp_saved, core_saved = self._pending
         self._pending = None
-        s = self.settings
+        s, k, p, g = self.settings, self.k, self.params, self.grads
         terminated = torch.as_tensor(terminated, dtype=torch.bool)
         done = terminated | torch.as_tensor(truncated, dtype=torch.bool)
         x_next = self._observe(torch.as_tensor(obs))
-        x_final = (
-            normalise_obs(self.obs_stats, torch.as_tensor(final_obs).to(torch.float64))
-            .reshape(self.k, -1)
-            .to(self.dtype)
-        )
+        if final_obs is obs or np.array_equal(final_obs, obs):
+            x_final = x_next
+        else:
+            x_final = (
+                normalise_obs(self.obs_stats, torch.as_tensor(final_obs).to(torch.float64))
+                .reshape(self.k, -1)
+                .to(self.dtype)
+            )
         reward = torch.as_tensor(reward).to(torch.float64)
         scaled, self.rewards = self.rewards.scale(reward, done, s.discount)
-        no_reset = torch.zeros(self.k, dtype=torch.bool)
-        v_next = self.critic.peek(self.theta_c, x_final, state_c, no_reset).squeeze(-1)
-        delta = td_error(scaled.to(self.dtype), value.detach(), v_next, terminated, s.discount)
-        entropy = dist.entropy()
-        objective = dist.log_prob(action) + s.entropy_cost * torch.sign(delta) * entropy
-        g_a, g_c = torch.autograd.grad((objective.sum(), value.sum()), (self.theta_a, self.theta_c))
-        self.last_grads = (g_a, g_c)  # this step's gradients (K, P) (tests read them)
-        with torch.no_grad():
-            decay = s.discount * s.trace_lambda
-            trace_update(self.z_a, g_a, decay)
-            trace_update(self.z_c, g_c, decay)
-            step_a = obgd_step_size(delta, self.z_a, s.lr, s.kappa_actor)
-            step_c = obgd_step_size(delta, self.z_c, s.lr, s.kappa_critic)
-            if not self.frozen:
-                self.theta_a.addcmul_((step_a * delta).unsqueeze(1), self.z_a)
-                self.theta_c.addcmul_((step_c * delta).unsqueeze(1), self.z_c)
-            keep = (~done).to(self.dtype).unsqueeze(1)
-            self.z_a.mul_(keep)
-            self.z_c.mul_(keep)
-        self.state_a, self.state_c = detach_state(state_a), detach_state(state_c)
+        v_next = self._peek_value(x_final, state)
+        delta = td_error(scaled.to(self.dtype), value, v_next, terminated, s.discount)
+        # gradients: actor of log pi(a) + c_H sign(delta) H, critic of V
+        entropy, g_logp, g_ent = self._policy_grads(params, action)
+        g_params = g_logp + (s.entropy_cost * torch.sign(delta)).unsqueeze(1) * g_ent
+        g_h = torch.cat(
+            [
+                head_backward(p.heads[0], g.heads[0], h[:k], g_params),
+                head_backward(p.heads[1], g.heads[1], h[k:], torch.ones_like(value)[:, None]),
+            ]
+        )  # (2K, H)
+        ws, _, _ = _body_parts(p.body, self.depth)
+        g_ws, g_bs, g_core = _body_parts(g.body, self.depth)
+        g_feat = self.body_core.backward_manual(core_saved, g_h, g_core)
+        mlp_backward(ws, mlp_saved, g_feat, g_ws, g_bs)
+        self.last_grads = (g.actor, g.critic)  # this step's gradients (K, P) (tests read them)
+        step = self._update(delta, done)
+        self.state = state
         self.x, self.reset = x_next, done
         self.steps += 1
-        return StepInfo(delta, value.detach(), entropy.detach(), step_a, step_c)
+        return StepInfo(delta, value, entropy, step[0], step[1])
+
+    def _peek_value(self, x: torch.Tensor, state) -> torch.Tensor:
+        """V(x) (K,) from the critic's next core state (no grad, no sensitivity update)."""
+        k, depth = self.k, self.depth
+        ws, bs, core_p = _body_parts({n: v[k:] for n, v in self.params.body.items()}, depth)
+        feat, _ = mlp_forward(ws, bs, x)
+        no_reset = torch.zeros(k, dtype=torch.bool)
+        h = self.critic.core.peek(core_p, feat, _rows(state, k, 2 * k), no_reset)
+        return head_forward(self.params.heads[1], h).squeeze(-1)
+
+    def _update(self, delta: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        """Traces, ObGD (each network with its own kappa), the traces' reset at an episode's
+        end: whole (2, K, P) tensor ops. Returns the step sizes (2, K)."""
+        s = self.settings
+        z = self.traces.flat
+        trace_update(z, self.grads.flat, s.discount * s.trace_lambda)
+        delta_bar = delta.abs().clamp(min=1.0)
+        bound = self._lr_kappa * delta_bar * z.abs().sum(2)  # (2, K)
+        step = s.lr / bound.clamp(min=1.0)
+        if not self.frozen:
+            self.params.flat.addcmul_((step * delta).unsqueeze(2), z)
+        z.mul_((~done).to(self.dtype).unsqueeze(1))
+        return step
 
     def advance(self, obs, done) -> None:
         """Evaluation: no learning; the next observation becomes current (stats frozen)."""
@@ -436,12 +625,12 @@ class StreamAC:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "theta_actor": self.theta_a.detach().clone(),
-            "theta_critic": self.theta_c.detach().clone(),
+            "theta_actor": self.theta_a.clone(),
+            "theta_critic": self.theta_c.clone(),
             "trace_actor": self.z_a.clone(),
             "trace_critic": self.z_c.clone(),
-            "core_actor": list(self.state_a),
-            "core_critic": list(self.state_c),
+            "core_actor": [t.clone() for t in self.state_a],
+            "core_critic": [t.clone() for t in self.state_c],
             "obs_stats": list(self.obs_stats),
             "reward_stats": list(self.rewards.stats),
             "reward_return": self.rewards.ret.clone(),
@@ -451,23 +640,20 @@ class StreamAC:
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        with torch.no_grad():
-            self.theta_a.copy_(d["theta_actor"])
-            self.theta_c.copy_(d["theta_critic"])
+        self.theta_a.copy_(d["theta_actor"])
+        self.theta_c.copy_(d["theta_critic"])
         self.z_a.copy_(d["trace_actor"])
         self.z_c.copy_(d["trace_critic"])
-        self.state_a = type(self.state_a)(*d["core_actor"])
-        self.state_c = type(self.state_c)(*d["core_critic"])
+        kind = type(self.state)
+        self.state = _cat_states(kind(*d["core_actor"]), kind(*d["core_critic"]))
         self.obs_stats = Welford(*d["obs_stats"])
         self.rewards = RewardScaler(Welford(*d["reward_stats"]), d["reward_return"])
         self.x, self.reset, self.steps = d["x"], d["reset"], int(d["steps"])
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The agents' weights and normalisers by name (agent.pt): (K, ...) tensors."""
-        out = {f"actor.{n}": v.detach() for n, v in self.actor.layout.views(self.theta_a).items()}
-        out.update(
-            {f"critic.{n}": v.detach() for n, v in self.critic.layout.views(self.theta_c).items()}
-        )
+        out = {f"actor.{n}": v for n, v in self.actor.layout.views(self.theta_a).items()}
+        out.update({f"critic.{n}": v for n, v in self.critic.layout.views(self.theta_c).items()})
         out.update(obs_mean=self.obs_stats.mean, obs_var=self.obs_stats.var())
         return {k: v.contiguous().clone() for k, v in out.items()}
 

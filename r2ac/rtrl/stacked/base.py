@@ -150,6 +150,30 @@ class StackedCore:
         """The output step() would give (no grad, no sensitivity update): for V(s')."""
         raise NotImplementedError
 
+    # -- the hand-written gradient (the streaming agent's path: no autograd graph)
+    def forward_manual(
+        self, params: dict[str, Tensor], x: Tensor, state: NamedTuple, reset: Tensor
+    ) -> tuple[Tensor, NamedTuple, tuple]:
+        """h (K, output_size), the next state and what `backward_manual` needs, without a
+        graph. This default reruns `step` under autograd in the backward; the cores override
+        both with closed forms."""
+        with torch.no_grad():
+            h, new_state = self.step(params, x, state, reset)
+        return h, new_state, (params, x, state, reset)
+
+    def backward_manual(self, saved: tuple, g_h: Tensor, grads: dict[str, Tensor]) -> Tensor:
+        """Writes dL/dparams (the rule's gradient, as autograd of `step` gives it) into
+        `grads` (name -> (K, ...) tensors) for dL/dh = g_h (K, output_size); returns dL/dx."""
+        params, x, state, reset = saved
+        with torch.enable_grad():
+            leaves = {n: p.detach().requires_grad_() for n, p in params.items()}
+            x_leaf = x.detach().requires_grad_()
+            h, _ = self.step(leaves, x_leaf, state, reset)
+            got = torch.autograd.grad(h, [x_leaf, *leaves.values()], g_h, allow_unused=True)
+        for name, g in zip(leaves, got[1:], strict=True):
+            grads[name].zero_() if g is None else grads[name].copy_(g)
+        return got[0]
+
     def sensitivity_numbers(self) -> int:
         """Numbers of carried sensitivities per agent (0 without RTRL)."""
         return 0

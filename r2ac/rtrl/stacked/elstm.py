@@ -133,6 +133,55 @@ class StackedELSTM(StackedCore):
             new_state = ELSTMRTRLState(c.detach(), S_FZ, S_wb)
         return elstm_output(params["O"], params["b_o"], params["W_o"], x, c), new_state
 
+    # -- the hand-written gradient (no graph): _ELSTMRTRLStep's math plus the output gate
+
+    @torch.no_grad()
+    def forward_manual(self, params, x, state, reset):
+        keep = keep_factor(reset, x.dtype).unsqueeze(1)  # (K, 1)
+        c, f, z, cp = elstm_cell(*(params[n] for n in RECURRENT), x, state[0], keep[:, 0],
+                                 grad=False)  # fmt: skip
+        one_f = 1.0 - f
+        fh = (cp - z) * f * one_f  # dc/dpre_f
+        zh = one_f * (1.0 - z * z)  # dc/dpre_z
+        hz = torch.stack([fh, zh], 1)  # (K, 2, N)
+        if self.rule == "rtrl":
+            a = (f + params["w_f"] * fh + params["w_z"] * zh) * keep  # dc(t)/dc(t-1), (K, N)
+            S_FZ = torch.addcmul(hz.unsqueeze(3) * x[:, None, None, :], a[:, None, :, None],
+                                 state.sens_FZ)  # (K, 2, N, D) # fmt: skip
+            S_wb = torch.addcmul(torch.cat([hz * cp.unsqueeze(1), hz], 1), a.unsqueeze(1),
+                                 state.sens_wb)  # (K, 4, N) # fmt: skip
+            new_state, sens = ELSTMRTRLState(c, S_FZ, S_wb), (S_FZ, S_wb)
+        else:
+            new_state, sens = HiddenState(c), None
+        pre_o = matvec(params["W_o"], c).add_(matvec(params["O"], x)).add_(params["b_o"])
+        o = torch.sigmoid(pre_o)
+        return o * c, new_state, (params, x, c, o, hz, cp, sens)
+
+    def backward_manual(self, saved, g_h, grads):
+        params, x, c, o, hz, cp, sens = saved
+        g_o = torch.ops.aten.sigmoid_backward(g_h * c, o)  # dL/dpre_o (K, N)
+        torch.mul(g_o.unsqueeze(2), x.unsqueeze(1), out=grads["O"])
+        torch.mul(g_o.unsqueeze(2), c.unsqueeze(1), out=grads["W_o"])
+        grads["b_o"].copy_(g_o)
+        g_c = torch.addcmul(vecmat(g_o, params["W_o"]), g_h, o)  # dL/dc(t) (K, N)
+        gh = hz * g_c.unsqueeze(1)  # (K, 2, N): this step's dL/dpre_f, dL/dpre_z
+        if sens is None:  # TBPTT(1): this step's immediate terms only
+            torch.mul(gh[:, 0].unsqueeze(2), x.unsqueeze(1), out=grads["F"])
+            torch.mul(gh[:, 1].unsqueeze(2), x.unsqueeze(1), out=grads["Z"])
+            torch.mul(gh[:, 0], cp, out=grads["w_f"])
+            torch.mul(gh[:, 1], cp, out=grads["w_z"])
+            grads["b_f"].copy_(gh[:, 0])
+            grads["b_z"].copy_(gh[:, 1])
+        else:
+            S_FZ, S_wb = sens
+            g_col = g_c.unsqueeze(2)
+            torch.mul(g_col, S_FZ[:, 0], out=grads["F"])
+            torch.mul(g_col, S_FZ[:, 1], out=grads["Z"])
+            for m, name in enumerate(RECURRENT[2:]):
+                torch.mul(g_c, S_wb[:, m], out=grads[name])
+        g_x = torch.baddbmm(vecmat(gh[:, 0], params["F"]).unsqueeze(1), gh[:, 1:], params["Z"])
+        return torch.baddbmm(g_x, g_o.unsqueeze(1), params["O"]).squeeze(1)
+
     @torch.no_grad()
     def peek(self, params, x, state, reset):
         rec = [params[n] for n in RECURRENT]

@@ -193,6 +193,67 @@ class StackedPairCore(StackedCore):
         )  # fmt: skip
         return self._readout(params, s_pairs, x), PairRTRLState(s_pairs.detach(), S_W, S_v)
 
+    # -- the hand-written gradient (no graph): the same math as _PairRTRLStep, plus the read-out
+
+    def _manual_coefficients(self, params) -> tuple[Tensor, Tensor, tuple]:
+        """lam (K, U) complex, gamma (K, U) and what `_immediate_v` needs."""
+        raise NotImplementedError
+
+    def _immediate_v(self, aux, lc: Tensor, gu: Tensor) -> Tensor:
+        """This step's d s / d v_m (K, M, U) complex: dlam_m cp + dgamma_m u, from lc = lam cp
+        and gu = gamma u."""
+        raise NotImplementedError
+
+    def _readout_manual(self, params, s_pairs: Tensor, x: Tensor) -> tuple[Tensor, tuple]:
+        raise NotImplementedError
+
+    def _readout_backward(self, params, saved, g: Tensor, grads) -> tuple[Tensor, Tensor | None]:
+        """dL/ds in pairs (K, 2, U) and the read-out's dL/dx (or None); writes its grads."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def forward_manual(self, params, x, state, reset):
+        a, b = self.map_names
+        keep = keep_factor(reset, x.dtype).unsqueeze(1)  # (K, 1)
+        lam, gamma, aux = self._manual_coefficients(params)
+        u = torch.complex(matvec(params[a], x), matvec(params[b], x))  # (K, U)
+        cp = torch.complex(state.h[:, 0], state.h[:, 1]) * keep
+        lc, gu = lam * cp, gamma * u
+        s = lc + gu
+        s_pairs = torch.view_as_real(s).transpose(1, 2).contiguous()  # (K, 2, U)
+        imm_v = self._immediate_v(aux, lc, gu)  # (K, M, U)
+        if self.rule == "rtrl":
+            lamk = lam * keep  # the step's Jacobian, reset folded in
+            S_W = lamk.unsqueeze(2) * torch.view_as_complex(state.sens_W)  # (K, U, D)
+            torch.view_as_real(S_W)[..., 0].addcmul_(gamma.unsqueeze(2), x.unsqueeze(1))
+            S_v = torch.addcmul(imm_v, lamk.unsqueeze(1), torch.view_as_complex(state.sens_v))
+            new_state = PairRTRLState(s_pairs, torch.view_as_real(S_W), torch.view_as_real(S_v))
+            sens = (S_W, S_v)
+        else:
+            new_state, sens = HiddenState(s_pairs), (None, imm_v)
+        h, read = self._readout_manual(params, s_pairs, x)
+        return h, new_state, (params, x, gamma, sens, read)
+
+    def backward_manual(self, saved, g_h, grads):
+        params, x, gamma, (S_W, S_v), read = saved
+        a, b = self.map_names
+        g_s, g_x = self._readout_backward(params, read, g_h, grads)  # (K, 2, U)
+        g_conj = torch.complex(g_s[:, 0], -g_s[:, 1])  # conj(dL/ds1 + i dL/ds2), (K, U)
+        gg = g_s * gamma.unsqueeze(1)  # (K, 2, U): dL/du in pairs
+        if S_W is None:  # TBPTT(1): d s / d W1 = gamma x^T (real), d s / d W2 = i gamma x^T
+            torch.mul(gg[:, 0].unsqueeze(2), x.unsqueeze(1), out=grads[a])
+            torch.mul(gg[:, 1].unsqueeze(2), x.unsqueeze(1), out=grads[b])
+        else:
+            P = g_conj.unsqueeze(2) * S_W  # (K, U, D)
+            grads[a].copy_(P.real)
+            torch.neg(P.imag, out=grads[b])
+        g_v = (g_conj.unsqueeze(1) * S_v).real  # (K, M, U)
+        for m, name in enumerate(self.vector_names):
+            grads[name].copy_(g_v[:, m])
+        g_in = torch.baddbmm(vecmat(gg[:, 0], params[a]).unsqueeze(1), gg[:, 1:], params[b])
+        g_in = g_in.squeeze(1)  # (K, D)
+        return g_in if g_x is None else g_in + g_x
+
     @torch.no_grad()
     def peek(self, params, x, state, reset):
         lam, gamma = self._coefficients(params)
@@ -234,6 +295,27 @@ class StackedRTU(StackedPairCore):
 
     def _readout(self, params, s_pairs, x):
         return torch.tanh(s_pairs.reshape(s_pairs.shape[0], -1))  # (K, 2U): [c1; c2]
+
+    def _manual_coefficients(self, params):
+        nu, theta = torch.exp(params["nu_log"]), torch.exp(params["theta_log"])
+        lam = torch.polar(torch.exp(-nu), theta)
+        e = torch.expm1(-2.0 * nu)  # |lam|^2 - 1
+        gamma = torch.sqrt(-e)
+        return lam, gamma, (nu, theta, e, gamma)
+
+    def _immediate_v(self, aux, lc, gu):
+        # d/d nu_log: -nu lam cp + (nu |lam|^2 / gamma) u; d/d theta_log: i theta lam cp
+        nu, theta, e, gamma = aux
+        d_nu = gu * (nu * (1.0 + e) / gamma.square()) - nu * lc
+        return torch.stack([d_nu, lc * (theta * 1j)], 1)
+
+    def _readout_manual(self, params, s_pairs, x):
+        h = torch.tanh(s_pairs.view(s_pairs.shape[0], -1))
+        return h, h
+
+    def _readout_backward(self, params, h, g, grads):
+        g_s = torch.ops.aten.tanh_backward(g, h)
+        return g_s.view(g.shape[0], 2, -1), None
 
 
 class StackedLRU(StackedPairCore):
@@ -282,3 +364,22 @@ class StackedLRU(StackedPairCore):
     def _readout(self, params, s_pairs, x):
         y = linear(params["D"], x, linear(params["C_re"], s_pairs[:, 0]))
         return y - linear(params["C_im"], s_pairs[:, 1])  # (K, H): Re(C s) + D x
+
+    def _manual_coefficients(self, params):
+        nu, theta = torch.exp(params["nu_log"]), torch.exp(params["theta_log"])
+        return torch.polar(torch.exp(-nu), theta), torch.exp(params["gamma_log"]), (nu, theta)
+
+    def _immediate_v(self, aux, lc, gu):
+        nu, theta = aux  # d/d nu_log: -nu lam cp; d/d theta_log: i theta lam cp; gamma_log: gamma u
+        return torch.stack([-nu * lc, lc * (theta * 1j), gu], 1)
+
+    def _readout_manual(self, params, s_pairs, x):
+        return self._readout(params, s_pairs, x), (x, s_pairs)
+
+    def _readout_backward(self, params, saved, g, grads):
+        x, s_pairs = saved
+        torch.mul(g.unsqueeze(2), x.unsqueeze(1), out=grads["D"])
+        torch.mul(g.unsqueeze(2), s_pairs[:, 0].unsqueeze(1), out=grads["C_re"])
+        torch.mul(g.unsqueeze(2), -s_pairs[:, 1].unsqueeze(1), out=grads["C_im"])
+        g_s = torch.stack([vecmat(g, params["C_re"]), -vecmat(g, params["C_im"])], 1)
+        return g_s, vecmat(g, params["D"])

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from r2ac.rtrl.stacked.base import EmptyState, HiddenState, StackedCore, keep_factor
-from r2ac.rtrl.stacked.linear import linear, matvec
+from r2ac.rtrl.stacked.linear import linear, matvec, vecmat
 
 
 def gru_cell(params: dict[str, Tensor], x: Tensor, hp: Tensor, grad: bool = True) -> Tensor:
@@ -61,6 +61,31 @@ class StackedGRU(StackedCore):
         return h, HiddenState(h.detach())
 
     @torch.no_grad()
+    def forward_manual(self, params, x, state, reset):
+        N = self.hidden_size
+        hp = state.h * keep_factor(reset, x.dtype).unsqueeze(1)
+        gi = matvec(params["W_ih"], x).add_(params["b_ih"])  # (K, 3N)
+        gh = matvec(params["W_hh"], hp).add_(params["b_hh"])
+        rz = torch.sigmoid(gi[:, : 2 * N] + gh[:, : 2 * N])
+        n = torch.tanh(torch.addcmul(gi[:, 2 * N :], rz[:, :N], gh[:, 2 * N :]))
+        h = torch.addcmul(n, rz[:, N:], hp - n)
+        return h, HiddenState(h), (params, x, hp, gh, rz, n)
+
+    def backward_manual(self, saved, g_h, grads):
+        params, x, hp, gh, rz, n = saved  # TBPTT(1): no gradient into hp
+        N = self.hidden_size
+        g_pre_n = torch.ops.aten.tanh_backward(g_h - g_h * rz[:, N:], n)  # (K, N)
+        g_rz = torch.cat([g_pre_n * gh[:, 2 * N :], g_h * (hp - n)], 1)
+        g_rz = torch.ops.aten.sigmoid_backward(g_rz, rz)  # dL/d(r, z) pre-activations (K, 2N)
+        g_gi = torch.cat([g_rz, g_pre_n], 1)  # (K, 3N)
+        g_gh = torch.cat([g_rz, g_pre_n * rz[:, :N]], 1)
+        torch.mul(g_gi.unsqueeze(2), x.unsqueeze(1), out=grads["W_ih"])
+        torch.mul(g_gh.unsqueeze(2), hp.unsqueeze(1), out=grads["W_hh"])
+        grads["b_ih"].copy_(g_gi)
+        grads["b_hh"].copy_(g_gh)
+        return vecmat(g_gi, params["W_ih"])
+
+    @torch.no_grad()
     def peek(self, params, x, state, reset):
         return gru_cell(params, x, state.h * keep_factor(reset, x.dtype).unsqueeze(1), grad=False)
 
@@ -92,6 +117,18 @@ class StackedFeedforward(StackedCore):
 
     def step(self, params, x, state, reset):
         return torch.relu(linear(params["weight"], x, params["bias"])), state
+
+    @torch.no_grad()
+    def forward_manual(self, params, x, state, reset):
+        h = torch.relu(matvec(params["weight"], x) + params["bias"])
+        return h, state, (params, x, h)
+
+    def backward_manual(self, saved, g_h, grads):
+        params, x, h = saved
+        g = torch.ops.aten.threshold_backward(g_h, h, 0.0)
+        torch.mul(g.unsqueeze(2), x.unsqueeze(1), out=grads["weight"])
+        grads["bias"].copy_(g)
+        return vecmat(g, params["weight"])
 
     @torch.no_grad()
     def peek(self, params, x, state, reset):
