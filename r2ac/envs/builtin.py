@@ -69,6 +69,10 @@ def hashed_ints(seeds, episodes, steps, purpose: int, high) -> np.ndarray:
     return (key % np.asarray(high, dtype=np.uint64)).astype(np.int64)
 
 
+# The longest episode a built-in task takes (an evaluation of 300 episodes must end).
+MAX_EPISODE_STEPS = 100_000
+
+
 class _CounterRNGEnv(BatchedEnv):
     """Shared bookkeeping: per-stream seeds, episode and step counters, episode stats."""
 
@@ -143,8 +147,8 @@ class DelayedCue(_CounterRNGEnv):
     def __init__(
         self, num_envs: int, seed: int = 0, delay: int = 64, num_cues: int = 2, variant: str = "cue"
     ):
-        if delay < 0:
-            raise ConfigError(f"delay must be >= 0, got {delay}")
+        if not 0 <= delay <= MAX_EPISODE_STEPS:
+            raise ConfigError(f"delay must be in [0, {MAX_EPISODE_STEPS:,}], got {delay}")
         if variant not in ("cue", "nonmatch"):
             raise ConfigError(f"variant must be 'cue' or 'nonmatch', got {variant!r}")
         if num_cues < 2:
@@ -222,8 +226,10 @@ class Watermaze(_CounterRNGEnv):
     ):
         if size < 2:
             raise ConfigError(f"size must be >= 2, got {size}")
-        if episode_steps < 1:
-            raise ConfigError(f"episode_steps must be >= 1, got {episode_steps}")
+        if not 1 <= episode_steps <= MAX_EPISODE_STEPS:
+            raise ConfigError(
+                f"episode_steps must be in [1, {MAX_EPISODE_STEPS:,}], got {episode_steps}"
+            )
         if not isinstance(last_action, bool):
             raise ConfigError(f"last_action must be true or false, got {last_action!r}")
         self.size, self.episode_steps, self.show_last_action = size, episode_steps, last_action
@@ -280,7 +286,7 @@ class Watermaze(_CounterRNGEnv):
         return self._finish_step(reward, terminated, truncated)
 
 
-MAX_CHAIN_LENGTH = 100_000  # longest memory-chain episode (evaluation must end)
+MAX_CHAIN_LENGTH = MAX_EPISODE_STEPS  # longest memory-chain episode
 
 
 def _check_length(length: int) -> None:

@@ -435,6 +435,9 @@ _FINITE = (
 # far below an evaluation that would never end
 MAX_EVAL_SETS = 1_000
 MAX_EVAL_EPISODES = 100_000
+# The longest segment: an actor answers a stop request between segments, so one segment must
+# take seconds, not minutes (4,096 steps of 32 streams: about a second on a CPU core)
+MAX_UNROLL_LENGTH = 4_096
 # (option, whether its value is in range, the range in words)
 _RANGES = (
     ("learning_rate", lambda v: v >= 0, ">= 0"),
@@ -451,6 +454,7 @@ _RANGES = (
     ("progress_every_s", lambda v: v > 0, "> 0"),
     ("actor_timeout_s", lambda v: v > 0, "> 0"),
     ("eval_sets", lambda v: v <= MAX_EVAL_SETS, f"at most {MAX_EVAL_SETS:,}"),
+    ("unroll_length", lambda v: v <= MAX_UNROLL_LENGTH, f"at most {MAX_UNROLL_LENGTH:,}"),
     ("eval_episodes", lambda v: v <= MAX_EVAL_EPISODES, f"at most {MAX_EVAL_EPISODES:,}"),
 )
 _NON_NEGATIVE = (

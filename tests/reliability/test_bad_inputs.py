@@ -17,6 +17,12 @@ BAD_TRAIN_OPTIONS = [
     (["--env-options", "delay=nan"], "must be finite"),
     (["--env-options", "num_cues=2.0"], "num_cues=2.0 (expected int)"),
     (["--learning-rate", "nan"], "learning_rate=nan (not finite)"),
+    (["--unroll-length", "100000"], "unroll_length=100000 (must be at most 4,096)"),
+    (["--env-options", "delay=1000000000"], "delay must be in [0, 100,000]"),
+    (
+        ["--env", "builtin/watermaze", "--env-options", "episode_steps=1000000000"],
+        "episode_steps must be in [1, 100,000]",
+    ),
     (["--grad-clip", "nan"], "grad_clip=nan (not finite)"),
     (["--entropy-cost", "nan"], "entropy_cost=nan (not finite)"),
     (["--forget-bias", "nan"], "forget_bias=nan (not finite)"),
@@ -42,14 +48,16 @@ def test_an_out_dir_under_a_file_is_refused_up_front(tmp_path, capsys):
     assert code == 2 and len(lines) == 1 and "is a file, not a folder" in lines[0], lines
 
 
-@pytest.mark.parametrize("options,named", [
-    (["--env-options", "num_cues=1000000"], "--env-options"),
-    (["--unroll-length", "100000"], "--unroll-length"),
+@pytest.mark.parametrize("options,named,gib", [
+    (["--env-options", "num_cues=1000000"], "--env-options", 8),
+    (["--unroll-length", "4096"], "--unroll-length", 0.25),  # the longest segment accepted
 ])  # fmt: skip
-def test_runs_that_do_not_fit_in_memory_are_refused(tmp_path, capsys, monkeypatch, options, named):
-    """The issue's cases, on the default preset (they grew to 22-23 GiB before the check)."""
+def test_runs_that_do_not_fit_in_memory_are_refused(
+    tmp_path, capsys, monkeypatch, options, named, gib
+):
+    """Runs that would not fit in the memory available, on the default preset."""
     monkeypatch.delenv("R2AC_SKIP_MEMORY_CHECK", raising=False)
-    monkeypatch.setattr(resources, "available_bytes", lambda: 8 * resources.GIB)
+    monkeypatch.setattr(resources, "available_bytes", lambda: int(gib * resources.GIB))
     out = tmp_path / "out"
     code, lines = r2ac_inline(capsys, "train", *options, "--no-progress", "--out-dir", str(out))
     assert code == 2 and len(lines) == 1, lines
