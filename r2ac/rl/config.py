@@ -526,8 +526,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     check_ray_options(cfg)
     check_sensitivity_carry(cfg)
     check_learner_options(cfg)
-    from r2ac.rl.runtimes.stream import check_stream_config
-
     check_stream_config(cfg)
     cfg.env_kwargs()
     return cfg
@@ -570,6 +568,69 @@ def check_start_correction(cfg: TrainConfig) -> None:
     if not multi_pass(cfg):
         raise ConfigError("--rtrl-start-correction acts from a batch's second step on: it needs "
                           "--algorithm ppo or --epochs / --minibatches above 1")  # fmt: skip
+
+
+def check_stream_config(cfg: TrainConfig) -> None:
+    """One-line ConfigErrors for the streaming agent's settings (called by validate)."""
+    streaming, runtime = cfg.stream.streaming, cfg.runtime.name
+    if streaming == "off":
+        if runtime == "stream":
+            raise ConfigError(
+                "--runtime stream runs the streaming agents: give --streaming ac or q "
+                "(or --preset stream, stream-q)"
+            )
+        return
+    if runtime != "stream":
+        raise ConfigError(
+            f"--streaming {streaming} runs on --runtime stream (one process, an update every "
+            f"step), not --runtime {runtime}"
+        )
+    k = cfg.stream.num_agents
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ConfigError(f"--num-agents must be a positive integer, got {k!r}")
+    flat = cfg.flat()
+    for name in ("epochs", "minibatches"):
+        if flat.get(name, 1) != 1:
+            raise ConfigError(
+                f"--{name} {flat[name]}: the streaming agent makes one update per step from "
+                "that step alone (no batches to pass over)"
+            )
+    if flat.get("algorithm", "impala") != "impala":
+        raise ConfigError(f"--algorithm {flat['algorithm']}: not with --streaming")
+    for name in ("unroll_length", "batch_size", "num_envs"):
+        if flat[name] != 1:
+            raise ConfigError(
+                f"--{name.replace('_', '-')} {flat[name]}: the streaming agent learns from one "
+                "stream per agent, one step at a time (it must be 1; --num-agents sets K)"
+            )
+    from r2ac.rtrl.stacked import STACKED_CORES
+
+    if cfg.model.core not in STACKED_CORES:
+        raise ConfigError(
+            f"--core {cfg.model.core}: no streaming version; choose one of "
+            f"{', '.join(STACKED_CORES)}"
+        )
+    if cfg.model.core.startswith("rtu") and cfg.model.hidden_size % 2:
+        raise ConfigError(f"--hidden-size {cfg.model.hidden_size}: the RTU's is 2 x units (even)")
+    _check_numbers(cfg)
+
+
+def _check_numbers(cfg: TrainConfig) -> None:
+    s = cfg.stream
+    bad = [f"trace_lambda={s.trace_lambda}"] if not 0 <= s.trace_lambda <= 1 else []
+    bad += [f"{n}={v}" for n, v in (("kappa_actor", s.kappa_actor),
+                                    ("kappa_critic", s.kappa_critic)) if not v > 0]  # fmt: skip
+    bad += [f"stream_mlp={s.stream_mlp}"] if any(w < 1 for w in s.stream_mlp) else []
+    if bad:
+        raise ConfigError(
+            f"out of range: {', '.join(bad)} (trace_lambda in [0, 1], kappas > 0, widths >= 1)"
+        )
+    if cfg.runtime.device != "cpu":
+        raise ConfigError("--streaming runs on the CPU (--device cpu)")
+    if s.streaming == "q":
+        from r2ac.rl.learning.stream_q import check_q_settings
+
+        check_q_settings(s)
 
 
 def check_learner_options(cfg: TrainConfig) -> None:

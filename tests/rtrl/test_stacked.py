@@ -20,12 +20,11 @@ from r2ac.rtrl.registry import make_core
 from r2ac.rtrl.stacked import (
     MODULE_NAMES,
     STACKED_CORES,
-    bench_stacked,
-    format_bench,
     make_stacked_core,
     params_from_modules,
     stacked_core_names,
 )
+from r2ac.rtrl.stacked.bench import bench_stacked, format_bench
 
 F64 = torch.float64
 RTRL = [n for n in STACKED_CORES if n.endswith("-rtrl")]

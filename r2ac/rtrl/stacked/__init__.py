@@ -1,7 +1,7 @@
 """Stacked cores: K independent agents' recurrent cores advanced one step at a time as one
 batched computation, each agent with its own weights, exact RTRL carried per agent.
 
-For the streaming agent (issue 66: batch 1 per agent, an update every step). Interface:
+For the streaming agent (batch 1 per agent, an update every step). Interface:
 
     core = make_stacked_core(name, num_agents=K, input_size=D, hidden_size=N, dtype=torch.float32)
     params = core.init_params(generator)   # or a list of K generators; name -> (K, ...) tensors
@@ -26,7 +26,7 @@ fixed); w.r.t. x, this step's only. Each step is one autograd.Function whose for
 recurrence and the closed-form sensitivity carry (element-wise, or complex per unit for
 RTU/LRU) and whose backward contracts dL/dc(t) with the new sensitivities S(t); the read-out
 (tanh, output gate, C s + D x) is ordinary autograd. The math: pair.py (RTU, LRU), elstm.py,
-simple.py (GRU, feedforward). `bench_stacked` (bench.py) times a step + backward.
+simple.py (GRU, feedforward). r2ac.rtrl.stacked.bench.bench_stacked times a step + backward.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from r2ac.rtrl.stacked.base import (
     PairRTRLState,
     StackedCore,
 )
-from r2ac.rtrl.stacked.bench import bench_stacked, format_bench
 from r2ac.rtrl.stacked.elstm import StackedELSTM
 from r2ac.rtrl.stacked.pair import StackedLRU, StackedRTU
 from r2ac.rtrl.stacked.simple import StackedFeedforward, StackedGRU
@@ -117,8 +116,6 @@ __all__ = [
     "PairRTRLState",
     "STACKED_CORES",
     "StackedCore",
-    "bench_stacked",
-    "format_bench",
     "make_stacked_core",
     "params_from_modules",
     "stacked_core_names",
