@@ -142,3 +142,30 @@ def test_short_run_end_to_end(tmp_path, capsys):
     assert result["mean"] == pytest.approx(sum(a["mean"] for a in result["agents"]) / 2)
     assert (out / "metrics.csv").read_text().count("\n") == 4  # header + 3 rows
     assert json.loads((out / "config.json").read_text())["config"]["stream"]["num_agents"] == 2
+
+
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        (lambda s: s.update(theta_actor=s["theta_actor"][:, :-1].clone()), "theta_actor: shape"),
+        (lambda s: s["trace_critic"].fill_(float("nan")), "trace_critic: holds non-finite"),
+        (lambda s: s.update(steps=-3), "steps: -3"),
+        (lambda s: s.update(core_actor=s["core_actor"][:1]), "core_actor"),
+    ],
+)
+def test_a_checkpoint_whose_values_do_not_fit_is_refused_before_use(damage, words):
+    """Every saved value of the streaming agent against what the config builds, before any is
+    loaded: the runtime's weights stay as they were."""
+    from r2ac.rl.harness.tracker import Tracker
+
+    cfg = small(num_agents=2, seed=1)
+    source = StreamRuntime(cfg)
+    _steps(source, 5)
+    payload = source._payload(Tracker(cfg, None))
+    damage(payload["learner"]["optimizer"]["state"])
+    target = StreamRuntime(cfg)
+    before = target.agent.theta_a.detach().clone()
+    with pytest.raises(ConfigError) as err:
+        target.restore(payload)
+    assert words in str(err.value) and "\n" not in str(err.value)
+    assert torch.equal(target.agent.theta_a.detach(), before)

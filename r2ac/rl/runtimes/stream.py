@@ -37,6 +37,7 @@ from r2ac.rl.model.build import eval_seed, make_env, seed_everything
 from r2ac.rl.model.distributions import distribution
 from r2ac.rl.runtimes.base import TrainingDiverged, rng_state, set_rng_state
 from r2ac.runs.stop import StopRequest, TrainingInterrupted
+from r2ac.runs.values import check_like
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +219,13 @@ class StreamRuntime:
             raise ConfigError(
                 f"checkpoint of runtime {payload.get('runtime')!r}, not a streaming one"
             )
-        self.agent.load_state_dict(payload["learner"]["optimizer"]["state"])
+        saved = payload["learner"]["optimizer"]["state"]
+        # every value against what this config builds, before any is used
+        check_like(saved, self.agent.state_dict(), "learner.optimizer.state")
+        steps, total = saved["steps"], self.cfg.run.total_frames
+        if not 0 <= steps <= total:
+            raise ConfigError(f"learner.optimizer.state.steps: {steps}, expected 0..{total}")
+        self.agent.load_state_dict(saved)
         self.saved_counters = payload["counters"]
         set_rng_state(payload["rng"])
         if payload.get("env") is not None:
