@@ -123,6 +123,36 @@ class RewardScaler(NamedTuple):
         return scaled, RewardScaler(stats, ret.masked_fill(done, 0.0))
 
 
+class Stats:
+    """Welford's running mean and variance as float64 numpy arrays updated in place (the
+    learner's path: a few numpy ops on (K, ...) arrays, the same arithmetic as `Welford`);
+    `welford()` gives them as a Welford of tensors sharing the memory."""
+
+    def __init__(self, k: int, shape=()):
+        self.count, self.mean = np.zeros(k), np.zeros((k, *shape))
+        self.p = np.zeros_like(self.mean)
+
+    def _c(self) -> np.ndarray:
+        return self.count.reshape(-1, *([1] * (self.mean.ndim - 1)))
+
+    def update(self, x: np.ndarray) -> None:
+        self.count += 1.0
+        diff = x - self.mean
+        self.mean += diff / self._c()
+        self.p += diff * (x - self.mean)
+
+    def var(self) -> np.ndarray:
+        c = self._c()
+        return np.where(c >= 2, self.p / np.maximum(c - 1, 1.0), 1.0)
+
+    def welford(self) -> Welford:
+        return Welford(*(torch.from_numpy(a) for a in (self.count, self.mean, self.p)))
+
+    def load(self, w: Welford) -> None:
+        for a, t in zip((self.count, self.mean, self.p), w, strict=True):
+            a[...] = torch.as_tensor(t).numpy()
+
+
 # ---------------------------------------------------------------- counter-based sampling
 
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -136,8 +166,26 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+_M64 = (1 << 64) - 1
+
+
+def _mix64_int(x: int) -> int:
+    x = ((x ^ (x >> 30)) * int(_MIX1)) & _M64
+    x = ((x ^ (x >> 27)) * int(_MIX2)) & _M64
+    return x ^ (x >> 31)
+
+
 def uniforms(seeds: np.ndarray, step: int, n: int) -> np.ndarray:
-    """(K, n) float64 uniforms in (0, 1) from (agent seed, step, draw index)."""
+    """(K, n) float64 uniforms in (0, 1) from (agent seed, step, draw index). A few draws in
+    Python integers (the same uint64 arithmetic, faster than numpy's per-call overhead)."""
+    if seeds.size * n <= 16:
+        out = np.empty((seeds.size, n))
+        for i, seed in enumerate(seeds.tolist()):
+            key = _mix64_int((seed * int(_GOLDEN) + step * int(_MIX1)) & _M64)
+            for j in range(n):
+                bits = _mix64_int((key + (j + 1) * int(_MIX2)) & _M64) >> 11
+                out[i, j] = (bits + 0.5) * 2.0**-53
+        return out
     with np.errstate(over="ignore"):
         key = _mix64(seeds.astype(np.uint64) * _GOLDEN + np.uint64(step) * _MIX1)
         idx = np.arange(1, n + 1, dtype=np.uint64) * _MIX2
@@ -400,6 +448,9 @@ class PairBuffers:
         )
         self.actor = flat[0, :, : actor.layout.size]  # (K, P_a)
         self.critic = flat[1, :, : critic.layout.size]  # (K, P_c)
+        depth = len(actor.mlp)
+        self.parts = _body_parts(self.body, depth)  # both bodies (2K rows)
+        self.critic_parts = _body_parts({n: v[k:] for n, v in self.body.items()}, depth)
 
 
 def _is_head(name: str) -> bool:
@@ -475,8 +526,9 @@ class StreamAC:
             dtype=dtype,
         )
         self.state = self.body_core.initial_state()  # (2K, ...): actor's, then critic's
-        self.obs_stats = Welford.zeros(self.k, (obs_size,))
-        self.rewards = RewardScaler.zeros(self.k)
+        self._obs_stats = Stats(self.k, (obs_size,))
+        self._reward_stats, self._return = Stats(self.k), np.zeros(self.k)
+        self._np_dtype = torch.empty((), dtype=dtype).numpy().dtype
         self.x = torch.zeros(self.k, obs_size, dtype=dtype)  # normalised current observation
         self.reset = torch.ones(self.k, dtype=torch.bool)
         self.steps = 0  # lockstep steps taken (the sampler's counter)
@@ -502,16 +554,38 @@ class StreamAC:
     def state_c(self, value):
         self.state = _cat_states(self.state_a, value)
 
-    # -- observations
+    # -- observations and rewards
 
-    def _observe(self, obs: torch.Tensor) -> torch.Tensor:
-        obs = obs.to(torch.float64).reshape(self.k, -1)
+    @property
+    def obs_stats(self) -> Welford:
+        return self._obs_stats.welford()
+
+    @property
+    def rewards(self) -> RewardScaler:
+        return RewardScaler(self._reward_stats.welford(), torch.from_numpy(self._return))
+
+    def _normalise(self, obs) -> np.ndarray:
+        """The normalised observation (K, obs) in float64 (the stats as they are)."""
+        obs = np.asarray(obs, dtype=np.float64).reshape(self.k, -1)
+        return (obs - self._obs_stats.mean) / np.sqrt(self._obs_stats.var() + OBS_EPS)
+
+    def _observe(self, obs) -> torch.Tensor:
         if not self.frozen:
-            self.obs_stats = self.obs_stats.update(obs)
-        return normalise_obs(self.obs_stats, obs).to(self.dtype)
+            self._obs_stats.update(np.asarray(obs, dtype=np.float64).reshape(self.k, -1))
+        return torch.from_numpy(self._normalise(obs).astype(self._np_dtype))
+
+    def _scale_reward(self, reward, done: np.ndarray) -> np.ndarray:
+        """RewardScaler.scale in place: the scaled reward (K,) float64."""
+        ret = self.settings.discount * self._return + np.asarray(reward, dtype=np.float64)
+        self._reward_stats.update(ret)
+        scaled = np.asarray(reward, dtype=np.float64) / np.sqrt(
+            self._reward_stats.var() + REWARD_EPS
+        )
+        self._return[...] = np.where(done, 0.0, ret)
+        return scaled
 
     def observe_first(self, obs) -> None:
-        self.x = self._observe(torch.as_tensor(obs))
+        self.x = self._observe(obs)
         self.reset = torch.ones(self.k, dtype=torch.bool)
 
     # -- acting and learning
@@ -521,7 +595,7 @@ class StreamAC:
         """The actions (K, *action_shape) at the current observation; keeps what `learn`
         needs (both networks' forward intermediates)."""
         k, p = self.k, self.params
-        ws, bs, core_p = _body_parts(p.body, self.depth)
+        ws, bs, core_p = p.parts
         x2 = self.x.repeat(2, 1)  # (2K, obs): both networks see the same observation
         feat, mlp_saved = mlp_forward(ws, bs, x2)  # (2K, F)
         h, state, core_saved = self.body_core.forward_manual(
@@ -555,21 +629,19 @@ class StreamAC:
         params, action, value, h, state, mlp_saved, core_saved = self._pending
         self._pending = None
         s, k, p, g = self.settings, self.k, self.params, self.grads
-        terminated = torch.as_tensor(terminated, dtype=torch.bool)
-        done = terminated | torch.as_tensor(truncated, dtype=torch.bool)
-        x_next = self._observe(torch.as_tensor(obs))
+        terminated = np.asarray(terminated, dtype=bool).reshape(k)
+        done = terminated | np.asarray(truncated, dtype=bool).reshape(k)
+        x_next = self._observe(obs)
         if final_obs is obs or np.array_equal(final_obs, obs):
             x_final = x_next
         else:
-            x_final = (
-                normalise_obs(self.obs_stats, torch.as_tensor(final_obs).to(torch.float64))
-                .reshape(self.k, -1)
-                .to(self.dtype)
-            )
-        reward = torch.as_tensor(reward).to(torch.float64)
-        scaled, self.rewards = self.rewards.scale(reward, done, s.discount)
+            x_final = torch.from_numpy(self._normalise(final_obs).astype(self._np_dtype))
+        scaled = self._scale_reward(reward, done)
         v_next = self._peek_value(x_final, state)
-        delta = td_error(scaled.to(self.dtype), value, v_next, terminated, s.discount)
+        # delta = r + gamma (1 - terminated) V(s') - V(s) (a truncated step bootstraps)
+        bootstrap = torch.from_numpy((s.discount * ~terminated).astype(self._np_dtype))
+        delta = torch.from_numpy(scaled.astype(self._np_dtype)).addcmul_(bootstrap, v_next)
+        delta -= value
         # gradients: actor of log pi(a) + c_H sign(delta) H, critic of V
         entropy, g_logp, g_ent = self._policy_grads(params, action)
         g_params = g_logp + (s.entropy_cost * torch.sign(delta)).unsqueeze(1) * g_ent
@@ -579,46 +651,45 @@ class StreamAC:
                 head_backward(p.heads[1], g.heads[1], h[k:], torch.ones_like(value)[:, None]),
             ]
         )  # (2K, H)
-        ws, _, _ = _body_parts(p.body, self.depth)
-        g_ws, g_bs, g_core = _body_parts(g.body, self.depth)
+        ws, g_ws, g_bs, g_core = p.parts[0], *g.parts
         g_feat = self.body_core.backward_manual(core_saved, g_h, g_core)
         mlp_backward(ws, mlp_saved, g_feat, g_ws, g_bs)
         self.last_grads = (g.actor, g.critic)  # this step's gradients (K, P) (tests read them)
         step = self._update(delta, done)
         self.state = state
-        self.x, self.reset = x_next, done
+        self.x, self.reset = x_next, torch.from_numpy(done)
         self.steps += 1
         return StepInfo(delta, value, entropy, step[0], step[1])
 
     def _peek_value(self, x: torch.Tensor, state) -> torch.Tensor:
         """V(x) (K,) from the critic's next core state (no grad, no sensitivity update)."""
-        k, depth = self.k, self.depth
-        ws, bs, core_p = _body_parts({n: v[k:] for n, v in self.params.body.items()}, depth)
+        k = self.k
+        ws, bs, core_p = self.params.critic_parts
         feat, _ = mlp_forward(ws, bs, x)
         no_reset = torch.zeros(k, dtype=torch.bool)
         h = self.critic.core.peek(core_p, feat, _rows(state, k, 2 * k), no_reset)
         return head_forward(self.params.heads[1], h).squeeze(-1)
 
-    def _update(self, delta: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+    def _update(self, delta: torch.Tensor, done: np.ndarray) -> torch.Tensor:
         """Traces, ObGD (each network with its own kappa), the traces' reset at an episode's
-        end: whole (2, K, P) tensor ops. Returns the step sizes (2, K)."""
+        end: whole (2, K, P) tensor ops, no (2, K, P) temporaries. Returns the step sizes
+        (2, K)."""
         s = self.settings
         z = self.traces.flat
-        trace_update(z, self.grads.flat, s.discount * s.trace_lambda)
-        delta_bar = delta.abs().clamp(min=1.0)
-        bound = self._lr_kappa * delta_bar * z.abs().sum(2)  # (2, K)
-        step = s.lr / bound.clamp(min=1.0)
+        torch.add(self.grads.flat, z, alpha=s.discount * s.trace_lambda, out=z)  # z <- gl z + g
+        delta_bar = delta.abs().clamp_(min=1.0)
+        bound = self._lr_kappa * delta_bar * torch.linalg.vector_norm(z, 1, dim=2)  # (2, K)
+        step = s.lr / bound.clamp_(min=1.0)
         if not self.frozen:
             self.params.flat.addcmul_((step * delta).unsqueeze(2), z)
-        z.mul_((~done).to(self.dtype).unsqueeze(1))
+        if done.any():
+            z[:, torch.from_numpy(done)] = 0.0
         return step
 
     def advance(self, obs, done) -> None:
         """Evaluation: no learning; the next observation becomes current (stats frozen)."""
         self._pending = None
-        self.x = normalise_obs(self.obs_stats, torch.as_tensor(obs).to(torch.float64)).to(
-            self.dtype
-        )
+        self.x = torch.from_numpy(self._normalise(obs).astype(self._np_dtype))
         self.reset = torch.as_tensor(done, dtype=torch.bool)
 
     # -- checkpoints
@@ -631,8 +702,8 @@ class StreamAC:
             "trace_critic": self.z_c.clone(),
             "core_actor": [t.clone() for t in self.state_a],
             "core_critic": [t.clone() for t in self.state_c],
-            "obs_stats": list(self.obs_stats),
-            "reward_stats": list(self.rewards.stats),
+            "obs_stats": [t.clone() for t in self.obs_stats],
+            "reward_stats": [t.clone() for t in self.rewards.stats],
             "reward_return": self.rewards.ret.clone(),
             "x": self.x.clone(),
             "reset": self.reset.clone(),
@@ -646,8 +717,9 @@ class StreamAC:
         self.z_c.copy_(d["trace_critic"])
         kind = type(self.state)
         self.state = _cat_states(kind(*d["core_actor"]), kind(*d["core_critic"]))
-        self.obs_stats = Welford(*d["obs_stats"])
-        self.rewards = RewardScaler(Welford(*d["reward_stats"]), d["reward_return"])
+        self._obs_stats.load(Welford(*d["obs_stats"]))
+        self._reward_stats.load(Welford(*d["reward_stats"]))
+        self._return[...] = torch.as_tensor(d["reward_return"]).numpy()
         self.x, self.reset, self.steps = d["x"], d["reset"], int(d["steps"])
 
     def weights(self) -> dict[str, torch.Tensor]:
