@@ -73,7 +73,7 @@ ENV_PACKAGES = ("gymnasium", "popgym", "envpool", "minigrid", "minatar", "mujoco
 
 
 def package_versions() -> str:
-    """"gymnasium 1.4.0, popgym 1.0.7, ..." for the installed ones of ENV_PACKAGES (read
+    """The installed ones of ENV_PACKAGES with their versions ("gymnasium 1.4.0, ..."; read
     from their metadata: nothing is imported)."""
     from importlib import metadata
 
