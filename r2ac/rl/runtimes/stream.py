@@ -182,6 +182,7 @@ class StreamRuntime:
             raise
         self.saved_counters: dict | None = None
         self._sums = torch.zeros(5, dtype=torch.float64)
+        self._log_every = _value(cfg, "log_every")
         self._count = 0
 
     # -- checkpoints
@@ -268,8 +269,7 @@ class StreamRuntime:
             res.reward, res.obs, res.info["final_obs"], res.terminated, res.truncated
         )
         # StepInfo (ac) or QStepInfo (q): |delta| and four means
-        means = [info[0].abs().mean(), *(v.mean() for v in info[1:])]
-        self._sums += torch.stack(means).to(torch.float64)
+        self._sums += torch.stack([info[0].abs(), *info[1:]]).mean(1)  # (5,), summed in float64
         self._count += 1
         ended = np.flatnonzero(~np.isnan(res.info["episode_return"]))
         episodes = EpisodeLog(
@@ -277,7 +277,7 @@ class StreamRuntime:
             [int(res.info["episode_length"][i]) for i in ended],
         )
         metrics = {}
-        due = (tracker.update + 1) % _value(self.cfg, "log_every") == 0
+        due = (tracker.update + 1) % self._log_every == 0
         if due or tracker.update + 1 >= self.cfg.updates_total:
             metrics = self._metrics(tracker.update + 1)
         tracker.record(self.k, [episodes], metrics)
