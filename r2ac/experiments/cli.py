@@ -1,7 +1,8 @@
 """`r2ac experiment NAME [--seeds K] [--jobs J] [--out DIR] [--tasks ...] [--unroll-lengths M ...]
 [--difficulty easy|medium|hard] [--total-frames F]`.
 
-Runs a named grid (r2ac.experiments.grids: memory-m, ablation, reactive) with the trainer,
+Runs a named grid (r2ac.experiments.grids: memory-m, ablation, reactive, popgym,
+stream-memory-chain, stream-q-memory-chain, stream-popgym) with the trainer,
 evaluates every run with the paper's protocol, and writes OUT/results.md (table: mean +- std
 over seeds, learning curves as PNG) and OUT/results.json. Resumable: re-running the same
 command skips finished runs and resumes interrupted ones; Ctrl-C stops the running ones at
@@ -55,8 +56,9 @@ class ExperimentConfig:
 
 def _usage() -> str:
     names = [*grids.GRIDS, *grids.STUDIES]
-    lines = [f"  {g.name:<10} {g.description}" for g in grids.GRIDS.values()]
-    lines += [f"  {'cost':<10} learner memory and update time against M (App. B.3)"]
+    pad = max(len(n) for n in names)
+    lines = [f"  {g.name:<{pad}} {g.description}" for g in grids.GRIDS.values()]
+    lines += [f"  {'cost':<{pad}} learner memory and update time against M (App. B.3)"]
     return (
         "usage: r2ac experiment {"
         + ",".join(names)
@@ -87,7 +89,7 @@ def _validate(
     """
     stale = {}
     for spec in specs:
-        expected = runner.check_overrides(spec.task.preset, spec.overrides(total_frames))
+        expected = runner.check_overrides(spec.preset, spec.overrides(total_frames))
         fields = runner.config_mismatch(out / "runs" / spec.run_id, expected)
         if fields:
             stale[spec.run_id] = fields

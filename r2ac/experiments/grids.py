@@ -10,6 +10,11 @@ task is the delayed cue with a 33-step memory (cue at t = 0, choice at t = 33, 3
 episodes), so M = 5 and 10 are far shorter than the span, while a 50-step segment holds a
 whole episode about a third of the time and a 100-step one about two thirds (M = 5, 10, 50
 are the issue's values; 100 was added when TBPTT at 50 learned in only one seed of three).
+
+Streaming rows (`Variant(core, None)`, `--preset stream` / `stream-q`) have no segment length:
+their label is the core alone. In a grid with `lockstep_seeds` such a row is one run of all
+its seeds (`--num-agents K`, seeds 0 .. K-1 in one process, a K-agent step costing little
+more than a 1-agent one), and the report reads each seed's score from that run's eval.json.
 """
 
 from __future__ import annotations
@@ -45,13 +50,23 @@ class Variant:
     """A table row: a core (with its gradient rule) and a segment length M."""
 
     core: str
-    unroll_length: int
+    unroll_length: int | None
+    """M; None: a streaming row (`--preset stream`: an update every step, no segments)."""
     overrides: dict[str, Any] = field(default_factory=dict)
+    preset: str | None = None
+    """The row's own preset instead of its task's (e.g. batched PPO beside streaming rows)."""
+
+    @property
+    def streaming(self) -> bool:
+        return self.unroll_length is None
 
     @property
     def label(self) -> str:
+        own = f" (--preset {self.preset})" if self.preset else ""
+        if self.streaming:
+            return f"{self.core}{own}"
         m = "episode" if self.unroll_length == FULL_EPISODE else self.unroll_length
-        return f"{self.core} M={m}"
+        return f"{self.core} M={m}{own}"
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,13 @@ class Grid:
     mean over tasks of the mapped per-task means (a row with a task missing shows "-")."""
     tasks_at: Callable[[str], tuple[Task, ...]] | None = None
     """The grid's tasks at a difficulty (easy, medium, hard); None: the grid has one."""
+    lockstep_seeds: bool = False
+    """Streaming rows train all their seeds in one process (`--num-agents K`: agent k has
+    seed k, the agents in lockstep, sharing nothing); the report reads each seed's score
+    from eval.json's `agents`. Other rows keep one run per seed."""
+    success_threshold: float | None = None
+    """Set, the report adds a table: the seeds whose evaluation score is >= this, out of N
+    (with each seed's score)."""
 
 
 @dataclass(frozen=True)
@@ -75,16 +97,34 @@ class RunSpec:
     task: Task
     variant: Variant
     seed: int
+    agents: int = 1
+    """Seeds this run trains in lockstep (`--num-agents`): seed .. seed + agents - 1."""
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        return tuple(range(self.seed, self.seed + self.agents))
+
+    @property
+    def preset(self) -> str:
+        return self.variant.preset or self.task.preset
 
     @property
     def run_id(self) -> str:
         """Directory name: readable and unique within the grid."""
-        m = "ep" if self.variant.unroll_length == FULL_EPISODE else self.variant.unroll_length
-        return _slug(f"{self.task.name}__{self.variant.core}__M{m}__s{self.seed}")
+        v = self.variant
+        parts = [self.task.name, v.core]
+        if not v.streaming:
+            parts.append(f"M{'ep' if v.unroll_length == FULL_EPISODE else v.unroll_length}")
+        if v.preset:
+            parts.append(v.preset)
+        last = self.seed + self.agents - 1
+        parts.append(f"s{self.seed}" if self.agents == 1 else f"s{self.seed}-{last}")
+        return _slug("__".join(parts))
 
     @property
-    def unroll_length(self) -> int:
-        """The variant's M, or the task's longest episode for FULL_EPISODE variants."""
+    def unroll_length(self) -> int | None:
+        """The variant's M, or the task's longest episode for FULL_EPISODE variants; None
+        for a streaming row (its preset's)."""
         if self.variant.unroll_length != FULL_EPISODE:
             return self.variant.unroll_length
         if not self.task.episode_steps:
@@ -94,7 +134,11 @@ class RunSpec:
     def overrides(self, total_frames: int | None = None) -> dict[str, Any]:
         """The TrainConfig fields this run sets on top of the task's preset."""
         out = dict(self.task.overrides)
-        out.update(core=self.variant.core, unroll_length=self.unroll_length, seed=self.seed)
+        out.update(core=self.variant.core, seed=self.seed)
+        if self.unroll_length is not None:
+            out["unroll_length"] = self.unroll_length
+        if self.agents > 1:
+            out["num_agents"] = self.agents
         out.update(self.variant.overrides)
         if total_frames is not None:
             out["total_frames"] = total_frames
@@ -430,6 +474,82 @@ GRIDS["popgym"] = Grid(
     tasks_at=popgym_tasks,
 )
 
+
+# Streaming (issue 66, item 6): the MemoryChain study of Farr et al. 2026 and their five
+# POPGym Easy tasks, with r2ac's stream AC(lambda) (and QRC(lambda)) on each streaming core.
+MEMORY_CHAIN_LENGTHS = (2, 4, 8, 16, 32, 64, 128)
+MEMORY_CHAIN_EPISODES = 10_000
+STREAM_MAX_FRAMES = 1_000_000
+STREAM_CORES = ("rtu-rtrl", "elstm-rtrl", "lru-rtrl", "rtu-bptt", "gru-bptt", "feedforward")
+STREAM_POPGYM_CORES = ("rtu-rtrl", "elstm-rtrl", "rtu-bptt")
+STREAM_POPGYM_FAMILIES = (
+    "CountRecall",
+    "RepeatFirst",
+    "Concentration",
+    "Autoencode",
+    "HigherLower",
+)
+STREAM_POPGYM_ENTROPY = 0.095  # the anchor's entropy cost on POPGym (the stream preset: 0.01)
+
+
+def memory_chain_frames(length: int) -> int:
+    """Steps per agent on MemoryChain of `length`: 10,000 episodes or 1 M, whichever is less."""
+    return min(MEMORY_CHAIN_EPISODES * length, STREAM_MAX_FRAMES)
+
+
+def memory_chain_task(length: int, preset_name: str = "stream") -> Task:
+    return Task(
+        f"memory-chain-{length}",
+        preset_name,
+        {
+            "env": "builtin/memory-chain",
+            "env_options": (f"length={length}",),
+            "total_frames": memory_chain_frames(length),
+        },
+        note=f"memory-chain-{length}: the bit shown at step 0 is asked for at step {length - 1}; "
+        "chance 0, optimum 1",
+        episode_steps=length,
+    )
+
+
+def _stream_memory_chain(preset_name: str, algorithm: str) -> Grid:
+    return Grid(
+        f"{preset_name}-memory-chain",
+        f"MemoryChain lengths 2 .. 128 (Farr et al. 2026): {algorithm} with exact RTRL "
+        "(rtu, elstm, lru) against TBPTT(1) (rtu-bptt, gru-bptt) and a memoryless agent; "
+        "10,000 episodes or 1 M steps per agent, whichever is less; seeds in lockstep.",
+        tuple(memory_chain_task(n, preset_name) for n in MEMORY_CHAIN_LENGTHS),
+        tuple(Variant(core, None) for core in STREAM_CORES),
+        lockstep_seeds=True,
+        success_threshold=0.9,
+    )
+
+
+GRIDS["stream-memory-chain"] = _stream_memory_chain("stream", "stream AC(lambda)")
+GRIDS["stream-q-memory-chain"] = _stream_memory_chain("stream-q", "QRC(lambda)")
+
+_POPGYM_BY_ENV = {f.env: f for f in POPGYM_FAMILIES}
+
+
+def _stream_popgym_task(env: str) -> Task:
+    task = popgym_task(_POPGYM_BY_ENV[env])
+    overrides = {**task.overrides, "prev_action": True, "total_frames": STREAM_MAX_FRAMES}
+    return dataclasses.replace(task, preset="stream", overrides=overrides)
+
+
+GRIDS["stream-popgym"] = Grid(
+    "stream-popgym",
+    "The five POPGym Easy tasks of Farr et al. 2026, the previous action as input: stream "
+    "AC(lambda) (entropy 0.095, the anchor's) on exact RTRL (rtu, elstm) and TBPTT(1) (rtu), "
+    "1 M steps per agent, seeds in lockstep, beside r2ac's batched PPO (--preset popgym, "
+    "rtu-rtrl, M = 4) at the same 1 M frames a seed.",
+    tuple(_stream_popgym_task(env) for env in STREAM_POPGYM_FAMILIES),
+    tuple(Variant(c, None, {"entropy_cost": STREAM_POPGYM_ENTROPY}) for c in STREAM_POPGYM_CORES)
+    + (Variant("rtu-rtrl", 4, preset="popgym"),),
+    suite_score=popgym_normalised,
+    lockstep_seeds=True,
+)
+
 # Studies that are measurements, not grids of training runs (r2ac.experiments.cli dispatches).
 STUDIES = {"cost": "r2ac.bench.cost"}  # the old name of `r2ac bench cost`, kept as an alias
 
@@ -466,7 +586,7 @@ def select_unroll_lengths(g: Grid, lengths: tuple[int, ...] | None) -> Grid:
     """The grid with only the rows (variants) of these segment lengths M (all if none given)."""
     if not lengths:
         return g
-    known = sorted({v.unroll_length for v in g.variants})
+    known = sorted({v.unroll_length for v in g.variants if not v.streaming})
     unknown = sorted(set(lengths) - set(known))
     if unknown:
         raise ConfigError(f"grid {g.name!r} has no rows with M in {unknown}; its M: {known}")
@@ -487,7 +607,17 @@ def select_cores(g: Grid, cores: tuple[str, ...] | None) -> Grid:
 
 
 def runs_of(g: Grid, seeds: int, tasks: tuple[Task, ...] | None = None) -> list[RunSpec]:
-    """Every run of the grid, seeds innermost so that partial grids fill whole rows first."""
+    """Every run of the grid, seeds innermost so that partial grids fill whole rows first; a
+    streaming row of a lockstep grid is one run of all its seeds."""
     if seeds < 1:
         raise ConfigError(f"seeds must be >= 1, got {seeds}")
-    return [RunSpec(t, v, s) for t in (tasks or g.tasks) for v in g.variants for s in range(seeds)]
+    return [
+        spec
+        for t in (tasks or g.tasks)
+        for v in g.variants
+        for spec in (
+            [RunSpec(t, v, 0, agents=seeds)]
+            if g.lockstep_seeds and v.streaming
+            else [RunSpec(t, v, s) for s in range(seeds)]
+        )
+    ]

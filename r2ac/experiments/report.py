@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ import numpy as np
 from r2ac.experiments.grids import Grid, RunSpec, Task
 from r2ac.experiments.runner import check_overrides
 from r2ac.experiments.runner import read_eval as eval_score
+from r2ac.experiments.runner import read_eval_per_seed as eval_per_seed
 from r2ac.rl.harness.run_dir import read_metrics
 
 
@@ -38,27 +40,54 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return float(arr.mean()), float(arr.std())
 
 
-def collect(
-    specs: list[RunSpec], out: Path, metric=eval_score
-) -> dict[tuple[str, str], list[float]]:
-    """(task name, variant label) -> `metric` of each finished seed's run directory."""
-    scores: dict[tuple[str, str], list[float]] = {}
+@dataclass
+class Cell:
+    """A table cell's values: one per seed, or one per lockstep run whose metric pools its
+    seeds (the training return); `seeds`: how many seeds the values cover."""
+
+    values: list[float] = field(default_factory=list)
+    seeds: int = 0
+
+
+def collect(specs: list[RunSpec], out: Path, metric=eval_per_seed) -> dict[tuple[str, str], Cell]:
+    """(task name, variant label) -> `metric` of each finished run directory: a list is one
+    value per seed of the run (a lockstep run's agents), a number one value for the run."""
+    cells: dict[tuple[str, str], Cell] = {}
     for spec in specs:
         run_dir = out / "runs" / spec.run_id
+        cell = cells.setdefault((spec.task.name, spec.variant.label), Cell())
         score = metric(run_dir) if (run_dir / "eval.json").exists() else None  # finished runs only
-        key = (spec.task.name, spec.variant.label)
-        scores.setdefault(key, [])
-        if score is not None:
-            scores[key].append(score)
-    return scores
+        if score is None:
+            continue
+        if isinstance(score, list):  # one value per seed
+            cell.values += score
+            cell.seeds += len(score)
+        else:  # one value for the run, pooled over its seeds
+            cell.values.append(score)
+            cell.seeds += spec.agents
+    return cells
 
 
-def format_cell(values: list[float], seeds: int) -> str:
+def format_cell(values: list[float], seeds: int, covered: int | None = None) -> str:
+    """mean ± std over seeds; `covered` (default: one value per seed) the seeds the values
+    cover, more than there are values when a lockstep run's value pools its seeds."""
     if not values:
         return "-"
+    covered = len(values) if covered is None else covered
     mean, std = mean_std(values)
-    partial = "" if len(values) == seeds else f" ({len(values)}/{seeds} seeds)"
-    return f"{mean:.3f} ± {std:.3f}{partial}"
+    partial = "" if covered == seeds else f"{covered}/{seeds} seeds"
+    if covered != len(values):
+        return f"{mean:.3f} (pooled over {partial or f'{covered} seeds'})"
+    return f"{mean:.3f} ± {std:.3f}" + (f" ({partial})" if partial else "")
+
+
+def success_cell(values: list[float], seeds: int, threshold: float) -> str:
+    """Seeds at or above `threshold` out of those finished, and each seed's score."""
+    if not values:
+        return "-"
+    ok = sum(v >= threshold for v in values)
+    partial = "" if len(values) == seeds else f", {len(values)}/{seeds} seeds"
+    return f"{ok}/{len(values)} ({', '.join(f'{v:.2f}' for v in values)}{partial})"
 
 
 def suite_cell(per_task: list[list[float]], score_map) -> str:
@@ -76,18 +105,24 @@ def markdown_table(
     specs: list[RunSpec],
     out: Path,
     seeds: int,
-    metric=eval_score,
+    metric=eval_per_seed,
     notes: bool = True,
+    threshold: float | None = None,
 ) -> str:
+    """The grid's table: mean ± std over seeds per cell, or with `threshold` the seeds whose
+    score reaches it (success_cell)."""
     scores = collect(specs, out, metric)
-    suite = grid.suite_score is not None and len(tasks) > 1
+    suite = grid.suite_score is not None and len(tasks) > 1 and threshold is None
     names = [t.name for t in tasks] + (["suite (normalised)"] if suite else [])
     lines = ["| model | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
     for v in grid.variants:
-        per_task = [scores.get((t.name, v.label), []) for t in tasks]
-        cells = [format_cell(values, seeds) for values in per_task]
+        per_task = [scores.get((t.name, v.label), Cell()) for t in tasks]
+        if threshold is not None:
+            cells = [success_cell(c.values, seeds, threshold) for c in per_task]
+        else:
+            cells = [format_cell(c.values, seeds, c.seeds) for c in per_task]
         if suite:
-            cells.append(suite_cell(per_task, grid.suite_score))
+            cells.append(suite_cell([c.values for c in per_task], grid.suite_score))
         lines.append(f"| {v.label} | " + " | ".join(cells) + " |")
     task_notes = [f"- {t.note}" for t in tasks if t.note] if notes else []
     return "\n".join(lines + ([""] + task_notes if task_notes else []))
@@ -130,15 +165,22 @@ def plot_curves(grid: Grid, tasks: tuple[Task, ...], specs: list[RunSpec], out: 
         drawn = 0
         for v in grid.variants:
             runs = [s for s in specs if s.task.name == task.name and s.variant.label == v.label]
-            curves = [c for c in (curve_of(out / "runs" / s.run_id) for s in runs) if c]
-            if not curves:
+            # frames per seed: a lockstep run's frames count every agent's steps
+            drawn_runs = [
+                (s, (c[0] / s.agents, c[1]))
+                for s in runs
+                if (c := curve_of(out / "runs" / s.run_id))
+            ]
+            if not drawn_runs:
                 continue
-            x, mean, std = mean_curve(curves)
-            (line,) = ax.plot(x, mean, label=f"{v.label} ({len(curves)} seeds)")
+            x, mean, std = mean_curve([c for _, c in drawn_runs])
+            seeds = sum(s.agents for s, _ in drawn_runs)
+            pooled = " pooled" if any(s.agents > 1 for s, _ in drawn_runs) else ""
+            (line,) = ax.plot(x, mean, label=f"{v.label} ({seeds} seeds{pooled})")
             ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2)
             drawn += 1
         if drawn:
-            ax.set_xlabel("frames")
+            ax.set_xlabel("frames (per seed)")
             ax.set_ylabel("training return (mean over seeds ± std)")
             ax.set_title(f"{grid.name}: {task.name}")
             ax.grid(alpha=0.3)
@@ -165,6 +207,22 @@ def write_report(
     Returns the path of results.md and the evaluation table."""
     table = markdown_table(grid, tasks, specs, out, seeds)
     train = markdown_table(grid, tasks, specs, out, seeds, final_train_return, notes=False)
+    lockstep = [
+        "Lockstep rows (one run of all seeds, `--num-agents`): each seed's score is its "
+        "agent's (eval.json `agents`); the training return and curves pool the agents.",
+        "",
+    ]
+    solved = []
+    if grid.success_threshold is not None:
+        solved = [
+            f"Solved (evaluation score >= {grid.success_threshold:g}): seeds out of those "
+            "finished, with each seed's score:",
+            "",
+            markdown_table(
+                grid, tasks, specs, out, seeds, notes=False, threshold=grid.success_threshold
+            ),
+            "",
+        ]
     images = plot_curves(grid, tasks, specs, out)
     body = [
         f"# {grid.name}",
@@ -179,6 +237,8 @@ def write_report(
         "",
         table,
         "",
+        *solved,
+        *(lockstep if any(s.agents > 1 for s in specs) else []),
         "Training return over the last 10% of each run (sampled actions):",
         "",
         train,
@@ -192,7 +252,9 @@ def write_report(
             "task": s.task.name,
             "variant": s.variant.label,
             "seed": s.seed,
+            "seeds": list(s.seeds),
             "eval_mean": eval_score(out / "runs" / s.run_id),
+            "eval_per_seed": eval_per_seed(out / "runs" / s.run_id),
             "final_train_return": final_train_return(out / "runs" / s.run_id),
         }
         for s in specs

@@ -100,7 +100,7 @@ def command_for(spec: RunSpec, run_dir: Path, total_frames: int | None) -> list[
     return [
         *base,
         "--preset",
-        spec.task.preset,
+        spec.preset,
         *train_args(spec.overrides(total_frames)),
         "--out-dir",
         str(run_dir),
@@ -109,8 +109,20 @@ def command_for(spec: RunSpec, run_dir: Path, total_frames: int | None) -> list[
 
 
 def read_eval(run_dir: Path) -> float | None:
+    """A finished run's evaluation score (of lockstep agents: their mean); None if unfinished."""
     path = run_dir / "eval.json"
     return float(json.loads(path.read_text())["mean"]) if path.exists() else None
+
+
+def read_eval_per_seed(run_dir: Path) -> list[float] | None:
+    """Each seed's evaluation score of a finished run: the agents' of a lockstep run (eval.json's
+    `agents`, in seed order), else the run's one score; None if unfinished."""
+    path = run_dir / "eval.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    agents = sorted(data.get("agents") or [], key=lambda a: a["seed"])
+    return [float(a["mean"]) for a in agents] if agents else [float(data["mean"])]
 
 
 @dataclass

@@ -49,14 +49,15 @@ TINY = Grid(
 def test_every_grid_run_has_a_valid_config(name):
     g = grids.GRIDS[name]
     specs = grids.runs_of(g, g.default_seeds)
-    assert len(specs) == len(g.tasks) * len(g.variants) * g.default_seeds
+    assert sum(s.agents for s in specs) == len(g.tasks) * len(g.variants) * g.default_seeds
     assert len({s.run_id for s in specs}) == len(specs)  # one directory per run
     for spec in specs:
-        cfg = runner.check_overrides(spec.task.preset, spec.overrides())
-        assert (cfg.model.core, cfg.loss.unroll_length, cfg.run.seed) == (
+        cfg = runner.check_overrides(spec.preset, spec.overrides())
+        assert (cfg.model.core, cfg.loss.unroll_length, cfg.run.seed, cfg.stream.num_agents) == (
             spec.variant.core,
-            spec.unroll_length,
+            spec.unroll_length or 1,  # a streaming row: its preset's one-step "segment"
             spec.seed,
+            spec.agents,
         )
 
 
