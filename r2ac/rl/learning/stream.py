@@ -638,7 +638,7 @@ class StreamAC:
         else:
             x_final = torch.from_numpy(self._normalise(final_obs).astype(self._np_dtype))
         scaled = self._scale_reward(reward, done)
-        v_next = self._peek_value(x_final, state)
+        v_next = self._peek_value(x_final, state, core_saved)
         # delta = r + gamma (1 - terminated) V(s') - V(s) (a truncated step bootstraps)
         bootstrap = torch.from_numpy((s.discount * ~terminated).astype(self._np_dtype))
         delta = torch.from_numpy(scaled.astype(self._np_dtype)).addcmul_(bootstrap, v_next)
@@ -662,13 +662,14 @@ class StreamAC:
         self.steps += 1
         return StepInfo(delta, value, entropy, step[0], step[1])
 
-    def _peek_value(self, x: torch.Tensor, state) -> torch.Tensor:
-        """V(x) (K,) from the critic's next core state (no grad, no sensitivity update)."""
+    def _peek_value(self, x: torch.Tensor, state, core_saved) -> torch.Tensor:
+        """V(x) (K,) from the critic's next core state (no grad, no sensitivity update; the
+        weights still those of this step's forward)."""
         k = self.k
         ws, bs, core_p = self.params.critic_parts
         feat, _ = mlp_forward(ws, bs, x)
-        no_reset = torch.zeros(k, dtype=torch.bool)
-        h = self.critic.core.peek(core_p, feat, _rows(state, k, 2 * k), no_reset)
+        rows = slice(k, 2 * k)
+        h = self.body_core.peek_manual(core_p, feat, _rows(state, k, 2 * k), core_saved, rows)
         return head_forward(self.params.heads[1], h).squeeze(-1)
 
     def _update(self, delta: torch.Tensor, done: np.ndarray) -> torch.Tensor:

@@ -174,6 +174,14 @@ class StackedCore:
             grads[name].zero_() if g is None else grads[name].copy_(g)
         return got[0]
 
+    def peek_manual(
+        self, params: dict[str, Tensor], x: Tensor, state: NamedTuple, saved: tuple, rows: slice
+    ) -> Tensor:
+        """peek() with no reset, from the weights of this step's `forward_manual` (its `saved`,
+        rows `rows` of it matching `params`), unchanged since: a core may reuse what it
+        computed of them."""
+        return self.peek(params, x, state, torch.zeros(x.shape[0], dtype=torch.bool))
+
     def sensitivity_numbers(self) -> int:
         """Numbers of carried sensitivities per agent (0 without RTRL)."""
         return 0

@@ -141,6 +141,18 @@ class _PairRTRLStep(torch.autograd.Function):
         return (g_x, P.real, -P.imag, None, None, None, None, None, *g_v.unbind(1))
 
 
+def joined_maps(W1: Tensor, W2: Tensor) -> Tensor:
+    """[W1; W2] (K, 2U, D): a view where W2 follows W1 in each agent's memory (the stacked
+    layout, as the streaming agent keeps its parameters), else a copy."""
+    K, U, D = W1.shape
+    if (
+        W1.stride() == W2.stride() == (W1.stride(0), D, 1)
+        and W2.data_ptr() == W1.data_ptr() + U * D * W1.element_size()
+    ):
+        return W1.as_strided((K, 2 * U, D), W1.stride())
+    return torch.cat([W1, W2], 1)
+
+
 # ----------------------------------------------------------------------------- the cores
 
 
@@ -199,9 +211,9 @@ class StackedPairCore(StackedCore):
         """lam (K, U) complex, gamma (K, U) and what `_immediate_v` needs."""
         raise NotImplementedError
 
-    def _immediate_v(self, aux, lc: Tensor, gu: Tensor) -> Tensor:
-        """This step's d s / d v_m (K, M, U) complex: dlam_m cp + dgamma_m u, from lc = lam cp
-        and gu = gamma u."""
+    def _immediate_v(self, aux, lc: Tensor, u: Tensor, gu: Tensor) -> Tensor:
+        """This step's d s / d v_m (K, M, U) complex: dlam_m cp + dgamma_m u, from lc = lam cp,
+        u and gu = gamma u."""
         raise NotImplementedError
 
     def _readout_manual(self, params, s_pairs: Tensor, x: Tensor) -> tuple[Tensor, tuple]:
@@ -213,15 +225,16 @@ class StackedPairCore(StackedCore):
 
     @torch.no_grad()
     def forward_manual(self, params, x, state, reset):
-        a, b = self.map_names
+        K, U = x.shape[0], self.units
+        W = joined_maps(*(params[n] for n in self.map_names))  # (K, 2U, D)
         keep = keep_factor(reset, x.dtype).unsqueeze(1)  # (K, 1)
         lam, gamma, aux = self._manual_coefficients(params)
-        u = torch.complex(matvec(params[a], x), matvec(params[b], x))  # (K, U)
-        cp = torch.complex(state.h[:, 0], state.h[:, 1]) * keep
-        lc, gu = lam * cp, gamma * u
-        s = lc + gu
-        s_pairs = torch.view_as_real(s).transpose(1, 2).contiguous()  # (K, 2, U)
-        imm_v = self._immediate_v(aux, lc, gu)  # (K, M, U)
+        u = torch.bmm(x.unsqueeze(1), W.transpose(1, 2)).view(K, 2, U)  # (W1 x; W2 x)
+        u = torch.complex(u[:, 0], u[:, 1])  # (K, U)
+        lc = lam * torch.complex(state.h[:, 0], state.h[:, 1]).mul_(keep)  # lam cp
+        gu = gamma * u
+        s_pairs = torch.view_as_real(lc + gu).transpose(1, 2).contiguous()  # (K, 2, U)
+        imm_v = self._immediate_v(aux, lc, u, gu)  # (K, M, U)
         if self.rule == "rtrl":
             lamk = lam * keep  # the step's Jacobian, reset folded in
             S_W = lamk.unsqueeze(2) * torch.view_as_complex(state.sens_W)  # (K, U, D)
@@ -232,10 +245,10 @@ class StackedPairCore(StackedCore):
         else:
             new_state, sens = HiddenState(s_pairs), (None, imm_v)
         h, read = self._readout_manual(params, s_pairs, x)
-        return h, new_state, (params, x, gamma, sens, read)
+        return h, new_state, (params, x, W, lam, gamma, sens, read)
 
     def backward_manual(self, saved, g_h, grads):
-        params, x, gamma, (S_W, S_v), read = saved
+        params, x, W, _, gamma, (S_W, S_v), read = saved
         a, b = self.map_names
         g_s, g_x = self._readout_backward(params, read, g_h, grads)  # (K, 2, U)
         g_conj = torch.complex(g_s[:, 0], -g_s[:, 1])  # conj(dL/ds1 + i dL/ds2), (K, U)
@@ -250,9 +263,21 @@ class StackedPairCore(StackedCore):
         g_v = (g_conj.unsqueeze(1) * S_v).real  # (K, M, U)
         for m, name in enumerate(self.vector_names):
             grads[name].copy_(g_v[:, m])
-        g_in = torch.baddbmm(vecmat(gg[:, 0], params[a]).unsqueeze(1), gg[:, 1:], params[b])
-        g_in = g_in.squeeze(1)  # (K, D)
+        g_in = torch.bmm(gg.view(gg.shape[0], 1, -1), W).squeeze(1)  # (K, D)
         return g_in if g_x is None else g_in + g_x
+
+    @torch.no_grad()
+    def peek_manual(self, params, x, state, saved, rows: slice):
+        """peek() without a reset, lam and gamma taken from rows `rows` of this step's
+        forward_manual (the weights unchanged since)."""
+        _, _, _, lam, gamma, _, _ = saved
+        K, U = x.shape[0], self.units
+        W = joined_maps(*(params[n] for n in self.map_names))
+        u = torch.bmm(x.unsqueeze(1), W.transpose(1, 2)).view(K, 2, U)
+        s = torch.complex(u[:, 0], u[:, 1]).mul_(gamma[rows])
+        s.addcmul_(lam[rows], torch.complex(state.h[:, 0], state.h[:, 1]))
+        s_pairs = torch.view_as_real(s).transpose(1, 2).contiguous()
+        return self._readout_manual(params, s_pairs, x)[0]
 
     @torch.no_grad()
     def peek(self, params, x, state, reset):
@@ -301,13 +326,12 @@ class StackedRTU(StackedPairCore):
         lam = torch.polar(torch.exp(-nu), theta)
         e = torch.expm1(-2.0 * nu)  # |lam|^2 - 1
         gamma = torch.sqrt(-e)
-        return lam, gamma, (nu, theta, e, gamma)
+        return lam, gamma, (nu, theta, nu * (1.0 + e) / gamma)
 
-    def _immediate_v(self, aux, lc, gu):
+    def _immediate_v(self, aux, lc, u, gu):
         # d/d nu_log: -nu lam cp + (nu |lam|^2 / gamma) u; d/d theta_log: i theta lam cp
-        nu, theta, e, gamma = aux
-        d_nu = gu * (nu * (1.0 + e) / gamma.square()) - nu * lc
-        return torch.stack([d_nu, lc * (theta * 1j)], 1)
+        nu, theta, dgamma = aux
+        return torch.stack([dgamma * u - nu * lc, lc * (theta * 1j)], 1)
 
     def _readout_manual(self, params, s_pairs, x):
         h = torch.tanh(s_pairs.view(s_pairs.shape[0], -1))
@@ -369,7 +393,7 @@ class StackedLRU(StackedPairCore):
         nu, theta = torch.exp(params["nu_log"]), torch.exp(params["theta_log"])
         return torch.polar(torch.exp(-nu), theta), torch.exp(params["gamma_log"]), (nu, theta)
 
-    def _immediate_v(self, aux, lc, gu):
+    def _immediate_v(self, aux, lc, u, gu):
         nu, theta = aux  # d/d nu_log: -nu lam cp; d/d theta_log: i theta lam cp; gamma_log: gamma u
         return torch.stack([-nu * lc, lc * (theta * 1j), gu], 1)
 
