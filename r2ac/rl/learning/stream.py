@@ -287,30 +287,32 @@ LEAK = 0.01  # F.leaky_relu's default
 
 
 def mlp_forward(ws, bs, x: torch.Tensor) -> tuple[torch.Tensor, list[tuple]]:
-    """x (R, I) through the layers (w (R, I, O), b (R, O)): linear, LayerNorm, leaky ReLU.
-    Returns the features (R, F) and per layer what `mlp_backward` needs."""
-    saved = []
+    """x (R, I) through the layers (w (R, I, O), b (R, 1, O)): linear, LayerNorm, leaky ReLU,
+    as (R, 1, width) rows (no reshapes between the ops). Returns the features (R, F) and per
+    layer what `mlp_backward` needs."""
+    saved, x = [], x.unsqueeze(1)
     for w, b in zip(ws, bs, strict=True):
-        pre = torch.baddbmm(b.unsqueeze(1), x.unsqueeze(1), w).squeeze(1)  # (R, O)
+        pre = torch.baddbmm(b, x, w)  # (R, 1, O)
         normed, mean, rstd = torch.native_layer_norm(pre, pre.shape[-1:], None, None, LN_EPS)
         saved.append((x, pre, mean, rstd, normed))
         x = F.leaky_relu(normed, LEAK)
-    return x, saved
+    return x.squeeze(1), saved
 
 
 def mlp_backward(ws, saved, g: torch.Tensor, g_ws, g_bs) -> None:
-    """Writes dL/dw (R, I, O) and dL/db (R, O) of every layer into g_ws, g_bs for dL/dfeatures
-    = g (R, F); the input (the observation) needs no gradient."""
+    """Writes dL/dw (R, I, O) and dL/db (R, 1, O) of every layer into g_ws, g_bs for
+    dL/dfeatures = g (R, F); the input (the observation) needs no gradient."""
+    g = g.unsqueeze(1)
     for i in reversed(range(len(ws))):
         x, pre, mean, rstd, normed = saved[i]
         g = torch.ops.aten.leaky_relu_backward(g, normed, LEAK, False)
         g = torch.ops.aten.native_layer_norm_backward(
             g, pre, pre.shape[-1:], mean, rstd, None, None, [True, False, False]
-        )[0]  # (R, O)
-        torch.mul(x.unsqueeze(2), g.unsqueeze(1), out=g_ws[i])
+        )[0]  # (R, 1, O)
+        torch.mul(x.transpose(1, 2), g, out=g_ws[i])
         g_bs[i].copy_(g)
         if i:
-            g = torch.bmm(g.unsqueeze(1), ws[i].transpose(1, 2)).squeeze(1)  # (R, I)
+            g = torch.bmm(g, ws[i].transpose(1, 2))  # (R, 1, I)
 
 
 def head_forward(p: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
@@ -462,9 +464,9 @@ def _slot(flat: torch.Tensor, sl: Slot) -> torch.Tensor:
 
 
 def _body_parts(views: dict[str, torch.Tensor], depth: int):
-    """(MLP weights, MLP biases, core params) of a body's views."""
+    """(MLP weights, MLP biases as (R, 1, O) rows, core params) of a body's views."""
     ws = [views[f"mlp{i}.w"] for i in range(depth)]
-    bs = [views[f"mlp{i}.b"] for i in range(depth)]
+    bs = [views[f"mlp{i}.b"].unsqueeze(1) for i in range(depth)]
     return ws, bs, {n[5:]: v for n, v in views.items() if n.startswith("core.")}
 
 
