@@ -316,21 +316,24 @@ def mlp_backward(ws, saved, g: torch.Tensor, g_ws, g_bs) -> None:
 
 
 def head_forward(p: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
-    """h (K, H) @ head.w (K, H, O) + head.b, then log_std appended where there is one."""
-    y = torch.baddbmm(p["head.b"].unsqueeze(1), h.unsqueeze(1), p["head.w"]).squeeze(1)
+    """h (K, 1, H) rows @ head.w (K, H, O) + head.b (K, 1, O), then log_std appended where
+    there is one: (K, out)."""
+    y = torch.baddbmm(p["head.b"], h, p["head.w"]).squeeze(1)
     return torch.cat([y, p["log_std"]], -1) if "log_std" in p else y
 
 
 def head_backward(p, g_p, h: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """Writes the head's dL/dparams into g_p for dL/dout = g (K, out); returns dL/dh (K, H)."""
+    """Writes the head's dL/dparams into g_p for dL/dout = g (K, out); returns dL/dh as
+    (K, 1, H) rows."""
     w = p["head.w"]
     n = w.shape[2]
     if "log_std" in p:
         g_p["log_std"].copy_(g[:, n:])
         g = g[:, :n]
-    torch.mul(h.unsqueeze(2), g.unsqueeze(1), out=g_p["head.w"])
+    g = g.unsqueeze(1)  # (K, 1, O)
+    torch.mul(h.transpose(1, 2), g, out=g_p["head.w"])
     g_p["head.b"].copy_(g)
-    return torch.bmm(g.unsqueeze(1), w.transpose(1, 2)).squeeze(1)
+    return torch.bmm(g, w.transpose(1, 2))
 
 
 def categorical_grads(logits: torch.Tensor, action: torch.Tensor):
@@ -448,6 +451,8 @@ class PairBuffers:
             {sl.name: _slot(flat[i], sl) for sl in net.layout.slots if _is_head(sl.name)}
             for i, net in enumerate((actor, critic))
         )
+        for head in self.heads:
+            head["head.b"] = head["head.b"].unsqueeze(1)  # (K, 1, O) rows
         self.actor = flat[0, :, : actor.layout.size]  # (K, P_a)
         self.critic = flat[1, :, : critic.layout.size]  # (K, P_c)
         depth = len(actor.mlp)
@@ -520,6 +525,7 @@ class StreamAC:
         self.params = PairBuffers(flat, self.actor, self.critic)
         self.grads = PairBuffers(torch.zeros_like(flat), self.actor, self.critic)
         self.traces = PairBuffers(torch.zeros_like(flat), self.actor, self.critic)
+        self._ones = torch.ones(self.k, 1, dtype=dtype)  # dV/dV, the critic head's dL/dout
         self._scratch = torch.empty_like(flat)  # |z| for ObGD's norm, no fresh (2, K, P) a step
         self.theta_a, self.theta_c = self.params.actor, self.params.critic
         self.z_a, self.z_c = self.traces.actor, self.traces.critic
@@ -604,6 +610,7 @@ class StreamAC:
         h, state, core_saved = self.body_core.forward_manual(
             core_p, feat, self.state, torch.cat([self.reset, self.reset])
         )  # (2K, H)
+        h = h.unsqueeze(1)  # (2K, 1, H) rows
         params = head_forward(p.heads[0], h[:k])  # (K, head out)
         value = head_forward(p.heads[1], h[k:]).squeeze(-1)  # (K,)
         if greedy:
@@ -651,9 +658,9 @@ class StreamAC:
         g_h = torch.cat(
             [
                 head_backward(p.heads[0], g.heads[0], h[:k], g_params),
-                head_backward(p.heads[1], g.heads[1], h[k:], torch.ones_like(value)[:, None]),
+                head_backward(p.heads[1], g.heads[1], h[k:], self._ones),
             ]
-        )  # (2K, H)
+        ).squeeze(1)  # (2K, H)
         ws, g_ws, g_bs, g_core = p.parts[0], *g.parts
         g_feat = self.body_core.backward_manual(core_saved, g_h, g_core)
         mlp_backward(ws, mlp_saved, g_feat, g_ws, g_bs)
@@ -672,7 +679,7 @@ class StreamAC:
         feat, _ = mlp_forward(ws, bs, x)
         rows = slice(k, 2 * k)
         h = self.body_core.peek_manual(core_p, feat, _rows(state, k, 2 * k), core_saved, rows)
-        return head_forward(self.params.heads[1], h).squeeze(-1)
+        return head_forward(self.params.heads[1], h.unsqueeze(1)).squeeze(-1)
 
     def _update(self, delta: torch.Tensor, done: np.ndarray) -> torch.Tensor:
         """Traces, ObGD (each network with its own kappa), the traces' reset at an episode's
