@@ -21,11 +21,15 @@ head. Exact RTRL gives the gradient of the core's parameters (and of the head's)
 stream's whole past; the MLP below the core gets its current-step gradient only (the core's
 output is differentiable w.r.t. its input at this step only).
 
-All state is held as (K, ...) tensors: each network's parameters as one flat (K, P) leaf (its
-named parameters are views of it, so one autograd call returns the flat (K, P) gradient and
-the trace and ObGD updates are a few whole-tensor operations), traces (K, P), core states,
-normalisers. Autograd of the sum over agents gives each agent its own gradient; nothing is
-shared across k.
+All state is held as (K, ...) tensors. The actor's and the critic's flat parameters (and
+gradients, and traces) share one (2, K, P) buffer (PairBuffers): their bodies (MLP and core,
+alike in shape) run as one stacked computation of 2K rows, their heads apart, and the trace
+and ObGD updates are a few whole-buffer operations. The learner's step builds no autograd
+graph: the MLP, the heads and each stacked core compute their vector-Jacobian products by
+hand (mlp_backward, head_backward, core.backward_manual; the cores' equal autograd of their
+step(), tests/rtrl/test_stacked_manual.py), which is what a batch-1 step costs on a CPU
+(autograd's per-node overhead was most of it). Each agent's row gets its own gradient;
+nothing is shared across k. The normalisers are float64 numpy arrays updated in place.
 
 Sampling uses a counter-based hash of (agent seed, step, draw): agent k's actions depend on
 its own seed and step only (K agents together equal K runs alone), and the sampler's state
