@@ -610,6 +610,8 @@ def check_stream_config(cfg: TrainConfig) -> None:
             f"--core {cfg.model.core}: no streaming version; choose one of "
             f"{', '.join(STACKED_CORES)}"
         )
+    if cfg.model.forget_bias is not None and not cfg.model.core.startswith("elstm"):
+        raise ConfigError(f"--forget-bias: core {cfg.model.core} has no forget gate")
     if cfg.model.core.startswith("rtu") and cfg.model.hidden_size % 2:
         raise ConfigError(f"--hidden-size {cfg.model.hidden_size}: the RTU's is 2 x units (even)")
     _check_numbers(cfg)

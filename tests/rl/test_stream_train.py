@@ -169,3 +169,17 @@ def test_a_checkpoint_whose_values_do_not_fit_is_refused_before_use(damage, word
         target.restore(payload)
     assert words in str(err.value) and "\n" not in str(err.value)
     assert torch.equal(target.agent.theta_a.detach(), before)
+
+
+@pytest.mark.parametrize("streaming", ["ac", "q"])
+def test_forget_bias_sets_both_networks_elstm_forget_gates(streaming):
+    preset_name = "stream" if streaming == "ac" else "stream-q"
+    cfg = preset(preset_name).updated(
+        **{**SMALL, "core": "elstm-rtrl", "forget_bias": 3.5, "num_agents": 2}
+    )
+    rt = StreamRuntime(validate(cfg))
+    agent = rt.agent
+    for net, theta in ((agent.actor, agent.theta_a), (agent.critic, agent.theta_c)):
+        assert torch.all(net.layout.views(theta)["core.b_f"] == 3.5)
+    with pytest.raises(ConfigError, match="no forget gate"):
+        validate(preset(preset_name).updated(**{**SMALL, "forget_bias": 3.5}))

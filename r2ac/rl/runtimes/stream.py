@@ -132,7 +132,8 @@ def make_agent(cfg: TrainConfig, env: BatchedEnv, seeds, dtype=torch.float32) ->
 
         settings = settings_from(cfg)
         mlp = cfg.stream.stream_mlp
-        return StreamQRC(core, env.action_space, obs_size, seeds, settings, mlp, dtype)
+        agent = StreamQRC(core, env.action_space, obs_size, seeds, settings, mlp, dtype)
+        return with_forget_bias(agent, cfg.model.forget_bias)
     settings = StreamSettings(
         discount=cfg.loss.discount,
         trace_lambda=cfg.stream.trace_lambda,
@@ -141,7 +142,24 @@ def make_agent(cfg: TrainConfig, env: BatchedEnv, seeds, dtype=torch.float32) ->
         kappa_critic=cfg.stream.kappa_critic,
         entropy_cost=cfg.loss.entropy_cost,
     )
-    return StreamAC(core, env.action_space, obs_size, seeds, settings, cfg.stream.stream_mlp, dtype)
+    agent = StreamAC(
+        core, env.action_space, obs_size, seeds, settings, cfg.stream.stream_mlp, dtype
+    )
+    return with_forget_bias(agent, cfg.model.forget_bias)
+
+
+@torch.no_grad()
+def with_forget_bias(agent, forget_bias: float | None):
+    """`agent` with every eLSTM core's forget-gate bias b_f set to `forget_bias` (None: the
+    core's own init), in both networks, as `--forget-bias` sets the batched agent's."""
+    if forget_bias is None:
+        return agent
+    for net, theta in ((agent.actor, agent.theta_a), (agent.critic, agent.theta_c)):
+        views = net.layout.views(theta)
+        if "core.b_f" not in views:
+            raise ConfigError(f"--forget-bias: core {net.core.name} has no forget gate")
+        views["core.b_f"].fill_(forget_bias)
+    return agent
 
 
 class StreamTracker(Tracker):
