@@ -570,6 +570,21 @@ def check_start_correction(cfg: TrainConfig) -> None:
                           "--algorithm ppo or --epochs / --minibatches above 1")  # fmt: skip
 
 
+def _check_stream_core(cfg: TrainConfig) -> None:
+    """The core: one with a streaming version, and options it has."""
+    from r2ac.rtrl.stacked import STACKED_CORES
+
+    if cfg.model.core not in STACKED_CORES:
+        raise ConfigError(
+            f"--core {cfg.model.core}: no streaming version; choose one of "
+            f"{', '.join(STACKED_CORES)}"
+        )
+    if cfg.model.forget_bias is not None and not cfg.model.core.startswith("elstm"):
+        raise ConfigError(f"--forget-bias: core {cfg.model.core} has no forget gate")
+    if cfg.model.core.startswith("rtu") and cfg.model.hidden_size % 2:
+        raise ConfigError(f"--hidden-size {cfg.model.hidden_size}: the RTU's is 2 x units (even)")
+
+
 def check_stream_config(cfg: TrainConfig) -> None:
     """One-line ConfigErrors for the streaming agent's settings (called by validate)."""
     streaming, runtime = cfg.stream.streaming, cfg.runtime.name
@@ -603,17 +618,7 @@ def check_stream_config(cfg: TrainConfig) -> None:
                 f"--{name.replace('_', '-')} {flat[name]}: the streaming agent learns from one "
                 "stream per agent, one step at a time (it must be 1; --num-agents sets K)"
             )
-    from r2ac.rtrl.stacked import STACKED_CORES
-
-    if cfg.model.core not in STACKED_CORES:
-        raise ConfigError(
-            f"--core {cfg.model.core}: no streaming version; choose one of "
-            f"{', '.join(STACKED_CORES)}"
-        )
-    if cfg.model.forget_bias is not None and not cfg.model.core.startswith("elstm"):
-        raise ConfigError(f"--forget-bias: core {cfg.model.core} has no forget gate")
-    if cfg.model.core.startswith("rtu") and cfg.model.hidden_size % 2:
-        raise ConfigError(f"--hidden-size {cfg.model.hidden_size}: the RTU's is 2 x units (even)")
+    _check_stream_core(cfg)
     _check_numbers(cfg)
 
 
