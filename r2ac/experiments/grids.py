@@ -475,7 +475,7 @@ GRIDS["popgym"] = Grid(
 )
 
 
-# Streaming (issue 66, item 6): the MemoryChain study of Farr et al. 2026 and their five
+# Streaming: the MemoryChain study of Farr et al. 2026 and their five
 # POPGym Easy tasks, with r2ac's stream AC(lambda) (and QRC(lambda)) on each streaming core.
 MEMORY_CHAIN_LENGTHS = (2, 4, 8, 16, 32, 64, 128)
 MEMORY_CHAIN_EPISODES = 10_000

@@ -1,4 +1,4 @@
-"""The streaming grids of `r2ac experiment` (issue 66, item 6): which runs they list, seeds in
+"""The streaming grids of `r2ac experiment`: which runs they list, seeds in
 lockstep (one run, `--num-agents K`) read back per agent, and a tiny grid trained end to end.
 """
 
