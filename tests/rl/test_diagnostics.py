@@ -169,4 +169,4 @@ def test_diagnose_command_on_a_checkpoint(tmp_path):
         text=True,
         timeout=60,
     )
-    assert missing.returncode == 2 and "no checkpoint" in missing.stderr
+    assert missing.returncode == 2 and "not a run directory" in missing.stderr
