@@ -545,7 +545,7 @@ def load(
     return obj
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
     """Persist the rename itself (POSIX); a no-op where directories cannot be opened."""
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -575,7 +575,7 @@ def write_atomic(data: bytes | tuple, path: str | os.PathLike) -> Path:
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
-    _fsync_directory(path.parent)
+    fsync_directory(path.parent)
     return path
 
 

@@ -52,31 +52,33 @@ GOLDEN = {
 BACKENDS = {"popgym": "popgym", "popgym gru-bptt": "popgym", "control": "gymnasium"}
 
 
+def _first_rows(tmp_path, preset: str, extra: list[str], frames: int) -> list[tuple]:
+    """A serial run of `frames` logging every update: (loss, entropy, grad_norm) per row."""
+    run = tmp_path / "run"
+    argv = ["--preset", preset, *extra, "--total-frames", str(frames), "--log-every", "1"]
+    argv += ["--out-dir", str(run), "--no-eval-at-end", "--no-progress", "--num-threads", "1"]
+    assert train_main(argv) == 0
+    with open(run / "metrics.csv", newline="") as f:
+        return [tuple(float(r[c]) for c in COLUMNS) for r in csv.DictReader(f)]
+
+
+def _flat(rows) -> list[float]:
+    return [v for row in rows for v in row]
+
+
 @pytest.mark.parametrize("name", list(GOLDEN))
 def test_a_preset_learns_as_pinned(name, tmp_path):
     if name in BACKENDS:
         pytest.importorskip(BACKENDS[name])
     extra, frames, expected = GOLDEN[name]
-    run = tmp_path / "run"
-    argv = ["--preset", name.split()[0], *extra, "--total-frames", str(frames)]
-    argv += ["--log-every", "1", "--out-dir", str(run), "--no-eval-at-end", "--no-progress"]
-    assert train_main([*argv, "--num-threads", "1"]) == 0
-    with open(run / "metrics.csv", newline="") as f:
-        rows = [tuple(float(r[c]) for c in COLUMNS) for r in csv.DictReader(f)]
+    rows = _first_rows(tmp_path, name.split()[0], extra, frames)
     assert len(rows) == len(expected)
-    flat = [v for row in rows for v in row]
-    assert flat == pytest.approx([v for row in expected for v in row], rel=REL), f"now {rows}"
+    assert _flat(rows) == pytest.approx(_flat(expected), rel=REL), f"now {rows}"
 
 
 def test_a_changed_learning_rule_leaves_the_tolerance(tmp_path):
     """The pins can fail: the delayed-cue preset with its entropy cost 0.003 -> 0.0033 (10 %)
     moves the rows after the first update beyond REL."""
-    extra, frames, expected = GOLDEN["delayed-cue"]
-    run = tmp_path / "run"
-    argv = ["--preset", "delayed-cue", "--entropy-cost", "0.0033", "--total-frames", str(frames)]
-    argv += ["--log-every", "1", "--out-dir", str(run), "--no-eval-at-end", "--no-progress"]
-    assert train_main([*argv, "--num-threads", "1"]) == 0
-    with open(run / "metrics.csv", newline="") as f:
-        rows = [tuple(float(r[c]) for c in COLUMNS) for r in csv.DictReader(f)]
-    moved = [v for row in rows[1:] for v in row]
-    assert moved != pytest.approx([v for row in expected[1:] for v in row], rel=REL)
+    _, frames, expected = GOLDEN["delayed-cue"]
+    rows = _first_rows(tmp_path, "delayed-cue", ["--entropy-cost", "0.0033"], frames)
+    assert _flat(rows[1:]) != pytest.approx(_flat(expected[1:]), rel=REL)

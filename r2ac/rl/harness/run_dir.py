@@ -234,7 +234,7 @@ class RunDir(LockedDir):
         for p in present:
             os.rename(p, staging / p.name)
         os.rename(staging, dest)
-        _fsync(self.path)
+        checkpoint.fsync_directory(self.path)
         return dest
 
     def load_checkpoint(self) -> dict[str, Any]:
@@ -254,19 +254,6 @@ class RunDir(LockedDir):
         # Weights-only, checksummed, its structure checked: a run directory may come from
         # someone else.
         return checkpoint.load(path, expect=TRAINING_CHECKPOINT, what="training checkpoint")
-
-
-def _fsync(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # Fields a user may change in config.json between runs of one directory: where it lives and
