@@ -44,8 +44,8 @@ def r2ac_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "r2ac.cli", *args]
 
 
-def start_r2ac(*args: str, mark: str | None = None, own_session: bool = True) -> subprocess.Popen:
-    """`r2ac ARGS` in the background: stderr piped (text), stdout dropped; in a session of its
+def start_r2ac(*args: str, mark: str | None = None, detached: bool = True) -> subprocess.Popen:
+    """`r2ac ARGS` in the background: stderr piped (text), stdout dropped; in a process group of its
     own by default (as a terminal's job: a failed test can kill all of it); with `mark`,
     R2AC_TEST_MARK=mark in its environment, which every process it starts inherits."""
     env = subprocess_env() if mark is None else {**subprocess_env(), "R2AC_TEST_MARK": mark}
@@ -55,7 +55,7 @@ def start_r2ac(*args: str, mark: str | None = None, own_session: bool = True) ->
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        start_new_session=own_session,
+        start_new_session=detached,
     )
 
 

@@ -40,7 +40,7 @@ def _args(out: Path, updates: int = 400, *extra: str) -> list[str]:
 
 
 def _start(args: list[str]) -> subprocess.Popen:
-    return start_r2ac(*args)  # a session of its own: a failed test can kill all of it
+    return start_r2ac(*args)  # its own process group: a failed test can kill all of it
 
 
 def _last_update(run: Path) -> int:

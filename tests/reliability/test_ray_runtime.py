@@ -53,7 +53,7 @@ def _none_left(mark: str, seconds: float = 20.0) -> list[str]:
 
 
 def _start(args: list[str], out: Path, mark: str, past: int) -> subprocess.Popen:
-    """`r2ac ARGS` in a session of its own (as a terminal's foreground job); returns once
+    """`r2ac ARGS` in a process group of its own (as a terminal's foreground job); returns once
     metrics.csv shows an update after `past`."""
     proc = start_r2ac(*args, mark=mark)
     deadline = time.monotonic() + TIMEOUT_S

@@ -52,7 +52,7 @@ def _last_update(run: Path) -> int:
 def _start_and_wait(command: list[str], out: Path, past: int, need_checkpoint: bool = False):
     """Start `r2ac COMMAND`; return once its metrics show an update after `past` (and a
     checkpoint exists if asked): a readiness signal instead of a blind sleep."""
-    proc = start_r2ac(*command, own_session=False)
+    proc = start_r2ac(*command, detached=False)
     deadline = time.monotonic() + TIMEOUT_S
     ckpt = out / "checkpoints" / "latest.pt"
     while time.monotonic() < deadline and proc.poll() is None:

@@ -32,13 +32,11 @@ def gradient(runtime, seg, term: str, with_history: bool) -> torch.Tensor:
     agent.zero_grad(set_to_none=True)
     state = seg.state if with_history else core.light_state(seg.state)
     with nullcontext() if with_history else core.without_history():
-        logits, values, _, entropy_logits = agent(
+        logits, values, _ = agent(
             seg.obs[:M], seg.last_reward[:M], seg.reset[:M], state, carry=False,
-            last_action=seg.last_action[:M], entropy_params=True,
+            last_action=seg.last_action[:M],
         )  # fmt: skip
-        losses = learner.ppo_loss(
-            logits, values, seg, targets, keep_graph=True, entropy_logits=entropy_logits
-        )
+        losses = learner.ppo_loss(logits, values, seg, targets, keep_graph=True)
         losses[term].backward()
     return flat_grad(agent)
 

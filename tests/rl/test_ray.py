@@ -1,4 +1,4 @@
-"""Ray runtime on one local Ray session (`ray.init(num_cpus=2)`, shared by the module): the
+"""Ray runtime on one local Ray instance (`ray.init(num_cpus=2)`, shared by the module): the
 learner's gradient on ray-collected segments equals the serial one (float64, lr 0), policy
 lag stays bounded, a SIGKILLed actor is restarted and counted, an exception inside an actor
 reaches the learner with its traceback."""
@@ -32,7 +32,7 @@ K = 2  # actors
 
 
 @pytest.fixture(scope="module", autouse=True)
-def ray_session():
+def ray_instance():
     with sigterm_stays_ours():  # the other tests expect the default SIGTERM handler
         init_local_ray(K)
     yield
@@ -124,7 +124,7 @@ def test_trains_logs_bounded_lag_and_stops_its_actors(tmp_path, monkeypatch, wei
     after = runtime.agent.state_dict()
     assert any(not torch.equal(after[k], before[k]) for k in after)
     assert run.checkpoint_path.is_file()
-    assert runtime.actors == [] and ray.is_initialized()  # the shared session stays
+    assert runtime.actors == [] and ray.is_initialized()  # the shared instance stays
     for a in actors:  # killed with the run
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(a.where.remote(), timeout=30)

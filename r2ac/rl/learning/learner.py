@@ -89,7 +89,6 @@ def segment_losses(
     returns: VTraceReturns | None = None,
     space: ActionSpace | None = None,
     entropy_cost: float | None = None,
-    entropy_logits: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """IMPALA losses of a segment from the agent's outputs on its M+1 steps.
 
@@ -98,8 +97,7 @@ def segment_losses(
     the losses are those of normalised returns; 1 gives IMPALA's losses unchanged;
     `loss.popart_sigma_floor` > 0 divides the advantages by max(value_scale, floor)
     instead. `entropy_cost` (None:
-    `loss.entropy_cost`) is the learner's, raised under an entropy floor; `entropy_logits`
-    (None: `logits`) what the entropy term reads (`compute_loss`).
+    `loss.entropy_cost`) is the learner's, raised under an entropy floor.
     """
     M = seg.actions.shape[0]
     if returns is None:
@@ -117,7 +115,6 @@ def segment_losses(
         baseline_cost=loss.baseline_cost,
         entropy_cost=loss.entropy_cost if entropy_cost is None else entropy_cost,
         space=space,
-        entropy_logits=None if entropy_logits is None else entropy_logits[:M],
     )
 
 
@@ -236,17 +233,15 @@ class Learner:
 
         Returns the losses and this batch's V-trace value targets vs ``(M, B)``, toward
         which PopArt (`value_norm`) moves its statistics after the optimiser step."""
-        logits, values, _, entropy_logits = self.agent(
+        logits, values, _ = self.agent(
             seg.obs, seg.last_reward, seg.reset, seg.state, carry=False,
-            last_action=seg.last_action, entropy_params=True,
+            last_action=seg.last_action,
         )  # fmt: skip
         space = self.agent.action_space
         returns = segment_returns(logits, values, seg, self.cfg.loss, space)
         scale = self.agent.heads.value_scale().detach()
         cost = self.entropy_cost()
-        losses = segment_losses(
-            logits, values, seg, self.cfg.loss, scale, returns, space, cost, entropy_logits
-        )
+        losses = segment_losses(logits, values, seg, self.cfg.loss, scale, returns, space, cost)
         losses["loss"].backward()
         return losses, returns.vs
 
@@ -254,16 +249,15 @@ class Learner:
         """PPO's losses of a minibatch and one backward. The agent runs on the first M steps
         only: the bootstrap value is already in `targets`."""
         M = seg.actions.shape[0]
-        logits, values, _, entropy_logits = self.agent(
+        logits, values, _ = self.agent(
             seg.obs[:M],
             seg.last_reward[:M],
             seg.reset[:M],
             seg.state,
             carry=False,
             last_action=seg.last_action[:M],
-            entropy_params=True,
-        )  # (M, B, A), (M, B), state, (M, B, A)
-        losses = self.ppo_loss(logits, values, seg, targets, entropy_logits=entropy_logits)
+        )  # (M, B, A), (M, B), state
+        losses = self.ppo_loss(logits, values, seg, targets)
         losses["loss"].backward()
         return losses
 
@@ -274,7 +268,6 @@ class Learner:
         seg: Segment,
         targets: BatchTargets,
         keep_graph: bool = False,
-        entropy_logits: torch.Tensor | None = None,
     ) -> dict:
         """`ppo_losses` with this config (a test calls it on a reference's outputs, and
         differentiates its terms one at a time: `keep_graph`)."""
@@ -283,7 +276,7 @@ class Learner:
         return ppo_losses(
             logits, values, seg.actions, targets, cfg.loss.clip_coef, cfg.loss.value_clip,
             cfg.loss.baseline_cost, self.entropy_cost(), value_scale=scale,
-            space=self.agent.action_space, keep_graph=keep_graph, entropy_logits=entropy_logits,
+            space=self.agent.action_space, keep_graph=keep_graph,
         )  # fmt: skip
 
     def prepare(self, seg: Segment) -> BatchTargets | None:

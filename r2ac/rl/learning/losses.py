@@ -76,21 +76,19 @@ def compute_loss(
     baseline_cost: float = BASELINE_COST,
     entropy_cost: float = ENTROPY_COST,
     space: ActionSpace | None = None,
-    entropy_logits: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Total IMPALA loss and its parts, all 0-dim tensors.
 
     Shapes: logits ``(T, B, P)``, actions ``(T, B, *S)``, values/vs/pg_advantages ``(T, B)``. ``"loss"`` is the
     only entry with a graph (call ``.backward()`` on it); the parts are detached and already
     multiplied by their costs, so ``loss = pg_loss + baseline_loss + entropy_loss``.
-    ``"entropy"`` is the mean per-step policy entropy, for logging. `entropy_logits` (None:
-    `logits`) are what the entropy term reads.
+    ``"entropy"`` is the mean per-step policy entropy, for logging.
     """
     _check_same_shape(values=values, vs=vs, pg_advantages=pg_advantages)
     check_actions(space, logits, actions)
     pg = policy_gradient_loss(logits, actions, pg_advantages, space)
     baseline = baseline_cost * baseline_loss(values, vs)
-    neg_entropy = entropy_loss(logits if entropy_logits is None else entropy_logits, space)
+    neg_entropy = entropy_loss(logits, space)
     entropy = entropy_cost * neg_entropy
     loss = pg + baseline + entropy
     return {

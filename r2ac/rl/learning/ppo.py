@@ -125,7 +125,6 @@ def ppo_losses(
     value_scale: float | torch.Tensor = 1.0,
     space: ActionSpace | None = None,
     keep_graph: bool = False,
-    entropy_logits: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """PPO's losses of one minibatch: logits ``(M, B, P)`` (the distribution of `space`;
     None: Discrete), actions ``(M, B, *S)``, values ``(M, B)``.
@@ -134,15 +133,13 @@ def ppo_losses(
     divides values, returns and old values, so the critic learns normalised returns.
     ``loss = policy + baseline_cost * value + entropy_cost * (-entropy)``, all means.
     The terms come detached (for logging) unless `keep_graph` (to differentiate one alone).
-    `entropy_logits` (None: `logits`): what the entropy term reads (`compute_loss`).
     """
     log_pi = action_log_probs(logits, actions, space)  # (M, B)
     advantages = standardise(targets.advantages)
     policy, clipped = clipped_policy_loss(log_pi, targets.behaviour_log_pi, advantages, clip_coef)
     scaled = [v / value_scale for v in (values, targets.returns, targets.old_values)]
     baseline = baseline_cost * value_loss(*scaled, clip=value_clip)
-    read = logits if entropy_logits is None else entropy_logits
-    neg_entropy = -distribution(space, read).entropy().mean()
+    neg_entropy = -distribution(space, logits).entropy().mean()
     entropy = entropy_cost * neg_entropy
     term = (lambda x: x) if keep_graph else torch.Tensor.detach
     return {

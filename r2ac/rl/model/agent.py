@@ -123,7 +123,6 @@ class Agent(nn.Module):
         state: Any,
         carry: bool = True,
         last_action: torch.Tensor | None = None,
-        entropy_params: bool = False,
     ) -> tuple[Any, ...]:
         """obs ``(T, B, *obs_shape)``, last_reward ``(T, B)``, reset ``(T, B)`` bool or None,
         last_action ``(T, B, *action_shape)`` (the action taken before obs[t]; needed with
@@ -134,14 +133,9 @@ class Agent(nn.Module):
         reset stream sees exactly what a fresh stream sees.
         `carry=False` tells the core the returned state will not be used (cores that can,
         `core.skips_carry`, skip their sensitivity carry; the returned state is then incomplete).
-        `entropy_params`: also return the parameters the entropy regulariser reads ``(T, B, P)``
-        (`PolicyValueHeads.forward`), as a fourth output.
         """
         x = self.core_input(obs, last_reward, reset, last_action)  # (T, B, D)
         h, state = self.core(x, state, reset=reset, carry=carry)  # (T, B, N)
-        if entropy_params:
-            logits, values, entropy_logits = self.heads(h, entropy_params=True)
-            return logits, values, state, entropy_logits
         logits, values = self.heads(h)  # (T, B, A), (T, B)
         return logits, values, state
 

@@ -233,16 +233,14 @@ class PolicyValueHeads(nn.Module):
         variance = self.value_sq_mean - self.value_mean**2
         return variance.clamp(min=self.SIGMA_RANGE[0] ** 2).sqrt().clamp(*self.SIGMA_RANGE)
 
-    def forward(self, h: torch.Tensor, entropy_params: bool = False) -> tuple[torch.Tensor, ...]:
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns logits ``(..., num_actions)`` (with the log-stds appended: ``(..., 2D)``)
-        and values ``(...)`` (unnormalised); with `entropy_params` also the parameters the
-        entropy regulariser reads (the logits themselves)."""
+        and values ``(...)`` (unnormalised)."""
         features = self.torso(h)  # (..., width)
         values = self.baseline(features).squeeze(-1)  # (...)
         if self.value_norm:
             values = values * self.value_scale() + self.value_mean
-        params = self._policy_params(features)  # (..., P)
-        return (params, values, params) if entropy_params else (params, values)
+        return self._policy_params(features), values  # (..., P), (...)
 
     def _policy_params(self, features: torch.Tensor) -> torch.Tensor:
         params = self.policy(features)  # (..., A)

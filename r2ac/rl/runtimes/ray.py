@@ -233,7 +233,7 @@ def connect(cfg: TrainConfig) -> tuple[bool, Reaper | None]:
     """Start a local Ray (no address) or join a cluster. Returns whether this call connected
     this process (so close() disconnects it, which stops a Ray it started) and, for a local
     Ray, the reaper that kills what is left of it when this process ends (ray_reaper.py)."""
-    if ray.is_initialized():  # e.g. tests sharing one session: not ours to shut down
+    if ray.is_initialized():  # e.g. tests sharing one Ray instance: not ours to shut down
         return False, None
     with sigterm_stays_ours():
         if cfg.runtime.ray_address is None:

@@ -7,7 +7,7 @@ died too, re-parented to 1 for 60-90 s (measured: after 2 of 4 SIGTERMs during s
 SIGKILLs of the learner; 60 s after a SIGKILL).
 
 `Reaper.start` runs this file as a script (the standard library only: no torch, no Ray) in a
-session of its own, so that a signal to the learner's process group does not reach it. It
+process group of its own (setsid), so that a signal to the learner's group does not reach it. It
 reads its stdin, a pipe whose only writer is the learner (the write end is not inheritable,
 and Ray starts its processes without inherited descriptors), until end of file: the learner
 closed it after `ray.shutdown()`, or died, even by SIGKILL. Then it kills, with SIGKILL,
