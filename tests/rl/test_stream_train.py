@@ -3,6 +3,7 @@ errors, a short run end to end (r2ac/rl/runtimes/stream.py)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import signal
 
@@ -142,6 +143,26 @@ def test_short_run_end_to_end(tmp_path, capsys):
     assert result["mean"] == pytest.approx(sum(a["mean"] for a in result["agents"]) / 2)
     assert (out / "metrics.csv").read_text().count("\n") == 4  # header + 3 rows
     assert json.loads((out / "config.json").read_text())["config"]["stream"]["num_agents"] == 2
+    rows = list(csv.DictReader((out / "metrics.csv").open()))
+    for name in ("td_abs", "step_actor", "step_critic", "entropy"):
+        assert all(float(r[name]) > 0 for r in rows), name
+    assert all(r["value_mean"] != "" for r in rows)
+    assert all(r["q_mean"] == "" for r in rows)  # QRC's columns stay blank under stream AC
+
+
+def test_qrc_metrics_reach_the_csv(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = _train(["--preset", "stream-q", "--env-options", "length=4", "--hidden-size", "8",
+                   "--stream-mlp", "8", "--total-frames", "60", "--log-every", "20",
+                   "--eval-episodes", "2", "--eval-sets", "1", "--no-progress",
+                   "--out-dir", str(out)])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    rows = list(csv.DictReader((out / "metrics.csv").open()))
+    assert len(rows) == 3
+    for r in rows:
+        assert float(r["td_abs"]) > 0 and 0 < float(r["epsilon"]) <= 1
+        assert 0 <= float(r["non_greedy"]) <= 1 and r["q_mean"] != "" and r["h_mean"] != ""
+        assert r["step_actor"] == ""  # stream AC's columns stay blank under QRC
 
 
 @pytest.mark.parametrize(

@@ -308,14 +308,18 @@ class MetricsLog:
     scalars logged after `resume_frames` (its steps are frame counts), keeping all before."""
 
     def __init__(
-        self, run: RunDir, resume_update: int | None = None, resume_frames: int | None = None
+        self,
+        run: RunDir,
+        resume_update: int | None = None,
+        resume_frames: int | None = None,
+        columns: tuple[str, ...] = COLUMNS,
     ):
         self.run = run
         if resume_update is not None:
             drop_rows_after(run.metrics_path, resume_update)
         new = not run.metrics_path.is_file() or run.metrics_path.stat().st_size == 0
         # a run started by an older version keeps its header (its columns, in its order)
-        self.columns = COLUMNS if new else _header(run.metrics_path)
+        self.columns = columns if new else _header(run.metrics_path)
         self._file = run.metrics_path.open("a", newline="")
         self._csv = csv.DictWriter(self._file, fieldnames=self.columns, extrasaction="ignore")
         if new:

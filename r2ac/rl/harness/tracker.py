@@ -9,7 +9,7 @@ from collections import deque
 from typing import Any
 
 from r2ac.rl.config import TrainConfig
-from r2ac.rl.harness.run_dir import MetricsLog, RunDir
+from r2ac.rl.harness.run_dir import COLUMNS, MetricsLog, RunDir
 from r2ac.rl.learning.actor import EpisodeLog
 
 RECENT = 100  # episodes in the "recent return" average
@@ -57,6 +57,8 @@ class ProgressLines:
 class Tracker:
     """Counts updates and frames, logs a metrics row every `log_every` updates."""
 
+    columns = COLUMNS  # metrics.csv's header for a new run
+
     def __init__(self, cfg: TrainConfig, run: RunDir | None, saved: dict[str, Any] | None = None):
         saved = saved or {}
         self.cfg = cfg
@@ -71,7 +73,8 @@ class Tracker:
         self._lags: list[float] = []
         self.log = None
         if run is not None:
-            self.log = MetricsLog(run, self.update, self.frames) if saved else MetricsLog(run)
+            resumed = (self.update, self.frames) if saved else (None, None)
+            self.log = MetricsLog(run, *resumed, columns=self.columns)
         self.bar = self._make_bar()
 
     def _make_bar(self):

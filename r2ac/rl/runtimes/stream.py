@@ -162,8 +162,16 @@ def with_forget_bias(agent, forget_bias: float | None):
     return agent
 
 
+# metrics.csv's columns after the batched trainer's: stream AC's (mean |TD error|, the ObGD
+# step sizes of actor and critic) and QRC's (mean Q, epsilon, mean h, share of non-greedy steps)
+STREAM_COLUMNS = ("td_abs", "step_actor", "step_critic", "q_mean", "epsilon", "h_mean", "non_greedy")
+
+
 class StreamTracker(Tracker):
-    """The Tracker with its progress total in agent-steps (K x total_frames)."""
+    """The Tracker with its progress total in agent-steps (K x total_frames) and the
+    streaming metrics in metrics.csv."""
+
+    columns = (*Tracker.columns, *STREAM_COLUMNS)
 
     def __init__(self, cfg, run, saved, num_agents: int):
         self.num_agents = num_agents
