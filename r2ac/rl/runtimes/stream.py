@@ -164,7 +164,15 @@ def with_forget_bias(agent, forget_bias: float | None):
 
 # metrics.csv's columns after the batched trainer's: stream AC's (mean |TD error|, the ObGD
 # step sizes of actor and critic) and QRC's (mean Q, epsilon, mean h, share of non-greedy steps)
-STREAM_COLUMNS = ("td_abs", "step_actor", "step_critic", "q_mean", "epsilon", "h_mean", "non_greedy")
+STREAM_COLUMNS = (
+    "td_abs",
+    "step_actor",
+    "step_critic",
+    "q_mean",
+    "epsilon",
+    "h_mean",
+    "non_greedy",
+)
 
 
 class StreamTracker(Tracker):
