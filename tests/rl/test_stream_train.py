@@ -148,6 +148,15 @@ def test_short_run_end_to_end(tmp_path, capsys):
         assert all(float(r[name]) > 0 for r in rows), name
     assert all(r["value_mean"] != "" for r in rows)
     assert all(r["q_mean"] == "" for r in rows)  # QRC's columns stay blank under stream AC
+    # `r2ac eval` on the finished run: the same frozen agents, the same greedy episodes
+    from r2ac.rl.harness.evaluate import main as eval_main
+
+    again = tmp_path / "again.json"
+    assert eval_main([str(out), "--out", str(again)]) == 0
+    redone = json.loads(again.read_text())
+    assert [a["set_means"] for a in redone["agents"]] == [a["set_means"] for a in result["agents"]]
+    assert eval_main([str(out), "--out", str(again), "--seed", "7", "--sets", "2"]) == 0
+    assert [a["seed"] for a in json.loads(again.read_text())["agents"]] == [7, 8]
 
 
 def test_qrc_metrics_reach_the_csv(tmp_path, capsys):

@@ -1,7 +1,8 @@
 """Evaluation protocol: K seeded sets of E complete episodes; mean of set means and std.
 
 `r2ac eval RUN_DIR [--sets K] [--episodes E] [--greedy | --sampled] [--seed S]` loads the
-run's config and final weights (checkpoints/agent.pt) and writes RUN_DIR/eval.json. Set k
+run's config and final weights (checkpoints/agent.pt; a streaming run: its last checkpoint, for
+the normalisers) and writes RUN_DIR/eval.json. Set k
 uses env seed `eval_seed(seed, k)` (disjoint from the training actors' seeds). Each of the
 min(E, 32) streams plays a fixed quota of consecutive episodes, so short episodes are not
 over-represented.
@@ -114,6 +115,16 @@ def evaluate_run(
     run = RunDir.open(path)
     cfg = validate(run.config())
     check_writable(out or run.eval_path, "--out", is_file=True)
+    if cfg.runtime.name == "stream":
+        result = evaluate_stream_run(
+            run,
+            cfg,
+            sets or cfg.run.eval_sets,
+            episodes or cfg.run.eval_episodes,
+            cfg.study.eval_greedy if greedy is None else greedy,
+            seed,
+        )
+        return result, write_eval(run, result, out)
     if not os.path.lexists(run.agent_path):  # a FIFO or a link is named by the loader
         raise ConfigError(f"{path}: no weights at {run.agent_path}")
     env = make_env(cfg, 1, 0)
@@ -129,6 +140,26 @@ def evaluate_run(
         seed,
     )
     return result, write_eval(run, result, out)
+
+
+def evaluate_stream_run(
+    run: RunDir, cfg: TrainConfig, sets: int, episodes: int, greedy: bool, seed: int | None
+) -> dict:
+    """A streaming run's K agents as its last checkpoint left them (weights and normalisers,
+    which agent.pt alone does not restore to the lockstep agent), frozen; agent k plays
+    with seed `seed + k` (default: the run's seed)."""
+    from r2ac.rl.runtimes.stream import StreamRuntime
+
+    if not os.path.lexists(run.checkpoint_path):
+        raise ConfigError(f"{run.path}: no checkpoint at {run.checkpoint_path}")
+    if seed is not None:
+        cfg = cfg.updated(seed=seed)
+    runtime = StreamRuntime(cfg)
+    try:
+        runtime.restore(run.load_checkpoint())
+        return runtime.evaluate(sets, episodes, greedy)
+    finally:
+        runtime.close()
 
 
 def check_args(args: argparse.Namespace) -> None:
