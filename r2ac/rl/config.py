@@ -242,7 +242,8 @@ class StudyConfig:
     obs_norm: bool = False
     """Standardise flat float observations by the running mean and variance of the learner's
     batches, clipped to +-5, before the stem (Sample Factory's normalize_input;
-    r2ac/rl/model/obs_norm.py). Off: the agent and its checkpoints are unchanged."""
+    r2ac/rl/model/obs_norm.py). On in `--preset popgym`; off, the agent and its checkpoints
+    are as without it."""
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,9 @@ PRESETS: dict[str, TrainConfig] = {
         targets="gae",
         clip_coef=0.1,
         popart_sigma_floor=0.0,  # IMPALA's: PPO standardises its advantages per minibatch
+        # running observation mean/variance (SF's normalize_input): with k = M = 4 no gradient
+        # writes RepeatPrevious's card, and without it 2-3 seeds in 10 stayed memoryless
+        obs_norm=True,
     ),
     "control": CONTROL,
     # Streaming (r2ac/rl/learning/stream.py, docs/rules/stream.md): stream AC(lambda)
