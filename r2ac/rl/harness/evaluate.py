@@ -115,31 +115,28 @@ def evaluate_run(
     run = RunDir.open(path)
     cfg = validate(run.config())
     check_writable(out or run.eval_path, "--out", is_file=True)
-    if cfg.runtime.name == "stream":
-        result = evaluate_stream_run(
-            run,
-            cfg,
-            sets or cfg.run.eval_sets,
-            episodes or cfg.run.eval_episodes,
-            cfg.study.eval_greedy if greedy is None else greedy,
-            seed,
-        )
-        return result, write_eval(run, result, out)
-    if not os.path.lexists(run.agent_path):  # a FIFO or a link is named by the loader
-        raise ConfigError(f"{path}: no weights at {run.agent_path}")
-    env = make_env(cfg, 1, 0)
-    agent = agent_for_env(cfg, env, load_stem=False)
-    env.close()
-    load_agent_weights(agent, agent_weights(run.agent_path), run.agent_path)
-    result = evaluate(
-        agent,
-        cfg,
+    protocol = (
         sets or cfg.run.eval_sets,
         episodes or cfg.run.eval_episodes,
         cfg.study.eval_greedy if greedy is None else greedy,
         seed,
     )
+    if cfg.runtime.name == "stream":
+        result = evaluate_stream_run(run, cfg, *protocol)
+    else:
+        result = evaluate(_saved_agent(run, cfg), cfg, *protocol)
     return result, write_eval(run, result, out)
+
+
+def _saved_agent(run: RunDir, cfg: TrainConfig) -> Agent:
+    """The batched agent with the run's final weights (checkpoints/agent.pt)."""
+    if not os.path.lexists(run.agent_path):  # a FIFO or a link is named by the loader
+        raise ConfigError(f"{run.path}: no weights at {run.agent_path}")
+    env = make_env(cfg, 1, 0)
+    agent = agent_for_env(cfg, env, load_stem=False)
+    env.close()
+    load_agent_weights(agent, agent_weights(run.agent_path), run.agent_path)
+    return agent
 
 
 def evaluate_stream_run(
