@@ -176,6 +176,11 @@ class RecurrentCore(nn.Module, metaclass=abc.ABCMeta):
             for core in cores:
                 core._history_off = False
 
+    def project_(self) -> None:
+        """Put the parameters back in their domain after an optimiser step (in place; the
+        gradient is untouched). No constraint by default; the RTU and LRU bound their phase
+        (`pair_math.phase_log_bound`). `project_cores_` calls it on every core of a model."""
+
     def recurrent_snapshot(self) -> Any:
         """Detached copies of the parameters the sensitivities differentiate, for
         `first_order_start` (cores with `has_first_order_start`)."""
@@ -236,3 +241,10 @@ class RecurrentCore(nn.Module, metaclass=abc.ABCMeta):
                 " no_grad acting)"
             )
         return True
+
+
+def project_cores_(module: nn.Module) -> None:
+    """`project_` every recurrent core inside `module` (after each optimiser step)."""
+    for m in module.modules():
+        if isinstance(m, RecurrentCore):
+            m.project_()

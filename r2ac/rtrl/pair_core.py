@@ -54,6 +54,10 @@ class PairCore(RecurrentCore):
         )
         return self.State(pair, sens)
 
+    def project_(self) -> None:
+        """The phase stays in (0, max_phase] (`pair_math.phase_log_bound`: why)."""
+        pm.clamp_phase_(self.theta_log, self.ring[2])
+
     def state_tensors(self, state: Any, B: int) -> list[StateTensor]:
         N, D = self.pair_units, self.input_size
         tensors = [(self.pair_field, state[0], (B, 2, N))]

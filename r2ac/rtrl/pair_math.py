@@ -40,6 +40,7 @@ per-unit complex power times a per-stream scalar alive(tau), the carry GEMM is o
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -64,6 +65,24 @@ def decay_rotation(nu_log: Tensor, theta_log: Tensor) -> tuple[Tensor, Tensor, T
     nu, theta = torch.exp(nu_log), torch.exp(theta_log)
     r = torch.exp(-nu)
     return r * torch.cos(theta), r * torch.sin(theta), nu, theta
+
+
+def phase_log_bound(max_phase: float) -> float:
+    """The largest theta_log a unit keeps: theta = exp(theta_log) <= max_phase (the init's).
+
+    theta is a phase, so the loss is periodic in it and nothing pulls a large theta back, while
+    d lam / d theta_log = i theta lam grows with theta: a step that raises theta_log raises the
+    next step's gradient by the same factor, and a run can climb to theta_log ~ 70 and overflow
+    its traces. Bounding theta (projection after each optimiser step, `clamp_phase_`) cuts the
+    loop; every phase of (0, max_phase] stays reachable and the gradient is unchanged.
+    """
+    return math.log(max_phase)
+
+
+@torch.no_grad()
+def clamp_phase_(theta_log: Tensor, max_phase: float) -> Tensor:
+    """Project theta_log onto theta <= max_phase, in place (see `phase_log_bound`)."""
+    return theta_log.clamp_(max=phase_log_bound(max_phase))
 
 
 def trace_gamma(nu: Tensor) -> Tensor:

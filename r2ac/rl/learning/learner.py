@@ -31,6 +31,7 @@ from r2ac.rl.learning.ppo import (
 from r2ac.rl.learning.vtrace import VTraceReturns, bootstrap_truncation, discounts_from, vtrace
 from r2ac.rl.model.agent import Agent, clip_rewards
 from r2ac.rl.model.distributions import max_entropy
+from r2ac.rtrl.core import project_cores_
 
 RMS_ALPHA, RMS_EPS = 0.99, 0.01  # RMSProp's smoothing and epsilon (IMPALA's values)
 POPART_BETA = 1e-3  # the step of PopArt's running target moments, one move per update
@@ -291,9 +292,11 @@ class Learner:
         return batch_targets(logits, values, seg, self.cfg, self.agent.action_space)
 
     def _step(self) -> float:
-        """Clip the global gradient norm and step the optimiser; the norm before clipping."""
+        """Clip the global gradient norm, step the optimiser and put the cores' parameters back
+        in their domain (`project_cores_`); the norm before clipping."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip)
         self.optimizer.step()
+        project_cores_(self.agent)
         return float(grad_norm)
 
     def update(self, seg: Segment) -> dict[str, float]:

@@ -403,6 +403,13 @@ class StackedNet:
     def _core_params(self, p):
         return {n[5:]: v for n, v in p.items() if n.startswith("core.")}
 
+    @torch.no_grad()
+    def project_(self, flat: torch.Tensor) -> None:
+        """Clamp the core's bounded parameters in `flat` (K, P), in place (after an update)."""
+        p = self.layout.views(flat)
+        for name, bound in self.core.upper_bounds().items():
+            p[f"core.{name}"].clamp_(max=bound)
+
     def step(self, flat, x, state, reset):
         """Head output (K, out) differentiable w.r.t. flat, and the core's next state."""
         p = self.layout.views(flat)
@@ -698,6 +705,8 @@ class StreamAC:
         step = s.lr / bound.clamp_(min=1.0)
         if not self.frozen:
             self.params.flat.addcmul_((step * delta).unsqueeze(2), z)
+            for name, bound in self.body_core.upper_bounds().items():
+                self.params.body[f"core.{name}"].clamp_(max=bound)  # both nets' (2K, ...)
         if done.any():
             z[:, torch.from_numpy(done)] = 0.0
         return step

@@ -291,6 +291,8 @@ class StreamQRC:
             if not self.frozen:
                 self.theta_q.add_(d_q, alpha=s.lr)
                 self.theta_h.add_(d_h, alpha=s.h_lr)
+                self.q_net.project_(self.theta_q)
+                self.h_net.project_(self.theta_h)
             cut_traces(self.traces, done | non_greedy)
         self.state_q, self.state_h = detach_state(state_q), detach_state(state_h)
         self.x, self.reset = x_next, done

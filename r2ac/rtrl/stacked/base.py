@@ -127,6 +127,11 @@ class StackedCore:
                     f"expected {(K, *shape)}"
                 )
 
+    def upper_bounds(self) -> dict[str, float]:
+        """name -> the largest value its entries keep: the learner clamps them after each
+        update (the module's `project_`). None by default; the RTU and LRU bound their phase."""
+        return {}
+
     # -- state
     def initial_state(self) -> NamedTuple:
         raise NotImplementedError

@@ -170,6 +170,9 @@ class StackedPairCore(StackedCore):
             return HiddenState(s)
         return PairRTRLState(s, self._zeros(K, U, D, 2), self._zeros(K, M, U, 2))
 
+    def upper_bounds(self) -> dict[str, float]:
+        return {"theta_log": pm.phase_log_bound(self.ring[2])}  # theta <= max_phase
+
     def sensitivity_numbers(self) -> int:
         if self.rule != "rtrl":
             return 0
