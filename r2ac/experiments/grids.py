@@ -43,6 +43,19 @@ class Task:
     """Reference scores (random / memoryless / scripted), printed under the table."""
     episode_steps: int | None = None
     """Longest episode (steps): the M of FULL_EPISODE variants."""
+    success_at: float | None = None
+    """An evaluation score at or above this counts as a success (`success_threshold`: where
+    scripted policies give the memoryless level and the optimum); the tables then add the
+    seeds that reach it. None: means and spreads only."""
+
+
+SUCCESS_GAP_FRACTION = 0.8
+
+
+def success_threshold(memoryless: float, optimum: float) -> float:
+    """The score that closes SUCCESS_GAP_FRACTION of the gap from the best memoryless policy's
+    score to the optimum."""
+    return memoryless + SUCCESS_GAP_FRACTION * (optimum - memoryless)
 
 
 @dataclass(frozen=True)
@@ -286,6 +299,9 @@ class PopgymFamily:
     easy_scores: str = ""
     """Reference scores measured on Easy: the uniform random policy (`r2ac bench random-policy`)
     and the oracle that reads the hidden state (`r2ac.envs.scripted.popgym_oracle_policy`)."""
+    memoryless_and_optimum: tuple[float, float] | None = None
+    """Where scripted policies give both (every level): the best memoryless policy's score and
+    the optimum, for the success threshold. None where no script gives the memoryless level."""
 
 
 POPGYM_FAMILIES = (
@@ -303,6 +319,9 @@ POPGYM_FAMILIES = (
         "RepeatPrevious (say the suit of the 4th card back, the current one counted; span 4 "
         "on Easy)",
         "random -0.50, oracle 1.00",
+        # the card asked for is independent of what a memoryless agent sees (its previous
+        # action and reward included): every such policy is right 1 time in 4
+        (-0.5, 1.0),
     ),
     PopgymFamily(
         "count-recall",
@@ -397,6 +416,9 @@ def popgym_task(family: PopgymFamily, difficulty: str = "easy") -> Task:
         {"env": f"gym/popgym-{family.env}{difficulty.capitalize()}-v0"},
         note=f"{family.about}{'' if easy else f' ({difficulty})'}{scores}",
         episode_steps=family.episode_steps[level],
+        success_at=success_threshold(*family.memoryless_and_optimum)
+        if family.memoryless_and_optimum
+        else None,
     )
 
 

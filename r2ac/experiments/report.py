@@ -69,8 +69,9 @@ def collect(specs: list[RunSpec], out: Path, metric=eval_per_seed) -> dict[tuple
 
 
 def format_cell(values: list[float], seeds: int, covered: int | None = None) -> str:
-    """mean ± std over seeds; `covered` (default: one value per seed) the seeds the values
-    cover, more than there are values when a lockstep run's value pools its seeds."""
+    """mean ± std over seeds, then each seed's value; `covered` (default: one value per seed)
+    the seeds the values cover, more than there are values when a lockstep run's value pools
+    its seeds."""
     if not values:
         return "-"
     covered = len(values) if covered is None else covered
@@ -78,7 +79,8 @@ def format_cell(values: list[float], seeds: int, covered: int | None = None) -> 
     partial = "" if covered == seeds else f"{covered}/{seeds} seeds"
     if covered != len(values):
         return f"{mean:.3f} (pooled over {partial or f'{covered} seeds'})"
-    return f"{mean:.3f} ± {std:.3f}" + (f" ({partial})" if partial else "")
+    each = [" / ".join(f"{v:.3f}" for v in values)] if len(values) > 1 else []
+    return f"{mean:.3f} ± {std:.3f}" + "".join(f" ({x})" for x in [*each, partial] if x)
 
 
 def success_cell(values: list[float], seeds: int, threshold: float) -> str:
@@ -88,6 +90,13 @@ def success_cell(values: list[float], seeds: int, threshold: float) -> str:
     ok = sum(v >= threshold for v in values)
     partial = "" if len(values) == seeds else f", {len(values)}/{seeds} seeds"
     return f"{ok}/{len(values)} ({', '.join(f'{v:.2f}' for v in values)}{partial})"
+
+
+def successes(values: list[float], threshold: float | None) -> str:
+    """"; k/N >= t" for a column with a success threshold, "" otherwise."""
+    if threshold is None or not values:
+        return ""
+    return f"; {sum(v >= threshold for v in values)}/{len(values)} >= {threshold:.2f}"
 
 
 def suite_cell(per_task: list[list[float]], score_map) -> str:
@@ -120,7 +129,10 @@ def markdown_table(
         if threshold is not None:
             cells = [success_cell(c.values, seeds, threshold) for c in per_task]
         else:
-            cells = [format_cell(c.values, seeds, c.seeds) for c in per_task]
+            cells = [
+                format_cell(c.values, seeds, c.seeds) + successes(c.values, t.success_at)
+                for c, t in zip(per_task, tasks, strict=True)
+            ]
         if suite:
             cells.append(suite_cell([c.values for c in per_task], grid.suite_score))
         lines.append(f"| {v.label} | " + " | ".join(cells) + " |")

@@ -122,7 +122,8 @@ def test_mean_curve_interpolates_seeds_onto_one_grid():
 
 
 def test_format_cell_reports_population_std_and_partial_seeds():
-    assert report.format_cell([1.0, 0.0], 2) == "0.500 ± 0.500"
+    assert report.format_cell([1.0, 0.0], 2) == "0.500 ± 0.500 (1.000 / 0.000)"
+    assert report.format_cell([1.0, 0.0], 3) == "0.500 ± 0.500 (1.000 / 0.000) (2/3 seeds)"
     assert report.format_cell([1.0], 3) == "1.000 ± 0.000 (1/3 seeds)"
     assert report.format_cell([], 3) == "-"
 
@@ -161,17 +162,18 @@ def test_grid_trains_reports_and_resumes(tiny_grid, tmp_path, capsys):
     assert f"({torch.backends.cpu.get_cpu_capability()}), {os.cpu_count()} CPUs" in md  # machine
     scores = json.loads((out / "results.json").read_text())["runs"]
     assert len(scores) == 4 and all(-1.0 <= r["eval_mean"] <= 1.0 for r in scores.values())
-    # The table cell is the mean +- std of the two seeds' eval scores.
+    # The table cell is the mean +- std of the two seeds' eval scores, then each seed's.
     rtrl = [scores[s.run_id]["eval_mean"] for s in specs if s.variant.core == "elstm-rtrl"]
     mean, std = report.mean_std(rtrl)
-    assert f"| elstm-rtrl M=4 | {mean:.3f} ± {std:.3f} |" in md
+    each = " / ".join(f"{v:.3f}" for v in rtrl)
+    assert f"| elstm-rtrl M=4 | {mean:.3f} ± {std:.3f} ({each}) |" in md
     train = [
         scores[s.run_id]["final_train_return"] for s in specs if s.variant.core == "elstm-rtrl"
     ]
     mean, std = report.mean_std(train)
-    assert (
-        md.count("| elstm-rtrl M=4 |") == 2 and f"| elstm-rtrl M=4 | {mean:.3f} ± {std:.3f} |" in md
-    )
+    each = " / ".join(f"{v:.3f}" for v in train)
+    assert md.count("| elstm-rtrl M=4 |") == 2
+    assert f"| elstm-rtrl M=4 | {mean:.3f} ± {std:.3f} ({each}) |" in md
     assert (out / "curves_cue.png").stat().st_size > 1000
 
     # Resume: a finished run is skipped, an interrupted one (no eval.json) is resumed from its
@@ -337,3 +339,14 @@ def test_popgym_suite_score_averages_all_14_families():
     per_task = [[1.0]] * 7 + [[-1.0]] * 7  # normalised: seven 1s and seven 0s
     assert len(grids.GRIDS["popgym"].tasks) == len(per_task)
     assert report.suite_cell(per_task, grids.popgym_normalised) == "0.500"
+
+
+def test_popgym_success_threshold_where_scripts_give_both_levels():
+    tasks = {t.name: t for t in grids.popgym_tasks("easy")}
+    # RepeatPrevious: memoryless -0.5, optimum 1: 80 % of the gap is 0.7
+    assert tasks["repeat-previous"].success_at == pytest.approx(0.7, abs=1e-12)
+    assert grids.popgym_tasks("hard")[1].success_at == pytest.approx(0.7, abs=1e-12)
+    # no scripted memoryless level: means and spreads only
+    assert tasks["count-recall"].success_at is None
+    assert report.successes([0.9, 0.69, 0.7], 0.7) == "; 2/3 >= 0.70"
+    assert report.successes([0.9], None) == "" and report.successes([], 0.7) == ""

@@ -129,8 +129,11 @@ def test_report_reads_each_lockstep_agent_as_a_seed(tmp_path):
 
     table = report.markdown_table(g, tasks, specs, tmp_path, 3)
     mean, std = report.mean_std([1.0, 0.95, -0.1])
-    assert f"| rtu-rtrl | {mean:.3f} ± {std:.3f} | 0.967 ± 0.047 |" in table
-    assert "| feedforward | -0.007 ± 0.025 | - |" in table
+    assert (
+        f"| rtu-rtrl | {mean:.3f} ± {std:.3f} (1.000 / 0.950 / -0.100) "
+        "| 0.967 ± 0.047 (1.000 / 1.000 / 0.900) |" in table
+    )
+    assert "| feedforward | -0.007 ± 0.025 (0.020 / -0.040 / 0.000) | - |" in table
     assert "chance 0, optimum 1" in table  # the tasks' notes
 
     solved = report.markdown_table(g, tasks, specs, tmp_path, 3, notes=False, threshold=0.9)
