@@ -93,7 +93,7 @@ def success_cell(values: list[float], seeds: int, threshold: float) -> str:
 
 
 def successes(values: list[float], threshold: float | None) -> str:
-    """"; k/N >= t" for a column with a success threshold, "" otherwise."""
+    """ "; k/N >= t" for a column with a success threshold, "" otherwise."""
     if threshold is None or not values:
         return ""
     return f"; {sum(v >= threshold for v in values)}/{len(values)} >= {threshold:.2f}"
