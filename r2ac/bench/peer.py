@@ -50,8 +50,8 @@ PEER_TORCH = "torch==2.13.0"
 PEER_PACKAGES = [f"sample-factory=={SF_VERSION}", "popgym==1.0.7", "gymnasium==0.29.1", "numpy<2"]
 SUCCESS_HELP = (
     "a run succeeds when its greedy score is at least this (default 0.8: on "
-    "RepeatPreviousEasy a policy without memory scores about 0.5 and the optimum is 1.0, so "
-    "0.8 means the recall was learned; set it per env)"
+    "RepeatPreviousEasy a policy without memory scores -0.5 and the optimum is 1.0, so 0.8 "
+    "means the recall was learned; set it per env)"
 )
 
 
