@@ -601,6 +601,11 @@ def check_stream_config(cfg: TrainConfig) -> None:
             f"--streaming {streaming} runs on --runtime stream (one process, an update every "
             f"step), not --runtime {runtime}"
         )
+    if cfg.model.last_reward:
+        raise ConfigError(
+            "--last-reward: the streaming agents see the observation only (and the previous "
+            "action with --prev-action); give --no-last-reward (the stream presets do)"
+        )
     k = cfg.stream.num_agents
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ConfigError(f"--num-agents must be a positive integer, got {k!r}")

@@ -116,6 +116,7 @@ def test_stop_and_resume_is_bit_exact(tmp_path, monkeypatch):
         (["--num-agents", "0"], "--num-agents must be a positive integer"),
         (["--epochs", "2"], "one update per step"),
         (["--core", "lstm-bptt"], "no streaming version"),
+        (["--last-reward"], "the streaming agents see the observation only"),
     ],
 )
 def test_bad_settings_are_one_line_errors(flags, message, capsys, tmp_path):
@@ -213,3 +214,39 @@ def test_forget_bias_sets_both_networks_elstm_forget_gates(streaming):
         assert torch.all(net.layout.views(theta)["core.b_f"] == 3.5)
     with pytest.raises(ConfigError, match="no forget gate"):
         validate(preset(preset_name).updated(**{**SMALL, "forget_bias": 3.5}))
+
+
+def test_prev_action_ends_the_observation():
+    """--prev-action: the agents' observation is [obs, one-hot previous action], zeros at an
+    episode's first step; a truncated episode's final_obs keeps the action that ended it."""
+    import numpy as np
+
+    rt = StreamRuntime(small(num_agents=2, prev_action=True), dtype=torch.float64)
+    plain = StreamRuntime(small(num_agents=2), dtype=torch.float64)
+    assert rt.agent.obs_size == plain.agent.obs_size + 2  # MemoryChain: 2 actions
+    env = rt.env
+    first, ends = env.reset(), 0
+    assert np.all(first[:, -2:] == 0)
+    for t in range(9):
+        actions = np.array([t % 2, 1 - t % 2])
+        res = env.step(actions)
+        code = np.eye(2, dtype=np.float32)[actions]
+        done = res.terminated | res.truncated
+        np.testing.assert_array_equal(res.info["final_obs"][:, -2:], code)
+        np.testing.assert_array_equal(res.obs[~done, -2:], code[~done])
+        assert np.all(res.obs[done, -2:] == 0)
+        ends += int(done.sum())
+    assert ends >= 4  # length=4: episodes ended inside the 9 steps
+    _steps(rt, 10)  # and the agents learn from it
+    rt.close(), plain.close()
+
+
+def test_prev_action_run_end_to_end(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = _train(["--preset", "stream", "--env-options", "length=4", "--hidden-size", "8",
+                   "--stream-mlp", "8", "--prev-action", "--total-frames", "40",
+                   "--eval-episodes", "4", "--eval-sets", "1", "--no-progress",
+                   "--out-dir", str(out)])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    assert json.loads((out / "config.json").read_text())["config"]["model"]["prev_action"]
+    assert len(json.loads((out / "eval.json").read_text())["agents"]) == 1

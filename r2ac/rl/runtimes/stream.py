@@ -26,7 +26,7 @@ import time
 import numpy as np
 import torch
 
-from r2ac.envs.base import BatchedEnv, StepResult, stream_seeds
+from r2ac.envs.base import ArraySpec, BatchedEnv, StepResult, stream_seeds
 from r2ac.errors import ConfigError
 from r2ac.rl.config import TrainConfig, to_dict
 from r2ac.rl.harness.run_dir import RunDir
@@ -34,7 +34,7 @@ from r2ac.rl.harness.tracker import ProgressLines, Tracker
 from r2ac.rl.learning.actor import EpisodeLog
 from r2ac.rl.learning.stream import StreamAC, StreamSettings, detach_state
 from r2ac.rl.model.build import eval_seed, make_env, seed_everything
-from r2ac.rl.model.distributions import distribution
+from r2ac.rl.model.distributions import action_code, distribution
 from r2ac.rl.runtimes.base import TrainingDiverged, rng_state, set_rng_state
 from r2ac.runs.stop import StopRequest, TrainingInterrupted
 from r2ac.runs.values import check_like
@@ -95,6 +95,59 @@ class ConcatEnvs(BatchedEnv):
             e.close()
 
 
+class PreviousActionInput(BatchedEnv):
+    """`env` whose (flattened) observations end with the previous action's code
+    (`action_code`: one-hot per categorical, clip(a, -1, 1) for a Box), zeros at an
+    episode's first step: `--prev-action` for the streaming agents, which see only the
+    observation. A truncated episode's final_obs carries the action that led to it. The
+    code goes through the agents' observation normalisation with the rest."""
+
+    def __init__(self, env: BatchedEnv):
+        spec = env.observation_spec
+        if spec.is_image:
+            raise ConfigError("--prev-action: the streaming agent takes vector observations only")
+        self.env, self.num_envs = env, env.num_envs
+        self.num_actions = getattr(env, "num_actions", 0)
+        self._space = env.action_space
+        self.obs_size = int(math.prod(spec.shape))
+        self.observation_spec = ArraySpec((self.obs_size + self._space.code_size,), np.float32)
+
+    @property
+    def action_space(self):
+        return self._space
+
+    def _with(self, obs: np.ndarray, code: np.ndarray) -> np.ndarray:
+        flat = np.asarray(obs, dtype=np.float32).reshape(self.num_envs, self.obs_size)
+        return np.concatenate([flat, code], axis=1)  # (B, obs_size + C)
+
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        zeros = np.zeros((self.num_envs, self._space.code_size), np.float32)
+        return self._with(self.env.reset(seed), zeros)
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        res = self.env.step(actions)
+        code = action_code(self._space, torch.as_tensor(actions), torch.float32).numpy()
+        done = (res.terminated | res.truncated)[:, None]
+        info = {**res.info, "final_obs": self._with(res.info["final_obs"], code)}
+        obs = self._with(res.obs, np.where(done, np.float32(0.0), code))
+        return StepResult(obs, res.reward, res.terminated, res.truncated, info)
+
+    def get_state(self):
+        return self.env.get_state()
+
+    def set_state(self, state) -> None:
+        self.env.set_state(state)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def stream_env(cfg: TrainConfig, num_envs: int, seed: int) -> BatchedEnv:
+    """`make_env`, with the previous action in the observation under --prev-action."""
+    env = make_env(cfg, num_envs, seed)
+    return PreviousActionInput(env) if cfg.model.prev_action else env
+
+
 def agent_seeds(seed: int, k: int) -> list[int]:
     return [seed + i for i in range(k)]
 
@@ -107,9 +160,9 @@ def make_agent_envs(cfg: TrainConfig, seeds: list[int]) -> BatchedEnv:
     env = make_env(cfg, len(seeds), seeds[0])
     if isinstance(env, _CounterRNGEnv):
         env.seeds[:] = [stream_seeds(s, 1)[0] for s in seeds]
-        return env
+        return PreviousActionInput(env) if cfg.model.prev_action else env
     env.close()
-    return ConcatEnvs([make_env(cfg, 1, s) for s in seeds])
+    return ConcatEnvs([stream_env(cfg, 1, s) for s in seeds])
 
 
 # ---------------------------------------------------------------- the agent
@@ -350,7 +403,7 @@ class StreamRuntime:
             means = []
             for s in range(sets):
                 seed = eval_seed(self.seeds[k], s)
-                env = make_env(self.cfg, min(episodes, MAX_EVAL_STREAMS), seed)
+                env = stream_env(self.cfg, min(episodes, MAX_EVAL_STREAMS), seed)
                 try:
                     returns, n = play_agent(self.agent, k, env, episodes, greedy, seed)
                 finally:
