@@ -538,6 +538,11 @@ class StreamAC:
         self.traces = PairBuffers(torch.zeros_like(flat), self.actor, self.critic)
         self._ones = torch.ones(self.k, 1, dtype=dtype)  # dV/dV, the critic head's dL/dout
         self._scratch = torch.empty_like(flat)  # |z| for ObGD's norm, no fresh (2, K, P) a step
+        # the core's bounded parameters (the RTU's / LRU's phase), both nets' (2K, ...) views
+        self._bounded = [
+            (self.params.body[f"core.{name}"], bound)
+            for name, bound in self.body_core.upper_bounds().items()
+        ]
         self.theta_a, self.theta_c = self.params.actor, self.params.critic
         self.z_a, self.z_c = self.traces.actor, self.traces.critic
         # ObGD's alpha kappa per network (2, 1)
@@ -705,8 +710,8 @@ class StreamAC:
         step = s.lr / bound.clamp_(min=1.0)
         if not self.frozen:
             self.params.flat.addcmul_((step * delta).unsqueeze(2), z)
-            for name, bound in self.body_core.upper_bounds().items():
-                self.params.body[f"core.{name}"].clamp_(max=bound)  # both nets' (2K, ...)
+            for view, bound in self._bounded:
+                view.clamp_(max=bound)
         if done.any():
             z[:, torch.from_numpy(done)] = 0.0
         return step

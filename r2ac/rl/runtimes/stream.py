@@ -142,10 +142,13 @@ class PreviousActionInput(BatchedEnv):
         self.env.close()
 
 
-def stream_env(cfg: TrainConfig, num_envs: int, seed: int) -> BatchedEnv:
-    """`make_env`, with the previous action in the observation under --prev-action."""
-    env = make_env(cfg, num_envs, seed)
+def with_inputs(cfg: TrainConfig, env: BatchedEnv) -> BatchedEnv:
+    """`env` with the previous action in the observation under --prev-action."""
     return PreviousActionInput(env) if cfg.model.prev_action else env
+
+
+def stream_env(cfg: TrainConfig, num_envs: int, seed: int) -> BatchedEnv:
+    return with_inputs(cfg, make_env(cfg, num_envs, seed))
 
 
 def agent_seeds(seed: int, k: int) -> list[int]:
@@ -160,7 +163,7 @@ def make_agent_envs(cfg: TrainConfig, seeds: list[int]) -> BatchedEnv:
     env = make_env(cfg, len(seeds), seeds[0])
     if isinstance(env, _CounterRNGEnv):
         env.seeds[:] = [stream_seeds(s, 1)[0] for s in seeds]
-        return PreviousActionInput(env) if cfg.model.prev_action else env
+        return with_inputs(cfg, env)
     env.close()
     return ConcatEnvs([stream_env(cfg, 1, s) for s in seeds])
 
