@@ -115,6 +115,18 @@ def test_metrics_rows_after_the_checkpoint_are_dropped_atomically(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name != "metrics.csv"]
 
 
+def test_metrics_read_while_a_run_writes_them_give_only_whole_rows(tmp_path):
+    """A reader polling a live run sees an empty file, a header cut short, or a row cut short."""
+    path = tmp_path / "metrics.csv"
+    header = ",".join(COLUMNS)
+    for text in ("", header[:7], header, header + "\n"):
+        path.write_text(text)
+        assert read_metrics(path) == [], repr(text)
+    _write_rows(path, [1, 2], tail="3,72,0.5")
+    rows = read_metrics(path)
+    assert [r["update"] for r in rows] == [1.0, 2.0] and rows[1]["frames"] == 48.0
+
+
 def test_a_full_disk_stops_training_with_one_line(tmp_path, capsys, monkeypatch):
     def full_disk(self, payload):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -395,11 +395,13 @@ def drop_rows_after(path: Path, update: int) -> None:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, float]]:
-    with Path(path).open() as f:
-        return [
-            {k: float(v) if v not in ("", None) else math.nan for k, v in r.items()}
-            for r in csv.DictReader(f)
-        ]
+    """The complete rows of a metrics CSV as floats (NaN for an empty cell). Safe on a file a
+    live run is writing: an empty file, or a header or row cut short, gives only what is whole."""
+    rows, _ = _complete_rows(Path(path).read_text())
+    return [
+        {k: float(v) if v not in ("", None) else math.nan for k, v in r.items() if k is not None}
+        for r in rows
+    ]
 
 
 def plot_curve(run: RunDir, title: str = "", out: Path | None = None) -> Path | None:
