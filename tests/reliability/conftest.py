@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from r2ac.rl.harness.run_dir import read_metrics
+
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120  # generous: CI runs on a loaded 2-core machine
 
@@ -28,6 +30,13 @@ TINY = [
 
 def tiny_args(updates: int, checkpoint_every: int = 5) -> list[str]:
     return [*TINY, "--total-frames", str(24 * updates), "--checkpoint-every", str(checkpoint_every)]
+
+
+def last_update(run: Path) -> int:
+    """The last whole metrics row's update in `run` (0 if none yet); the file may be mid-write."""
+    path = run / "metrics.csv"
+    rows = read_metrics(path) if path.exists() else []
+    return int(rows[-1]["update"]) if rows else 0
 
 
 def subprocess_env() -> dict[str, str]:

@@ -18,7 +18,7 @@ import pytest
 from r2ac.rl.harness.run_dir import read_metrics
 from r2ac.runs import checkpoint
 
-from .conftest import TIMEOUT_S, start_r2ac, tiny_args
+from .conftest import TIMEOUT_S, last_update, start_r2ac, tiny_args
 
 SHM = Path("/dev/shm")
 EXIT_S = 10.0  # how long the processes of a stopped run may take to be gone
@@ -43,17 +43,9 @@ def _start(args: list[str]) -> subprocess.Popen:
     return start_r2ac(*args)  # its own process group: a failed test can kill all of it
 
 
-def _last_update(run: Path) -> int:
-    try:
-        lines = (run / "metrics.csv").read_text().split("\n")[1:-1]
-    except FileNotFoundError:
-        return 0
-    return int(lines[-1].split(",")[0]) if lines else 0
-
-
 def _wait_for_update(proc: subprocess.Popen, out: Path, past: int) -> None:
     deadline = time.monotonic() + TIMEOUT_S
-    while _last_update(out) <= past:
+    while last_update(out) <= past:
         if proc.poll() is not None or time.monotonic() > deadline:
             _kill_all(proc)
             pytest.fail(f"the run did not pass update {past}: {proc.communicate()[1]}")
@@ -177,7 +169,7 @@ def test_a_sigkilled_actor_past_its_restarts_stops_the_run_with_one_line(tmp_pat
     )
     assert "max_actor_restarts=0" in last and f"--resume {out}" in last
     saved = checkpoint.load(out / "checkpoints" / "latest.pt")["counters"]["update"]
-    assert 3 < saved < 400 and _last_update(out) == saved
+    assert 3 < saved < 400 and last_update(out) == saved
     assert _all_gone(_children(proc.pid)) == []
 
 

@@ -23,7 +23,15 @@ import pytest
 from r2ac.rl.harness.run_dir import read_metrics
 from r2ac.runs import checkpoint
 
-from .conftest import TIMEOUT_S, r2ac_command, r2ac_inline, start_r2ac, subprocess_env, tiny_args
+from .conftest import (
+    TIMEOUT_S,
+    last_update,
+    r2ac_command,
+    r2ac_inline,
+    start_r2ac,
+    subprocess_env,
+    tiny_args,
+)
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
 UPDATES = 100  # a few ms each: a signal after update 5 lands mid-run
@@ -58,8 +66,7 @@ def _start(args: list[str], out: Path, mark: str, past: int) -> subprocess.Popen
     proc = start_r2ac(*args, mark=mark)
     deadline = time.monotonic() + TIMEOUT_S
     while time.monotonic() < deadline and proc.poll() is None:
-        rows = read_metrics(out / "metrics.csv") if (out / "metrics.csv").exists() else []
-        if rows and rows[-1]["update"] > past:
+        if last_update(out) > past:
             return proc
         time.sleep(0.05)
     proc.kill()

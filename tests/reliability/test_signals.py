@@ -18,6 +18,7 @@ from r2ac.runs import checkpoint
 from .conftest import (
     TIMEOUT_S,
     UPDATES,
+    last_update,
     r2ac,
     r2ac_inline,
     start_r2ac,
@@ -39,16 +40,6 @@ def _updates(run: Path) -> list[int]:
     return [int(r["update"]) for r in read_metrics(run / "metrics.csv")]
 
 
-def _last_update(run: Path) -> int:
-    """The last complete metrics row's update (0 if none); the file may be mid-write."""
-    try:
-        text = (run / "metrics.csv").read_text()
-    except FileNotFoundError:
-        return 0
-    lines = text.split("\n")[1:-1]  # header, complete lines, the part after the last newline
-    return int(lines[-1].split(",")[0]) if lines else 0
-
-
 def _start_and_wait(command: list[str], out: Path, past: int, need_checkpoint: bool = False):
     """Start `r2ac COMMAND`; return once its metrics show an update after `past` (and a
     checkpoint exists if asked): a readiness signal instead of a blind sleep."""
@@ -56,7 +47,7 @@ def _start_and_wait(command: list[str], out: Path, past: int, need_checkpoint: b
     deadline = time.monotonic() + TIMEOUT_S
     ckpt = out / "checkpoints" / "latest.pt"
     while time.monotonic() < deadline and proc.poll() is None:
-        if _last_update(out) > past and (ckpt.exists() or not need_checkpoint):
+        if last_update(out) > past and (ckpt.exists() or not need_checkpoint):
             return proc
         time.sleep(0.005)
     proc.kill()
@@ -97,7 +88,7 @@ def test_sigkill_resume_sigterm_resume_equals_an_uninterrupted_run(tmp_path, fin
     proc = _start_and_wait(_args(out, checkpoint_every=5), out, past=7, need_checkpoint=True)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=TIMEOUT_S)
-    killed_at = _last_update(out)
+    killed_at = last_update(out)
     proc = _start_and_wait(["train", "--resume", str(out)], out, past=killed_at + 2)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=TIMEOUT_S)
@@ -139,7 +130,7 @@ def test_parallel_ctrl_c_to_the_group_checkpoints_and_resumes(tmp_path):
     args = [*_args(out), "--runtime", "parallel", "--num-actors", "2"]
     proc = start_r2ac(*args)
     deadline = time.monotonic() + TIMEOUT_S
-    while _last_update(out) < 3 and proc.poll() is None and time.monotonic() < deadline:
+    while last_update(out) < 3 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=TIMEOUT_S)
