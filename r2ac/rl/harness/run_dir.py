@@ -364,15 +364,16 @@ def _header(path: Path) -> tuple[str, ...]:
 
 
 def _complete_rows(text: str) -> tuple[list[dict[str, str]], tuple[str, ...]]:
-    """Rows of a metrics CSV, without a last line cut short by a kill (no newline, or
-    missing columns), and its header."""
+    """Rows of a metrics CSV, without a last line cut short by a kill (no newline, missing
+    columns, or an update that is not a number), and its header."""
     if text and not text.endswith("\n"):
         text = text[: text.rfind("\n") + 1]
     reader = csv.DictReader(io.StringIO(text))
     columns = tuple(reader.fieldnames or COLUMNS)
     rows = []
     for row in reader:
-        if row.get(columns[-1]) is not None and str(row.get("update", "")).isdigit():
+        whole = row.get(columns[-1]) is not None
+        if whole and ("update" not in columns or str(row["update"]).isdigit()):
             rows.append(row)
     return rows, columns
 
