@@ -18,20 +18,35 @@ from typing import Any
 from r2ac.errors import ConfigError
 from r2ac.runs import checkpoint
 
+REVISION_FILE = Path(__file__).resolve().parent.parent / "REVISION"
+
+
+def archived_revision(text: str) -> str:
+    """The commit `git archive` wrote into r2ac/REVISION (export-subst), or "unknown" where the
+    file holds its unexpanded placeholder or no 40-hex commit."""
+    rev = text.strip()
+    return rev if len(rev) == 40 and all(c in "0123456789abcdef" for c in rev) else "unknown"
+
 
 def git_revision() -> str:
-    """The commit this code runs at ("unknown" outside a git checkout)."""
+    """The commit this code runs at: from git in a checkout, from r2ac/REVISION in a tree
+    exported by `git archive`, else "unknown"."""
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"],
             capture_output=True,
             text=True,
             timeout=10,
-            cwd=Path(__file__).resolve().parent,
+            cwd=REVISION_FILE.parent,
         )
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        return archived_revision(REVISION_FILE.read_text(encoding="utf-8"))
+    except OSError:
         return "unknown"
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
 def cpu_model() -> str:
