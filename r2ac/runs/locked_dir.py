@@ -29,8 +29,15 @@ def archived_revision(text: str) -> str:
 
 
 def git_revision() -> str:
-    """The commit this code runs at: from git in a checkout, from r2ac/REVISION in a tree
-    exported by `git archive`, else "unknown"."""
+    """The commit this code runs at: from r2ac/REVISION in a tree exported by `git archive`
+    (first, so an exported tree inside another repository is not taken for it), from git in a
+    checkout, else "unknown"."""
+    try:
+        archived = archived_revision(REVISION_FILE.read_text(encoding="utf-8"))
+    except OSError:
+        archived = "unknown"
+    if archived != "unknown":
+        return archived
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"],
@@ -39,14 +46,9 @@ def git_revision() -> str:
             timeout=10,
             cwd=REVISION_FILE.parent,
         )
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        return archived_revision(REVISION_FILE.read_text(encoding="utf-8"))
-    except OSError:
         return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
 def cpu_model() -> str:
