@@ -267,7 +267,11 @@ class StreamConfig:
     kappa_critic: float = 2.0
     """ObGD's kappa of the critic."""
     stream_mlp: tuple[int, ...] = (128, 128)
-    """Widths of the layers (LayerNorm, leaky ReLU) below each network's core."""
+    """Widths of the layers (LayerNorm, leaky ReLU) below each network's core (their gradient
+    is this step's only; `--stream-mlp` with no width: the core reads the observation)."""
+    stream_top_mlp: tuple[int, ...] = ()
+    """Widths of the layers (LayerNorm, leaky ReLU) between each network's core and its head
+    (not recurrent: their gradient is exact)."""
     epsilon_start: float = 1.0
     """--streaming q: epsilon-greedy's epsilon at the first step."""
     epsilon_end: float = 0.01
@@ -633,7 +637,8 @@ def _check_numbers(cfg: TrainConfig) -> None:
     bad = [f"trace_lambda={s.trace_lambda}"] if not 0 <= s.trace_lambda <= 1 else []
     bad += [f"{n}={v}" for n, v in (("kappa_actor", s.kappa_actor),
                                     ("kappa_critic", s.kappa_critic)) if not v > 0]  # fmt: skip
-    bad += [f"stream_mlp={s.stream_mlp}"] if any(w < 1 for w in s.stream_mlp) else []
+    bad += [f"{n}={v}" for n, v in (("stream_mlp", s.stream_mlp),
+                                    ("stream_top_mlp", s.stream_top_mlp)) if any(w < 1 for w in v)]  # fmt: skip
     if bad:
         raise ConfigError(
             f"out of range: {', '.join(bad)} (trace_lambda in [0, 1], kappas > 0, widths >= 1)"

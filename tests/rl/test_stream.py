@@ -75,7 +75,10 @@ SPACES = {
 ENDS = {3: "terminal", 7: "truncated", 11: "terminal"}
 
 
-def run_stream(core: str, space: ActionSpace, steps: int = 14, lr: float = 0.0, seed: int = 3):
+def run_stream(
+    core: str, space: ActionSpace, steps: int = 14, lr: float = 0.0, seed: int = 3,
+    mlp: tuple[int, ...] = (5, 6), top: tuple[int, ...] = (),
+):  # fmt: skip
     """Drive one float64 agent over the scripted stream; per step what the reference needs."""
     env = ScriptedEnv(space, ENDS, seed)
 
@@ -83,7 +86,7 @@ def run_stream(core: str, space: ActionSpace, steps: int = 14, lr: float = 0.0, 
         return make_stacked_core(core, k, d, 4, F64)
 
     settings = StreamSettings(lr=lr, entropy_cost=0.05)
-    agent = StreamAC(make, space, 3, [seed], settings, mlp=(5, 6), dtype=F64)
+    agent = StreamAC(make, space, 3, [seed], settings, mlp=mlp, dtype=F64, top=top)
     agent.observe_first(env.reset())
     record = []
     for _ in range(steps):
@@ -169,6 +172,24 @@ def test_tbptt1_gradients_equal_one_step_bptt(core):
         ref_c = reference_grads(agent.critic, agent.theta_c, record, t, lambda v: v.sum(), True)
         ref_a = reference_grads(agent.actor, agent.theta_a, record, t,
                                 actor_objective(agent, rec), True)  # fmt: skip
+        worst = max(worst, (ref_c - rec["g_c"]).abs().max().item(),
+                    (ref_a - rec["g_a"]).abs().max().item())  # fmt: skip
+    assert worst < 1e-10, worst
+
+
+@pytest.mark.parametrize("core", ["rtu-rtrl", "elstm-rtrl", "lru-rtrl"])
+@pytest.mark.parametrize("mlp", [(), (5,)], ids=["core-reads-obs", "layers-below"])
+def test_layers_above_the_core_get_exact_gradients(core, mlp):
+    """Layers between the core and the head (`--stream-top-mlp`): every gradient still equals
+    full BPTT from the stream's first step; with no layer below the core (`--stream-mlp` with
+    no width) that is every parameter's exact gradient."""
+    agent, record = run_stream(core, SPACES["discrete"], mlp=mlp, top=(6, 5))
+    assert "top1.w" in agent.actor.layout.views(agent.theta_a)
+    worst = 0.0
+    for t, rec in enumerate(record):
+        ref_c = reference_grads(agent.critic, agent.theta_c, record, t, lambda v: v.sum(), False)
+        ref_a = reference_grads(agent.actor, agent.theta_a, record, t,
+                                actor_objective(agent, rec), False)  # fmt: skip
         worst = max(worst, (ref_c - rec["g_c"]).abs().max().item(),
                     (ref_a - rec["g_a"]).abs().max().item())  # fmt: skip
     assert worst < 1e-10, worst

@@ -40,7 +40,10 @@ F64 = torch.float64
 SPACE = ActionSpace.discrete(3)
 
 
-def run_stream(core: str, steps: int = 14, seed: int = 3, epsilon: float = 0.5, lr: float = 0.0):
+def run_stream(
+    core: str, steps: int = 14, seed: int = 3, epsilon: float = 0.5, lr: float = 0.0,
+    mlp: tuple[int, ...] = (5, 6), top: tuple[int, ...] = (),
+):  # fmt: skip
     """Drive one float64 QRC agent over the scripted stream (terminal and truncated ends
     inside); per step what the reference needs."""
     env = ScriptedEnv(SPACE, ENDS, seed)
@@ -49,7 +52,7 @@ def run_stream(core: str, steps: int = 14, seed: int = 3, epsilon: float = 0.5, 
         return make_stacked_core(core, k, d, 4, F64)
 
     settings = QRCSettings(lr=lr, h_lr=lr, epsilon_start=epsilon, epsilon_end=epsilon)
-    agent = StreamQRC(make, SPACE, 3, [seed], settings, mlp=(5, 6), dtype=F64)
+    agent = StreamQRC(make, SPACE, 3, [seed], settings, mlp=mlp, dtype=F64, top=top)
     agent.observe_first(env.reset())
     record = []
     for _ in range(steps):
@@ -74,8 +77,9 @@ def _pick(action):
 
 
 @pytest.mark.parametrize("core", ["rtu-rtrl", "elstm-rtrl", "lru-rtrl"])
-def test_rtrl_gradients_equal_full_bptt(core):
-    agent, record = run_stream(core)
+@pytest.mark.parametrize(("mlp", "top"), [((5, 6), ()), ((), (6,))], ids=["below", "above"])
+def test_rtrl_gradients_equal_full_bptt(core, mlp, top):
+    agent, record = run_stream(core, mlp=mlp, top=top)
     worst = 0.0
     for t, rec in enumerate(record):
         ref_q = reference_grads(agent.q_net, agent.theta_q, record, t, _pick(rec["action"]), False)

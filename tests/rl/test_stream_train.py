@@ -54,13 +54,15 @@ def _train(argv):
     return train_cli.main(argv)
 
 
-def test_checkpoint_round_trip_is_bit_exact(tmp_path):
+@pytest.mark.parametrize("layers", [{}, dict(stream_mlp=(), stream_top_mlp=(8, 6))],
+                         ids=["below", "above"])  # fmt: skip
+def test_checkpoint_round_trip_is_bit_exact(tmp_path, layers):
     """25 steps, a checkpoint file, a new runtime restored from it, 15 more steps: the same
     weights, traces and core states as 40 steps uninterrupted."""
     from r2ac.rl.harness.tracker import Tracker
     from r2ac.runs import checkpoint
 
-    cfg = small(num_agents=2, seed=1)
+    cfg = small(num_agents=2, seed=1, **layers)
     full = StreamRuntime(cfg)
     _steps(full, 40)
     part = StreamRuntime(cfg)

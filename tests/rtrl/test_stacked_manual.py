@@ -52,9 +52,10 @@ def test_peek_manual_equals_peek(name):
     agent.observe_first(rng.normal(size=(2, 3)))
     for t in range(5):
         agent.act()
-        _, _, _, _, state, _, core_saved = agent._pending
-        ws, bs, core_p = agent.params.critic_parts
-        feat, _ = S.mlp_forward(ws, bs, torch.as_tensor(rng.normal(size=(2, 3))))
+        state, core_saved = agent._pending[4], agent._pending[6]
+        body = agent.params.critic_parts
+        core_p = body.core
+        feat, _ = S.mlp_forward(body.ws, body.bs, torch.as_tensor(rng.normal(size=(2, 3))))
         critic_state = S._rows(state, 2, 4)
         got = agent.body_core.peek_manual(core_p, feat, critic_state, core_saved, slice(2, 4))
         want = agent.critic.core.peek(core_p, feat, critic_state, torch.zeros(2, dtype=bool))

@@ -303,9 +303,10 @@ def mlp_forward(ws, bs, x: torch.Tensor) -> tuple[torch.Tensor, list[tuple]]:
     return x.squeeze(1), saved
 
 
-def mlp_backward(ws, saved, g: torch.Tensor, g_ws, g_bs) -> None:
+def mlp_backward(ws, saved, g: torch.Tensor, g_ws, g_bs, input_grad: bool = False):
     """Writes dL/dw (R, I, O) and dL/db (R, 1, O) of every layer into g_ws, g_bs for
-    dL/dfeatures = g (R, F); the input (the observation) needs no gradient."""
+    dL/dfeatures = g (R, F). Returns dL/dinput (R, I) where `input_grad` (the layers above the
+    core pass it on to the core), else None (the observation needs no gradient)."""
     g = g.unsqueeze(1)
     for i in reversed(range(len(ws))):
         x, pre, mean, rstd, normed = saved[i]
@@ -315,8 +316,9 @@ def mlp_backward(ws, saved, g: torch.Tensor, g_ws, g_bs) -> None:
         )[0]  # (R, 1, O)
         torch.mul(x.transpose(1, 2), g, out=g_ws[i])
         g_bs[i].copy_(g)
-        if i:
+        if i or input_grad:
             g = torch.bmm(g, ws[i].transpose(1, 2))  # (R, 1, I)
+    return g.squeeze(1) if input_grad else None
 
 
 def head_forward(p: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
@@ -351,39 +353,55 @@ def categorical_grads(logits: torch.Tensor, action: torch.Tensor):
 
 
 class StackedNet:
-    """MLP (LayerNorm, leaky ReLU) -> stacked core -> linear head, for K agents; parameters
-    are views of one flat (K, P) tensor ('mlp{i}.w', 'mlp{i}.b', 'core.<name>', 'head.w',
-    'head.b', and 'log_std' for a Box policy)."""
+    """MLP (LayerNorm, leaky ReLU) -> stacked core -> MLP -> linear head, for K agents;
+    parameters are views of one flat (K, P) tensor ('mlp{i}.w', 'mlp{i}.b' below the core,
+    'core.<name>', 'top{i}.w', 'top{i}.b' above it, 'head.w', 'head.b', and 'log_std' for a
+    Box policy). The layers above the core are not recurrent: their gradient is exact."""
 
-    def __init__(self, core, input_size: int, mlp: tuple[int, ...], out: int, log_std: int = 0):
+    def __init__(
+        self, core, input_size: int, mlp: tuple[int, ...], out: int, log_std: int = 0,
+        top: tuple[int, ...] = (),
+    ):  # fmt: skip
         self.core, self.input_size, self.mlp, self.out, self.log_std = (
             core, input_size, tuple(mlp), out, log_std,
         )  # fmt: skip
+        self.top = tuple(top)
         self._widths = [input_size, *self.mlp]
+        self._top_widths = [core.output_size, *self.top]
+        self.head_input = self._top_widths[-1]
         self.layout: Layout | None = None
 
     def init(self, generators, dtype) -> torch.Tensor:
         k = len(generators)
         named: dict[str, torch.Tensor] = {}
-        for i, (a, b) in enumerate(zip(self._widths[:-1], self._widths[1:])):
-            named[f"mlp{i}.w"] = sparse_linear(generators, a, b, dtype)
-            named[f"mlp{i}.b"] = torch.zeros(k, b, dtype=dtype)
-        for name, value in self.core.init_params(generators).items():
-            named[f"core.{name}"] = value.to(dtype)
-        named["head.w"] = sparse_linear(generators, self.core.output_size, self.out, dtype)
+        for prefix, widths in (("mlp", self._widths), ("core", None), ("top", self._top_widths)):
+            if widths is None:
+                for name, value in self.core.init_params(generators).items():
+                    named[f"core.{name}"] = value.to(dtype)
+                continue
+            for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+                named[f"{prefix}{i}.w"] = sparse_linear(generators, a, b, dtype)
+                named[f"{prefix}{i}.b"] = torch.zeros(k, b, dtype=dtype)
+        named["head.w"] = sparse_linear(generators, self.head_input, self.out, dtype)
         named["head.b"] = torch.zeros(k, self.out, dtype=dtype)
         if self.log_std:
             named["log_std"] = torch.zeros(k, self.log_std, dtype=dtype)
         self.layout = Layout([(n, tuple(v.shape[1:])) for n, v in named.items()])
         return self.layout.pack(named, k, dtype)
 
-    def features(self, p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        for i in range(len(self.mlp)):
-            x = linear(x, p[f"mlp{i}.w"], p[f"mlp{i}.b"])
+    @staticmethod
+    def _layers(p: dict[str, torch.Tensor], prefix: str, depth: int, x: torch.Tensor):
+        for i in range(depth):
+            x = linear(x, p[f"{prefix}{i}.w"], p[f"{prefix}{i}.b"])
             x = F.leaky_relu(F.layer_norm(x, x.shape[-1:]))
         return x
 
+    def features(self, p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return self._layers(p, "mlp", len(self.mlp), x)
+
     def _head(self, p, h: torch.Tensor) -> torch.Tensor:
+        """The layers above the core, then the head: (K, H) -> (K, out)."""
+        h = self._layers(p, "top", len(self.top), h)
         y = linear(h, p["head.w"], p["head.b"])
         if self.log_std:
             y = torch.cat([y, p["log_std"]], -1)
@@ -396,7 +414,7 @@ class StackedNet:
 
         c = self.core
         core = make_stacked_core(c.name, num_agents, c.input_size, c.hidden_size, c.dtype)
-        net = StackedNet(core, self.input_size, self.mlp, self.out, self.log_std)
+        net = StackedNet(core, self.input_size, self.mlp, self.out, self.log_std, self.top)
         net.layout = self.layout
         return net
 
@@ -466,9 +484,9 @@ class PairBuffers:
             head["head.b"] = head["head.b"].unsqueeze(1)  # (K, 1, O) rows
         self.actor = flat[0, :, : actor.layout.size]  # (K, P_a)
         self.critic = flat[1, :, : critic.layout.size]  # (K, P_c)
-        depth = len(actor.mlp)
-        self.parts = _body_parts(self.body, depth)  # both bodies (2K rows)
-        self.critic_parts = _body_parts({n: v[k:] for n, v in self.body.items()}, depth)
+        depth = (len(actor.mlp), len(actor.top))
+        self.parts = _body_parts(self.body, *depth)  # both bodies (2K rows)
+        self.critic_parts = _body_parts({n: v[k:] for n, v in self.body.items()}, *depth)
 
 
 def _is_head(name: str) -> bool:
@@ -479,11 +497,25 @@ def _slot(flat: torch.Tensor, sl: Slot) -> torch.Tensor:
     return flat[:, sl.offset : sl.offset + sl.size].view(flat.shape[0], *sl.shape)
 
 
-def _body_parts(views: dict[str, torch.Tensor], depth: int):
-    """(MLP weights, MLP biases as (R, 1, O) rows, core params) of a body's views."""
-    ws = [views[f"mlp{i}.w"] for i in range(depth)]
-    bs = [views[f"mlp{i}.b"].unsqueeze(1) for i in range(depth)]
-    return ws, bs, {n[5:]: v for n, v in views.items() if n.startswith("core.")}
+class BodyParts(NamedTuple):
+    """A body's views: the layers below the core (weights, biases as (R, 1, O) rows), the
+    core's parameters by name, the layers above the core."""
+
+    ws: list[torch.Tensor]
+    bs: list[torch.Tensor]
+    core: dict[str, torch.Tensor]
+    top_ws: list[torch.Tensor]
+    top_bs: list[torch.Tensor]
+
+
+def _body_parts(views: dict[str, torch.Tensor], depth: int, top: int) -> BodyParts:
+    return BodyParts(
+        [views[f"mlp{i}.w"] for i in range(depth)],
+        [views[f"mlp{i}.b"].unsqueeze(1) for i in range(depth)],
+        {n[5:]: v for n, v in views.items() if n.startswith("core.")},
+        [views[f"top{i}.w"] for i in range(top)],
+        [views[f"top{i}.b"].unsqueeze(1) for i in range(top)],
+    )
 
 
 def _rows(state, lo: int, hi: int):
@@ -513,8 +545,10 @@ class StreamAC:
         settings: StreamSettings,
         mlp: tuple[int, ...] = (128, 128),
         dtype: torch.dtype = torch.float32,
+        top: tuple[int, ...] = (),
     ):
-        """make_core(num_agents) -> a stacked core whose input is the MLP's output width."""
+        """make_core(num_agents) -> a stacked core whose input is the MLP's output width;
+        `top`: the widths of the layers between the core and the heads."""
         self.space, self.settings, self.dtype = space, settings, dtype
         self.k, self.obs_size = len(seeds), obs_size
         self.seeds = np.asarray(seeds, dtype=np.uint64)
@@ -522,9 +556,9 @@ class StreamAC:
         feat = mlp[-1] if mlp else obs_size
         self.actor = StackedNet(
             make_core(self.k, feat), obs_size, mlp, space.head_size,
-            log_std=space.dims if space.kind == "box" else 0,
+            log_std=space.dims if space.kind == "box" else 0, top=top,
         )  # fmt: skip
-        self.critic = StackedNet(make_core(self.k, feat), obs_size, mlp, 1)
+        self.critic = StackedNet(make_core(self.k, feat), obs_size, mlp, 1, top=top)
         self.body_core = make_core(2 * self.k, feat)  # both bodies' cores, 2K rows
         generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
         theta_a = self.actor.init(generators, dtype)
@@ -620,13 +654,14 @@ class StreamAC:
         """The actions (K, *action_shape) at the current observation; keeps what `learn`
         needs (both networks' forward intermediates)."""
         k, p = self.k, self.params
-        ws, bs, core_p = p.parts
+        body = p.parts
         x2 = torch.cat([self.x, self.x])  # (2K, obs): both networks see the same observation
-        feat, mlp_saved = mlp_forward(ws, bs, x2)  # (2K, F)
+        feat, mlp_saved = mlp_forward(body.ws, body.bs, x2)  # (2K, F)
         h, state, core_saved = self.body_core.forward_manual(
-            core_p, feat, self.state, torch.cat([self.reset, self.reset])
+            body.core, feat, self.state, torch.cat([self.reset, self.reset])
         )  # (2K, H)
-        h = h.unsqueeze(1)  # (2K, 1, H) rows
+        h, top_saved = mlp_forward(body.top_ws, body.top_bs, h)  # (2K, H'): H' = H if no layers
+        h = h.unsqueeze(1)  # (2K, 1, H') rows
         params = head_forward(p.heads[0], h[:k])  # (K, head out)
         value = head_forward(p.heads[1], h[k:]).squeeze(-1)  # (K,)
         if greedy:
@@ -634,7 +669,7 @@ class StreamAC:
         else:
             u = uniforms(self.seeds, self.steps, sample_draws(self.space))
             action = sample_actions(self.space, params, torch.from_numpy(u))
-        self._pending = (params, action, value, h, state, mlp_saved, core_saved)
+        self._pending = (params, action, value, h, state, mlp_saved, core_saved, top_saved)
         return action
 
     def _policy_grads(self, params: torch.Tensor, action: torch.Tensor):
@@ -652,7 +687,7 @@ class StreamAC:
     @torch.no_grad()
     def learn(self, reward, obs, final_obs, terminated, truncated) -> StepInfo:
         """One update from this step's TD error; then the next observation becomes current."""
-        params, action, value, h, state, mlp_saved, core_saved = self._pending
+        params, action, value, h, state, mlp_saved, core_saved, top_saved = self._pending
         self._pending = None
         s, k, p, g = self.settings, self.k, self.params, self.grads
         terminated = np.asarray(terminated, dtype=bool).reshape(k)
@@ -676,10 +711,12 @@ class StreamAC:
                 head_backward(p.heads[0], g.heads[0], h[:k], g_params),
                 head_backward(p.heads[1], g.heads[1], h[k:], self._ones),
             ]
-        ).squeeze(1)  # (2K, H)
-        ws, g_ws, g_bs, g_core = p.parts[0], *g.parts
-        g_feat = self.body_core.backward_manual(core_saved, g_h, g_core)
-        mlp_backward(ws, mlp_saved, g_feat, g_ws, g_bs)
+        ).squeeze(1)  # (2K, H')
+        body, g_body = p.parts, g.parts
+        if body.top_ws:
+            g_h = mlp_backward(body.top_ws, top_saved, g_h, g_body.top_ws, g_body.top_bs, True)
+        g_feat = self.body_core.backward_manual(core_saved, g_h, g_body.core)
+        mlp_backward(body.ws, mlp_saved, g_feat, g_body.ws, g_body.bs)
         self.last_grads = (g.actor, g.critic)  # this step's gradients (K, P) (tests read them)
         step = self._update(delta, done)
         self.state = state
@@ -691,10 +728,11 @@ class StreamAC:
         """V(x) (K,) from the critic's next core state (no grad, no sensitivity update; the
         weights still those of this step's forward)."""
         k = self.k
-        ws, bs, core_p = self.params.critic_parts
-        feat, _ = mlp_forward(ws, bs, x)
+        body = self.params.critic_parts
+        feat, _ = mlp_forward(body.ws, body.bs, x)
         rows = slice(k, 2 * k)
-        h = self.body_core.peek_manual(core_p, feat, _rows(state, k, 2 * k), core_saved, rows)
+        h = self.body_core.peek_manual(body.core, feat, _rows(state, k, 2 * k), core_saved, rows)
+        h, _ = mlp_forward(body.top_ws, body.top_bs, h)
         return head_forward(self.params.heads[1], h.unsqueeze(1)).squeeze(-1)
 
     def _update(self, delta: torch.Tensor, done: np.ndarray) -> torch.Tensor:

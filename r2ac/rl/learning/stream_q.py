@@ -166,16 +166,18 @@ class StreamQRC:
         settings: QRCSettings,
         mlp: tuple[int, ...] = (128,),
         dtype: torch.dtype = torch.float32,
+        top: tuple[int, ...] = (),
     ):
-        """make_core(num_agents, input_size) -> a stacked core."""
+        """make_core(num_agents, input_size) -> a stacked core; `top`: the widths of the
+        layers between the core and the heads."""
         check_q_space(space)
         self.space, self.settings, self.dtype = space, settings, dtype
         self.k, self.obs_size = len(seeds), obs_size
         self.num_actions = int(space.nvec[0])
         self.seeds = np.asarray(seeds, dtype=np.uint64)
         feat = mlp[-1] if mlp else obs_size
-        self.q_net = StackedNet(make_core(self.k, feat), obs_size, mlp, self.num_actions)
-        self.h_net = StackedNet(make_core(self.k, feat), obs_size, mlp, self.num_actions)
+        self.q_net = StackedNet(make_core(self.k, feat), obs_size, mlp, self.num_actions, top=top)
+        self.h_net = StackedNet(make_core(self.k, feat), obs_size, mlp, self.num_actions, top=top)
         generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
         self.theta_q = self.q_net.init(generators, dtype).requires_grad_()
         self.theta_h = self.h_net.init(generators, dtype).requires_grad_()

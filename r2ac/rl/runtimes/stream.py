@@ -188,7 +188,8 @@ def make_agent(cfg: TrainConfig, env: BatchedEnv, seeds, dtype=torch.float32) ->
 
         settings = settings_from(cfg)
         mlp = cfg.stream.stream_mlp
-        agent = StreamQRC(core, env.action_space, obs_size, seeds, settings, mlp, dtype)
+        top = cfg.stream.stream_top_mlp
+        agent = StreamQRC(core, env.action_space, obs_size, seeds, settings, mlp, dtype, top)
         return with_forget_bias(agent, cfg.model.forget_bias)
     settings = StreamSettings(
         discount=cfg.loss.discount,
@@ -199,8 +200,9 @@ def make_agent(cfg: TrainConfig, env: BatchedEnv, seeds, dtype=torch.float32) ->
         entropy_cost=cfg.loss.entropy_cost,
     )
     agent = StreamAC(
-        core, env.action_space, obs_size, seeds, settings, cfg.stream.stream_mlp, dtype
-    )
+        core, env.action_space, obs_size, seeds, settings, cfg.stream.stream_mlp, dtype,
+        cfg.stream.stream_top_mlp,
+    )  # fmt: skip
     return with_forget_bias(agent, cfg.model.forget_bias)
 
 
