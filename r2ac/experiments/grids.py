@@ -68,6 +68,9 @@ class Variant:
     overrides: dict[str, Any] = field(default_factory=dict)
     preset: str | None = None
     """The row's own preset instead of its task's (e.g. batched PPO beside streaming rows)."""
+    name: str | None = None
+    """What sets the row apart from another of its core (its overrides), in its label and
+    run directory."""
 
     @property
     def streaming(self) -> bool:
@@ -76,6 +79,7 @@ class Variant:
     @property
     def label(self) -> str:
         own = f" (--preset {self.preset})" if self.preset else ""
+        own += f" ({self.name})" if self.name else ""
         if self.streaming:
             return f"{self.core}{own}"
         m = "episode" if self.unroll_length == FULL_EPISODE else self.unroll_length
@@ -130,6 +134,8 @@ class RunSpec:
             parts.append(f"M{'ep' if v.unroll_length == FULL_EPISODE else v.unroll_length}")
         if v.preset:
             parts.append(v.preset)
+        if v.name:
+            parts.append(v.name)
         last = self.seed + self.agents - 1
         parts.append(f"s{self.seed}" if self.agents == 1 else f"s{self.seed}-{last}")
         return _slug("__".join(parts))
@@ -503,6 +509,10 @@ MEMORY_CHAIN_LENGTHS = (2, 4, 8, 16, 32, 64, 128)
 MEMORY_CHAIN_EPISODES = 10_000
 STREAM_MAX_FRAMES = 1_000_000
 STREAM_CORES = ("rtu-rtrl", "elstm-rtrl", "lru-rtrl", "rtu-bptt", "gru-bptt", "feedforward")
+# The same cores reading the observation (no layers below the core, whose gradient is the
+# current step's only): every parameter's gradient is exact under an exact-RTRL core.
+STREAM_CORE_ON_OBS = ("rtu-rtrl", "elstm-rtrl", "lru-rtrl", "rtu-bptt")
+CORE_ON_OBS = "core on obs"
 STREAM_POPGYM_CORES = ("rtu-rtrl", "elstm-rtrl", "rtu-bptt")
 STREAM_POPGYM_FAMILIES = (
     "CountRecall",
@@ -538,10 +548,15 @@ def _stream_memory_chain(preset_name: str, algorithm: str) -> Grid:
     return Grid(
         f"{preset_name}-memory-chain",
         f"MemoryChain lengths 2 .. 128 (Farr et al. 2026): {algorithm} with exact RTRL "
-        "(rtu, elstm, lru) against TBPTT(1) (rtu-bptt, gru-bptt) and a memoryless agent; "
+        "(rtu, elstm, lru) against TBPTT(1) (rtu-bptt, gru-bptt) and a memoryless agent, "
+        "with the preset's layers below the core and without them (core on obs); "
         "10,000 episodes or 1 M steps per agent, whichever is less; seeds in lockstep.",
         tuple(memory_chain_task(n, preset_name) for n in MEMORY_CHAIN_LENGTHS),
-        tuple(Variant(core, None) for core in STREAM_CORES),
+        tuple(Variant(core, None) for core in STREAM_CORES)
+        + tuple(
+            Variant(core, None, {"stream_mlp": ()}, name=CORE_ON_OBS)
+            for core in STREAM_CORE_ON_OBS
+        ),
         lockstep_seeds=True,
         success_threshold=0.9,
     )
