@@ -509,10 +509,11 @@ MEMORY_CHAIN_LENGTHS = (2, 4, 8, 16, 32, 64, 128)
 MEMORY_CHAIN_EPISODES = 10_000
 STREAM_MAX_FRAMES = 1_000_000
 STREAM_CORES = ("rtu-rtrl", "elstm-rtrl", "lru-rtrl", "rtu-bptt", "gru-bptt", "feedforward")
-# The same cores reading the observation (no layers below the core, whose gradient is the
-# current step's only): every parameter's gradient is exact under an exact-RTRL core.
-STREAM_CORE_ON_OBS = ("rtu-rtrl", "elstm-rtrl", "lru-rtrl", "rtu-bptt")
-CORE_ON_OBS = "core on obs"
+# The recurrent cores again with the preset's two layers moved above the core (the core reads
+# the observation; layers below it get the current step's gradient only, layers above it
+# their exact one): under an exact-RTRL core every parameter's gradient is exact.
+STREAM_LAYERS_ABOVE_CORES = ("rtu-rtrl", "elstm-rtrl", "lru-rtrl", "rtu-bptt", "gru-bptt")
+LAYERS_ABOVE = "layers above"
 STREAM_POPGYM_CORES = ("rtu-rtrl", "elstm-rtrl", "rtu-bptt")
 STREAM_POPGYM_FAMILIES = (
     "CountRecall",
@@ -549,13 +550,13 @@ def _stream_memory_chain(preset_name: str, algorithm: str) -> Grid:
         f"{preset_name}-memory-chain",
         f"MemoryChain lengths 2 .. 128 (Farr et al. 2026): {algorithm} with exact RTRL "
         "(rtu, elstm, lru) against TBPTT(1) (rtu-bptt, gru-bptt) and a memoryless agent, "
-        "with the preset's layers below the core and without them (core on obs); "
+        "with the preset's two layers below the core and moved above it; "
         "10,000 episodes or 1 M steps per agent, whichever is less; seeds in lockstep.",
         tuple(memory_chain_task(n, preset_name) for n in MEMORY_CHAIN_LENGTHS),
         tuple(Variant(core, None) for core in STREAM_CORES)
         + tuple(
-            Variant(core, None, {"stream_mlp": ()}, name=CORE_ON_OBS)
-            for core in STREAM_CORE_ON_OBS
+            Variant(core, None, {"stream_mlp": (), "stream_top_mlp": (128, 128)}, name=LAYERS_ABOVE)
+            for core in STREAM_LAYERS_ABOVE_CORES
         ),
         lockstep_seeds=True,
         success_threshold=0.9,

@@ -15,7 +15,7 @@ from r2ac.rl.config import from_dict
 from r2ac.rl.presets import PRESETS
 
 STREAM_CORES = ["rtu-rtrl", "elstm-rtrl", "lru-rtrl", "rtu-bptt", "gru-bptt", "feedforward"]
-ON_OBS = ["rtu-rtrl", "elstm-rtrl", "lru-rtrl", "rtu-bptt"]  # the same, no layers below the core
+ABOVE = ["rtu-rtrl", "elstm-rtrl", "lru-rtrl", "rtu-bptt", "gru-bptt"]  # layers above the core
 
 
 def _resolved(spec: RunSpec, total_frames: int | None = None) -> dict:
@@ -32,20 +32,23 @@ def test_memory_chain_grid_is_one_lockstep_run_per_length_and_core(name, preset_
         pytest.skip(f"no --preset {preset_name}")
     g = grids.grid(name)
     specs = grids.runs_of(g, g.default_seeds)
-    assert len(specs) == 7 * 10 and all(s.agents == 3 and s.seeds == (0, 1, 2) for s in specs)
+    assert len(specs) == 7 * 11 and all(s.agents == 3 and s.seeds == (0, 1, 2) for s in specs)
     lengths = [2, 4, 8, 16, 32, 64, 128]
     assert [t.name for t in g.tasks] == [f"memory-chain-{n}" for n in lengths]
     # no segment length: no "M="
-    assert [v.label for v in g.variants] == STREAM_CORES + [f"{c} (core on obs)" for c in ON_OBS]
+    assert [v.label for v in g.variants] == STREAM_CORES + [f"{c} (layers above)" for c in ABOVE]
     frames = {}
     for spec in specs:
         length = int(spec.task.name.rsplit("-", 1)[1])
-        on_obs = spec.variant.name is not None
-        tag = "__core-on-obs" if on_obs else ""
+        above = spec.variant.name is not None
+        tag = "__layers-above" if above else ""
         assert spec.run_id == f"memory-chain-{length}__{spec.variant.core}{tag}__s0-2"
         overrides = spec.overrides()
         cfg = _resolved(spec)
-        assert cfg["stream_mlp"] == (() if on_obs else PRESETS[preset_name].stream.stream_mlp)
+        layers = PRESETS[preset_name].stream.stream_mlp
+        assert (cfg["stream_mlp"], cfg["stream_top_mlp"]) == (
+            ((), (128, 128)) if above else (layers, ())
+        )
         assert "unroll_length" not in overrides and overrides["num_agents"] == 3
         cfg = _resolved(spec)
         assert cfg["env"] == "builtin/memory-chain" and cfg["env_options"] == (f"length={length}",)
@@ -125,7 +128,7 @@ def test_report_reads_each_lockstep_agent_as_a_seed(tmp_path):
     g = grids.select_cores(g, ("rtu-rtrl", "feedforward"))
     tasks = g.tasks[:2]
     specs = grids.runs_of(g, 3, tasks)
-    assert len(specs) == 6  # rtu-rtrl, feedforward, rtu-rtrl (core on obs)
+    assert len(specs) == 6  # rtu-rtrl, feedforward, rtu-rtrl (layers above)
     by_id = {(s.task.name, s.variant.label): s for s in specs}
     _write_run(tmp_path, by_id["memory-chain-2", "rtu-rtrl"], [1.0, 0.95, -0.1], 0.5)
     _write_run(tmp_path, by_id["memory-chain-2", "feedforward"], [0.02, -0.04, 0.0], 0.0)
@@ -140,7 +143,7 @@ def test_report_reads_each_lockstep_agent_as_a_seed(tmp_path):
         "| 0.967 ± 0.047 (1.000 / 1.000 / 0.900) |" in table
     )
     assert "| feedforward | -0.007 ± 0.025 (0.020 / -0.040 / 0.000) | - |" in table
-    assert "| rtu-rtrl (core on obs) | - | - |" in table  # not run
+    assert "| rtu-rtrl (layers above) | - | - |" in table  # not run
     assert "chance 0, optimum 1" in table  # the tasks' notes
 
     solved = report.markdown_table(g, tasks, specs, tmp_path, 3, notes=False, threshold=0.9)
