@@ -151,29 +151,30 @@ def actor_objective(agent, rec):
     return fn
 
 
+def worst_gradient_error(agent, record, truncate_one: bool) -> float:
+    """Largest |agent's gradient - reference| over the stream's steps, actor and critic."""
+    worst = 0.0
+    for t, rec in enumerate(record):
+        ref_c = reference_grads(agent.critic, agent.theta_c, record, t, lambda v: v.sum(),
+                                truncate_one)  # fmt: skip
+        ref_a = reference_grads(agent.actor, agent.theta_a, record, t,
+                                actor_objective(agent, rec), truncate_one)  # fmt: skip
+        worst = max(worst, (ref_c - rec["g_c"]).abs().max().item(),
+                    (ref_a - rec["g_a"]).abs().max().item())  # fmt: skip
+    return worst
+
+
 @pytest.mark.parametrize("core", ["rtu-rtrl", "elstm-rtrl", "lru-rtrl"])
 def test_rtrl_gradients_equal_full_bptt(core):
     agent, record = run_stream(core, SPACES["discrete"])
-    worst = 0.0
-    for t, rec in enumerate(record):
-        ref_c = reference_grads(agent.critic, agent.theta_c, record, t, lambda v: v.sum(), False)
-        ref_a = reference_grads(agent.actor, agent.theta_a, record, t,
-                                actor_objective(agent, rec), False)  # fmt: skip
-        worst = max(worst, (ref_c - rec["g_c"]).abs().max().item(),
-                    (ref_a - rec["g_a"]).abs().max().item())  # fmt: skip
+    worst = worst_gradient_error(agent, record, truncate_one=False)
     assert worst < 1e-10, worst
 
 
 @pytest.mark.parametrize("core", ["rtu-bptt", "elstm-bptt", "gru-bptt"])
 def test_tbptt1_gradients_equal_one_step_bptt(core):
     agent, record = run_stream(core, SPACES["discrete"], steps=9)
-    worst = 0.0
-    for t, rec in enumerate(record):
-        ref_c = reference_grads(agent.critic, agent.theta_c, record, t, lambda v: v.sum(), True)
-        ref_a = reference_grads(agent.actor, agent.theta_a, record, t,
-                                actor_objective(agent, rec), True)  # fmt: skip
-        worst = max(worst, (ref_c - rec["g_c"]).abs().max().item(),
-                    (ref_a - rec["g_a"]).abs().max().item())  # fmt: skip
+    worst = worst_gradient_error(agent, record, truncate_one=True)
     assert worst < 1e-10, worst
 
 
@@ -185,13 +186,7 @@ def test_layers_above_the_core_get_exact_gradients(core, mlp):
     no width) that is every parameter's exact gradient."""
     agent, record = run_stream(core, SPACES["discrete"], mlp=mlp, top=(6, 5))
     assert "top1.w" in agent.actor.layout.views(agent.theta_a)
-    worst = 0.0
-    for t, rec in enumerate(record):
-        ref_c = reference_grads(agent.critic, agent.theta_c, record, t, lambda v: v.sum(), False)
-        ref_a = reference_grads(agent.actor, agent.theta_a, record, t,
-                                actor_objective(agent, rec), False)  # fmt: skip
-        worst = max(worst, (ref_c - rec["g_c"]).abs().max().item(),
-                    (ref_a - rec["g_a"]).abs().max().item())  # fmt: skip
+    worst = worst_gradient_error(agent, record, truncate_one=False)
     assert worst < 1e-10, worst
 
 
