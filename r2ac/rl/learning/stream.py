@@ -374,14 +374,18 @@ class StackedNet:
     def init(self, generators, dtype) -> torch.Tensor:
         k = len(generators)
         named: dict[str, torch.Tensor] = {}
-        for prefix, widths in (("mlp", self._widths), ("core", None), ("top", self._top_widths)):
-            if widths is None:
-                for name, value in self.core.init_params(generators).items():
-                    named[f"core.{name}"] = value.to(dtype)
-                continue
+
+        def layers(prefix: str, widths: list[int]) -> None:
             for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
                 named[f"{prefix}{i}.w"] = sparse_linear(generators, a, b, dtype)
                 named[f"{prefix}{i}.b"] = torch.zeros(k, b, dtype=dtype)
+
+        # drawn in this order from each agent's generator: without layers above the core the
+        # default network's weights are those it always had
+        layers("mlp", self._widths)
+        for name, value in self.core.init_params(generators).items():
+            named[f"core.{name}"] = value.to(dtype)
+        layers("top", self._top_widths)
         named["head.w"] = sparse_linear(generators, self.head_input, self.out, dtype)
         named["head.b"] = torch.zeros(k, self.out, dtype=dtype)
         if self.log_std:
