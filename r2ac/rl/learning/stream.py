@@ -294,6 +294,8 @@ def mlp_forward(ws, bs, x: torch.Tensor) -> tuple[torch.Tensor, list[tuple]]:
     """x (R, I) through the layers (w (R, I, O), b (R, 1, O)): linear, LayerNorm, leaky ReLU,
     as (R, 1, width) rows (no reshapes between the ops). Returns the features (R, F) and per
     layer what `mlp_backward` needs."""
+    if not ws:  # no layers (e.g. none above the core): nothing to run or keep
+        return x, []
     saved, x = [], x.unsqueeze(1)
     for w, b in zip(ws, bs, strict=True):
         pre = torch.baddbmm(b, x, w)  # (R, 1, O)
@@ -307,6 +309,8 @@ def mlp_backward(ws, saved, g: torch.Tensor, g_ws, g_bs, input_grad: bool = Fals
     """Writes dL/dw (R, I, O) and dL/db (R, 1, O) of every layer into g_ws, g_bs for
     dL/dfeatures = g (R, F). Returns dL/dinput (R, I) where `input_grad` (the layers above the
     core pass it on to the core), else None (the observation needs no gradient)."""
+    if not ws:
+        return g if input_grad else None
     g = g.unsqueeze(1)
     for i in reversed(range(len(ws))):
         x, pre, mean, rstd, normed = saved[i]
@@ -366,9 +370,6 @@ class StackedNet:
             core, input_size, tuple(mlp), out, log_std,
         )  # fmt: skip
         self.top = tuple(top)
-        self._widths = [input_size, *self.mlp]
-        self._top_widths = [core.output_size, *self.top]
-        self.head_input = self._top_widths[-1]
         self.layout: Layout | None = None
 
     def init(self, generators, dtype) -> torch.Tensor:
@@ -382,11 +383,12 @@ class StackedNet:
 
         # drawn in this order from each agent's generator: without layers above the core the
         # default network's weights are those it always had
-        layers("mlp", self._widths)
+        layers("mlp", [self.input_size, *self.mlp])
         for name, value in self.core.init_params(generators).items():
             named[f"core.{name}"] = value.to(dtype)
-        layers("top", self._top_widths)
-        named["head.w"] = sparse_linear(generators, self.head_input, self.out, dtype)
+        top = [self.core.output_size, *self.top]
+        layers("top", top)
+        named["head.w"] = sparse_linear(generators, top[-1], self.out, dtype)
         named["head.b"] = torch.zeros(k, self.out, dtype=dtype)
         if self.log_std:
             named["log_std"] = torch.zeros(k, self.log_std, dtype=dtype)
@@ -488,9 +490,9 @@ class PairBuffers:
             head["head.b"] = head["head.b"].unsqueeze(1)  # (K, 1, O) rows
         self.actor = flat[0, :, : actor.layout.size]  # (K, P_a)
         self.critic = flat[1, :, : critic.layout.size]  # (K, P_c)
-        depth = (len(actor.mlp), len(actor.top))
-        self.parts = _body_parts(self.body, *depth)  # both bodies (2K rows)
-        self.critic_parts = _body_parts({n: v[k:] for n, v in self.body.items()}, *depth)
+        below, above = len(actor.mlp), len(actor.top)
+        self.parts = _body_parts(self.body, below, above)  # both bodies (2K rows)
+        self.critic_parts = _body_parts({n: v[k:] for n, v in self.body.items()}, below, above)
 
 
 def _is_head(name: str) -> bool:
@@ -717,8 +719,7 @@ class StreamAC:
             ]
         ).squeeze(1)  # (2K, H')
         body, g_body = p.parts, g.parts
-        if body.top_ws:
-            g_h = mlp_backward(body.top_ws, top_saved, g_h, g_body.top_ws, g_body.top_bs, True)
+        g_h = mlp_backward(body.top_ws, top_saved, g_h, g_body.top_ws, g_body.top_bs, True)
         g_feat = self.body_core.backward_manual(core_saved, g_h, g_body.core)
         mlp_backward(body.ws, mlp_saved, g_feat, g_body.ws, g_body.bs)
         self.last_grads = (g.actor, g.critic)  # this step's gradients (K, P) (tests read them)
