@@ -3,8 +3,15 @@ networks) for K agents in lockstep and each core: with env stepping (MemoryChain
 learner alone (act + learn on a fixed observation), exact RTRL beside TBPTT(1) of the same core.
 
 Each (K, core) is timed `--repeats` times over `--steps` lockstep steps after `--warmup`
-untimed ones; the median is reported (agent-steps/s = K x steps / s). One torch thread
-(`--threads`), as the preset runs.
+untimed ones, the cores' repeats interleaved; the median is reported (agent-steps/s = K x
+steps / s), and exact RTRL over TBPTT(1) as the median of the repeats' ratios. One torch
+thread (`--threads`), as the preset runs.
+
+How close to the memory bound: per agent-step the update must at least read and write every
+weight, every trace element and every sensitivity once (`min_traffic_bytes`; gradients and
+activations left in cache). That traffic at the measured agent-steps/s is set beside the
+copy bandwidth of one thread measured in the same run (`copy_bandwidth`: a buffer far beyond
+the caches, read and written).
 """
 
 from __future__ import annotations
@@ -40,40 +47,90 @@ class _Count:
         self.update += 1
 
 
-def _time(fn, steps: int, warmup: int, repeats: int) -> float:
-    for _ in range(warmup):
+def _seconds(fn, steps: int) -> float:
+    start = time.perf_counter()
+    for _ in range(steps):
         fn()
-    times = []
+    return time.perf_counter() - start
+
+
+def min_traffic_bytes(agent) -> int:
+    """Bytes one agent-step must move at least: each weight and trace element of both networks
+    read and written once (theta += c z, z <- gamma lambda z + g), each sensitivity too."""
+    params = agent.actor.layout.size + agent.critic.layout.size
+    sens = agent.actor.core.sensitivity_numbers() + agent.critic.core.sensitivity_numbers()
+    return agent.params.flat.element_size() * (4 * params + 2 * sens)
+
+
+def copy_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
+    """Bytes/s one thread moves copying a buffer far beyond the caches (read + write counted)."""
+    src = torch.ones(megabytes * 2**18)  # float32
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # fault the pages in
+    seconds = statistics.median(_seconds(lambda: dst.copy_(src), 1) for _ in range(repeats))
+    return 2 * src.numel() * src.element_size() / seconds
+
+
+class _Subject:
+    """One (core, K): its runtime, the two timed steps (with the env; the learner alone on a
+    fixed observation) and the seconds of each repeat."""
+
+    def __init__(self, core: str, k: int, length: int = 32):
+        self.core, self.k = core, k
+        self.runtime = _runtime(core, k, length)
+        agent, counter = self.runtime.agent, _Count()
+        obs = np.zeros((k, agent.obs_size), dtype=np.float32)
+        zeros, no = np.zeros(k, dtype=np.float32), np.zeros(k, dtype=bool)
+
+        def learner():
+            agent.act()
+            agent.learn(zeros, obs, obs, no, no)
+
+        self.steps = {"with_env": lambda: self.runtime._step(counter), "alone": learner}
+        self.seconds = {"with_env": [], "alone": []}
+
+    def time(self, steps: int, record: bool = True) -> None:
+        for kind, fn in self.steps.items():
+            t = _seconds(fn, steps)
+            if record:
+                self.seconds[kind].append(t)
+
+    def row(self, steps: int) -> dict:
+        agent = self.runtime.agent
+        per_s = {kind: self.k * steps / statistics.median(t) for kind, t in self.seconds.items()}
+        return {
+            "core": self.core,
+            "K": self.k,
+            "agent_steps_per_s": per_s["with_env"],
+            "learner_agent_steps_per_s": per_s["alone"],
+            "sensitivities_per_agent": agent.actor.core.sensitivity_numbers()
+            + agent.critic.core.sensitivity_numbers(),
+            "min_traffic_bytes": min_traffic_bytes(agent),
+        }
+
+
+def measure_k(cores: list[str], k: int, steps: int, warmup: int, repeats: int) -> list[dict]:
+    """Rows for every core at K agents, the cores' repeats interleaved (core after core, then
+    again), so that a load that comes and goes falls on all of them alike. An exact-RTRL row's
+    `rtrl_over_bptt` is the median over repeats of its TBPTT(1) twin's seconds over its own."""
+    subjects = [_Subject(core, k) for core in cores]
+    for subject in subjects:
+        subject.time(warmup, record=False)
     for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(steps):
-            fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def measure(core: str, k: int, steps: int, warmup: int, repeats: int, length: int = 32) -> dict:
-    rt = _runtime(core, k, length)
-    counter = _Count()
-    with_env = _time(lambda: rt._step(counter), steps, warmup, repeats)
-    agent = rt.agent
-    obs = np.zeros((k, agent.obs_size), dtype=np.float32)
-    zeros, no = np.zeros(k, dtype=np.float32), np.zeros(k, dtype=bool)
-
-    def learner():
-        agent.act()
-        agent.learn(zeros, obs, obs, no, no)
-
-    alone = _time(learner, steps, warmup, repeats)
-    rt.close()
-    return {
-        "core": core,
-        "K": k,
-        "agent_steps_per_s": k * steps / with_env,
-        "learner_agent_steps_per_s": k * steps / alone,
-        "sensitivities_per_agent": agent.actor.core.sensitivity_numbers()
-        + agent.critic.core.sensitivity_numbers(),
-    }
+        for subject in subjects:
+            subject.time(steps)
+    rows, by_core = [], {}
+    for subject in subjects:
+        row = subject.row(steps)
+        twin = by_core.get(subject.core.replace("-rtrl", "-bptt"))
+        row["rtrl_over_bptt"] = None
+        if subject.core.endswith("-rtrl") and twin is not None:
+            pairs = zip(twin.seconds["with_env"], subject.seconds["with_env"])
+            row["rtrl_over_bptt"] = statistics.median(b / r for b, r in pairs)
+        by_core[subject.core] = subject
+        subject.runtime.close()
+        rows.append(row)
+    return rows
 
 
 def main(argv: list[str]) -> int:
@@ -85,24 +142,26 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json-out", help="write the rows here as JSON")
+    parser.add_argument("--copy-mb", type=int, default=256, help="buffer of the copy bandwidth")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    copy = copy_bandwidth(args.copy_mb)
+    print(f"copy bandwidth, {args.threads} thread(s): {copy / 1e9:.1f} GB/s")
     rows = []
-    print(f"{'core':<12} {'K':>4} {'agent-steps/s':>14} {'learner alone':>14} {'vs bptt':>8}")
+    print(f"{'core':<12} {'K':>4} {'agent-steps/s':>14} {'learner alone':>14} {'vs bptt':>8} "
+          f"{'min MB/step':>12} {'of copy':>8}")  # fmt: skip
     for k in args.ks:
-        by_core = {}
-        for core in args.cores:
-            row = measure(core, k, args.steps, args.warmup, args.repeats)
-            by_core[core] = row
-            base = by_core.get(core.replace("-rtrl", "-bptt"))
-            ratio = row["agent_steps_per_s"] / base["agent_steps_per_s"] if base else None
-            row["rtrl_over_bptt"] = ratio if core.endswith("-rtrl") else None
+        for row in measure_k(args.cores, k, args.steps, args.warmup, args.repeats):
+            row["of_copy_bandwidth"] = row["agent_steps_per_s"] * row["min_traffic_bytes"] / copy
             rows.append(row)
-            print(f"{core:<12} {k:>4} {row['agent_steps_per_s']:>14.0f} "
+            ratio = row["rtrl_over_bptt"]
+            print(f"{row['core']:<12} {k:>4} {row['agent_steps_per_s']:>14.0f} "
                   f"{row['learner_agent_steps_per_s']:>14.0f} "
-                  f"{'' if row['rtrl_over_bptt'] is None else f'{ratio:.2f}x':>8}", flush=True)  # fmt: skip
+                  f"{'' if ratio is None else f'{ratio:.2f}x':>8} "
+                  f"{row['min_traffic_bytes'] / 1e6:>12.2f} {row['of_copy_bandwidth']:>8.0%}",
+                  flush=True)  # fmt: skip
     if args.json_out:
-        Path(args.json_out).write_text(
-            json.dumps({"threads": args.threads, "rows": rows}, indent=1)
-        )
+        Path(args.json_out).write_text(json.dumps(
+            {"threads": args.threads, "copy_bytes_per_s": copy, "rows": rows}, indent=1
+        ))  # fmt: skip
     return 0

@@ -145,7 +145,7 @@ PRESETS: dict[str, TrainConfig] = {
     # ObGD alpha 1.0, kappa 3 actor / 2 critic, lambda 0.8, gamma 0.99), one stream per agent,
     # an update every step. MemoryChain: no previous action or reward as input (a memoryless
     # agent could carry the bit in them). Entropy 0.01, Elsayed et al.'s default (the anchors'
-    # 0.095 is POPGym's; not tried on MemoryChain yet).
+    # 0.095 is POPGym's; at length 128 it left every agent on a fixed answer too).
     "stream": TrainConfig.make(
         env="builtin/memory-chain",
         env_options=("length=32",),

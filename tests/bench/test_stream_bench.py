@@ -8,8 +8,17 @@ from r2ac.bench import cli
 def test_bench_stream_writes_rows(tmp_path):
     out = tmp_path / "b.json"
     argv = ["stream", "--ks", "2", "--cores", "rtu-bptt", "rtu-rtrl", "--steps", "2",
-            "--warmup", "1", "--repeats", "1", "--json-out", str(out)]  # fmt: skip
+            "--warmup", "1", "--repeats", "1", "--copy-mb", "8", "--json-out", str(out)]  # fmt: skip
     assert cli.main(argv) == 0
-    rows = json.loads(out.read_text())["rows"]
+    report = json.loads(out.read_text())
+    rows = report["rows"]
     assert [(r["core"], r["K"]) for r in rows] == [("rtu-bptt", 2), ("rtu-rtrl", 2)]
     assert rows[1]["rtrl_over_bptt"] > 0 and rows[1]["sensitivities_per_agent"] > 0
+    # the traffic model: float32 weights and traces read and written (16 B a parameter), the
+    # sensitivities read and written (8 B each); the RTU's two rules share their parameters
+    bptt, rtrl = rows
+    assert bptt["sensitivities_per_agent"] == 0 and bptt["min_traffic_bytes"] % 16 == 0
+    assert (
+        rtrl["min_traffic_bytes"] - bptt["min_traffic_bytes"] == 8 * rtrl["sensitivities_per_agent"]
+    )
+    assert report["copy_bytes_per_s"] > 1e8 and rtrl["of_copy_bandwidth"] > 0
