@@ -79,6 +79,42 @@ def test_checkpoint_round_trip_is_bit_exact(tmp_path, layers):
         assert torch.equal(ta, tb)
 
 
+@pytest.mark.parametrize("core", ["rtu-rtrl", "lru-rtrl", "elstm-rtrl"])
+def test_checkpoint_of_the_older_sensitivity_layout_resumes_bit_exact(tmp_path, core):
+    """A checkpoint without the layout mark holds the pair cores' d s / d W1 as (K, U, D, 2)
+    pairs: restored, it continues exactly as the run that wrote it; with the mark but pairs
+    inside, the shape check refuses it in one line."""
+    from r2ac.rl.harness.tracker import Tracker
+    from r2ac.rl.runtimes.stream import SENSITIVITY_LAYOUT
+    from r2ac.runs import checkpoint
+
+    cfg = small(num_agents=2, seed=3, core=core)
+    full = StreamRuntime(cfg)
+    _steps(full, 30)
+    part = StreamRuntime(cfg)
+    _steps(part, 18)
+    payload = part._payload(Tracker(cfg, None))
+    assert payload.pop("sensitivity_layout") == SENSITIVITY_LAYOUT
+    state = payload["learner"]["optimizer"]["state"]
+    for key in ("core_actor", "core_critic"):
+        if core != "elstm-rtrl":  # the older layout: planes (K, 2, U, D) -> pairs (K, U, D, 2)
+            h, sens_w, sens_v = state[key]
+            state[key] = [h, sens_w.permute(0, 2, 3, 1).contiguous(), sens_v]
+    path = checkpoint.save_atomic(payload, tmp_path / "old.pt")
+    resumed = StreamRuntime(cfg)
+    resumed.restore(checkpoint.load(path))
+    _steps(resumed, 12)
+    a, b = full.agent.state_dict(), resumed.agent.state_dict()
+    for ta, tb in zip(a["core_actor"] + a["core_critic"], b["core_actor"] + b["core_critic"]):
+        assert torch.equal(ta, tb)
+    assert torch.equal(a["theta_actor"], b["theta_actor"])
+    if core != "elstm-rtrl":
+        marked = checkpoint.load(path)
+        marked["sensitivity_layout"] = SENSITIVITY_LAYOUT
+        with pytest.raises(ConfigError, match="core_actor"):
+            StreamRuntime(cfg).restore(marked)
+
+
 @pytest.mark.slow
 def test_stop_and_resume_is_bit_exact(tmp_path, monkeypatch):
     flags = ["--preset", "stream", "--env-options", "length=4", "--hidden-size", "8",

@@ -252,6 +252,27 @@ class StreamTracker(Tracker):
         return bar
 
 
+# The RTU's and LRU's d s / d W1 in a checkpoint: "planes" (K, 2, U, D), the real parts then
+# the imaginary ones; checkpoints without the mark hold (K, U, D, 2) pairs.
+SENSITIVITY_LAYOUT = "planes"
+
+
+def pair_sensitivities_as_planes(saved: dict) -> dict:
+    """`saved` (an agent's state_dict) with every exact-RTRL pair core's sensitivity of the
+    input map moved from (K, U, D, 2) pairs to (K, 2, U, D) planes; other cores unchanged (a
+    pair core's state alone is three tensors: the state (K, 2, U), then (K, U, D, 2) pairs)."""
+    out = dict(saved)
+    for key in ("core_actor", "core_critic"):
+        state = saved.get(key)
+        if not (isinstance(state, (list, tuple)) and len(state) == 3):
+            continue
+        if all(isinstance(t, torch.Tensor) for t in state) and state[0].dim() == 3:
+            h, sens_w, sens_v = state
+            if sens_w.dim() == 4 and sens_w.shape[3] == 2:
+                out[key] = [h, sens_w.permute(0, 3, 1, 2).contiguous(), sens_v]
+    return out
+
+
 class StreamRuntime:
     """`r2ac train` with `--runtime stream` (the interface train_cli uses of a runtime:
     train, restore, cpu_agent-free `evaluate`)."""
@@ -299,6 +320,7 @@ class StreamRuntime:
             "config": to_dict(self.cfg),
             "runtime": self.name,
             "env": env_state,
+            "sensitivity_layout": SENSITIVITY_LAYOUT,
         }
 
     def checkpoint(self, tracker: Tracker) -> None:
@@ -313,6 +335,8 @@ class StreamRuntime:
                 f"checkpoint of runtime {payload.get('runtime')!r}, not a streaming one"
             )
         saved = payload["learner"]["optimizer"]["state"]
+        if payload.get("sensitivity_layout") != SENSITIVITY_LAYOUT:
+            saved = pair_sensitivities_as_planes(saved)
         # every value against what this config builds, before any is used
         check_like(saved, self.agent.state_dict(), "learner.optimizer.state")
         steps, total = saved["steps"], self.cfg.run.total_frames

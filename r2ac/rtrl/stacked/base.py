@@ -31,12 +31,12 @@ class PairRTRLState(NamedTuple):
     """RTU / LRU under exact RTRL: the complex state in pairs and its sensitivities.
 
     The complex form s = s1 + i s2 per unit; d s / d W2 = i d s / d W1 (tied), so only the
-    first input map's sensitivity is stored. Sensitivities are complex numbers stored as
-    (re, im) in the last dimension (torch.view_as_complex reads them).
+    first input map's sensitivity is stored, as two planes (real, imaginary: contiguous rows
+    for the carry's real ops); the small per-unit one as (re, im) in the last dimension.
     """
 
     h: Tensor  # (K, 2, U): (s1; s2) for U units (RTU: c1, c2; LRU: Re h, Im h)
-    sens_W: Tensor  # (K, U, D, 2): d s_i / d W1[i, j] (RTU W1, LRU B_re), complex as (re, im)
+    sens_W: Tensor  # (K, 2, U, D): d s_i / d W1[i, j] (RTU W1, LRU B_re), (Re; Im) planes
     sens_v: Tensor  # (K, M, U, 2): d s_i / d v_m[i] for the per-unit vectors, complex as (re, im)
 
 
