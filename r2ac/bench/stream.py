@@ -54,12 +54,16 @@ def _seconds(fn, steps: int) -> float:
     return time.perf_counter() - start
 
 
+def sensitivities(agent) -> int:
+    """RTRL sensitivities one agent carries (both networks' cores)."""
+    return agent.actor.core.sensitivity_numbers() + agent.critic.core.sensitivity_numbers()
+
+
 def min_traffic_bytes(agent) -> int:
     """Bytes one agent-step must move at least: each weight and trace element of both networks
     read and written once (theta += c z, z <- gamma lambda z + g), each sensitivity too."""
     params = agent.actor.layout.size + agent.critic.layout.size
-    sens = agent.actor.core.sensitivity_numbers() + agent.critic.core.sensitivity_numbers()
-    return agent.params.flat.element_size() * (4 * params + 2 * sens)
+    return agent.params.flat.element_size() * (4 * params + 2 * sensitivities(agent))
 
 
 def copy_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
@@ -103,8 +107,7 @@ class _Subject:
             "K": self.k,
             "agent_steps_per_s": per_s["with_env"],
             "learner_agent_steps_per_s": per_s["alone"],
-            "sensitivities_per_agent": agent.actor.core.sensitivity_numbers()
-            + agent.critic.core.sensitivity_numbers(),
+            "sensitivities_per_agent": sensitivities(agent),
             "min_traffic_bytes": min_traffic_bytes(agent),
         }
 

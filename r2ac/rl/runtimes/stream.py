@@ -261,15 +261,22 @@ def pair_sensitivities_as_planes(saved: dict) -> dict:
     """`saved` (an agent's state_dict) with every exact-RTRL pair core's sensitivity of the
     input map moved from (K, U, D, 2) pairs to (K, 2, U, D) planes; other cores unchanged (a
     pair core's state alone is three tensors: the state (K, 2, U), then (K, U, D, 2) pairs)."""
+
+    def is_pairs(state) -> bool:
+        return (
+            isinstance(state, (list, tuple))
+            and len(state) == 3
+            and all(isinstance(t, torch.Tensor) for t in state)
+            and state[0].dim() == 3
+            and state[1].dim() == 4
+            and state[1].shape[3] == 2
+        )
+
     out = dict(saved)
     for key in ("core_actor", "core_critic"):
-        state = saved.get(key)
-        if not (isinstance(state, (list, tuple)) and len(state) == 3):
-            continue
-        if all(isinstance(t, torch.Tensor) for t in state) and state[0].dim() == 3:
+        if is_pairs(state := saved.get(key)):
             h, sens_w, sens_v = state
-            if sens_w.dim() == 4 and sens_w.shape[3] == 2:
-                out[key] = [h, sens_w.permute(0, 3, 1, 2).contiguous(), sens_v]
+            out[key] = [h, sens_w.permute(0, 3, 1, 2).contiguous(), sens_v]
     return out
 
 
