@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from r2ac.counter_hash import hashed_ints
 from r2ac.envs.base import (
     ArraySpec,
     BatchedEnv,
@@ -45,29 +46,6 @@ from r2ac.envs.base import (
     stream_seeds,
 )
 from r2ac.errors import ConfigError
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """The splitmix64 finaliser: a bijective, well-mixing hash of uint64 arrays."""
-    x = (x ^ (x >> np.uint64(30))) * _MIX1
-    x = (x ^ (x >> np.uint64(27))) * _MIX2
-    return x ^ (x >> np.uint64(31))
-
-
-def hashed_ints(seeds, episodes, steps, purpose: int, high) -> np.ndarray:
-    """Integers uniform in [0, high) (B,), one per stream, from (seed, episode, step, purpose).
-
-    seeds, episodes, steps: (B,) integer arrays; high: int or (B,) array of positive ints.
-    """
-    key = _mix64(seeds.astype(np.uint64) + episodes.astype(np.uint64) * _GOLDEN)
-    purpose_key = np.uint64((purpose * int(_MIX2)) % 2**64)
-    key = _mix64(key + steps.astype(np.uint64) * _MIX1 + purpose_key)
-    return (key % np.asarray(high, dtype=np.uint64)).astype(np.int64)
-
 
 # The longest episode a built-in task takes (an evaluation of 300 episodes must end).
 MAX_EPISODE_STEPS = 100_000

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from r2ac.counter_hash import uniforms
 from r2ac.envs.spaces import ActionSpace
 from r2ac.errors import ConfigError
 from r2ac.rl.model.distributions import distribution
@@ -157,44 +158,7 @@ class Stats:
             a[...] = torch.as_tensor(t).numpy()
 
 
-# ---------------------------------------------------------------- counter-based sampling
-
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    x = (x ^ (x >> np.uint64(30))) * _MIX1
-    x = (x ^ (x >> np.uint64(27))) * _MIX2
-    return x ^ (x >> np.uint64(31))
-
-
-_M64 = (1 << 64) - 1
-
-
-def _mix64_int(x: int) -> int:
-    x = ((x ^ (x >> 30)) * int(_MIX1)) & _M64
-    x = ((x ^ (x >> 27)) * int(_MIX2)) & _M64
-    return x ^ (x >> 31)
-
-
-def uniforms(seeds: np.ndarray, step: int, n: int) -> np.ndarray:
-    """(K, n) float64 uniforms in (0, 1) from (agent seed, step, draw index). A few draws in
-    Python integers (the same uint64 arithmetic, faster than numpy's per-call overhead)."""
-    if seeds.size * n <= 16:
-        out = np.empty((seeds.size, n))
-        for i, seed in enumerate(seeds.tolist()):
-            key = _mix64_int((seed * int(_GOLDEN) + step * int(_MIX1)) & _M64)
-            for j in range(n):
-                bits = _mix64_int((key + (j + 1) * int(_MIX2)) & _M64) >> 11
-                out[i, j] = (bits + 0.5) * 2.0**-53
-        return out
-    with np.errstate(over="ignore"):
-        key = _mix64(seeds.astype(np.uint64) * _GOLDEN + np.uint64(step) * _MIX1)
-        idx = np.arange(1, n + 1, dtype=np.uint64) * _MIX2
-        bits = _mix64(key[:, None] + idx[None, :]) >> np.uint64(11)
-    return (bits.astype(np.float64) + 0.5) * 2.0**-53
+# ---------------------------------------------------------------- sampling (uniforms: r2ac.counter_hash)
 
 
 def sample_actions(space: ActionSpace, params: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
