@@ -9,8 +9,12 @@ branching: it runs inside a compiled step.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where a torch form runs: the numpy envs load without it
+    import torch
 
 GOLDEN = 0x9E3779B97F4A7C15
 MIX1 = 0xBF58476D1CE4E5B9
@@ -70,6 +74,8 @@ def uniforms(seeds: np.ndarray, step: int, n: int) -> np.ndarray:
 def uniforms_torch(seeds: torch.Tensor, step: torch.Tensor, n: int) -> torch.Tensor:
     """`uniforms` in torch: seeds (K,) int64 (uint64 bits), step a 0-d int64 tensor; (K, n)
     float64, bit for bit the numpy draw."""
+    import torch
+
     key = mix64_torch(seeds * _as_int64(GOLDEN) + step * _as_int64(MIX1))
     idx = torch.arange(1, n + 1, dtype=torch.int64, device=seeds.device) * _as_int64(MIX2)
     bits = _srl(mix64_torch(key.unsqueeze(1) + idx), 11)

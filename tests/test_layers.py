@@ -87,3 +87,82 @@ def test_no_circle_of_imports():
         if m not in state:
             visit(m, [m])
     assert circles == []
+
+
+def _part(module: str, package: str) -> str | None:
+    """The part of `package` (a subpackage or a top-level module) that `module` belongs to."""
+    prefix = package + "."
+    if not module.startswith(prefix):
+        return None
+    return prefix + module[len(prefix) :].split(".")[0]
+
+
+def _parts_graph(package: str) -> dict[str, set[str]]:
+    """Which parts of `package` import which (lazy imports inside functions included)."""
+    graph: dict[str, set[str]] = {}
+    for m, deps in _graph().items():
+        src = _part(m, package)
+        if src is None:
+            continue
+        graph.setdefault(src, set())
+        graph[src] |= {d for d in map(lambda x: _part(x, package), deps) if d and d != src}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
+    state: dict[str, int] = {}
+    found: list[str] = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                found.append(" -> ".join([*path[path.index(d) :], d]))
+            elif d not in state:
+                visit(d, [*path, d])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    return found
+
+
+def test_the_parts_of_the_trainer_form_layers():
+    """r2ac/rl's subpackages and top-level modules import each other without a circle, so
+    they stack in layers (config at the bottom, the commands in harness/ at the top)."""
+    graph = _parts_graph("r2ac.rl")
+    assert {"r2ac.rl.stream", "r2ac.rl.run", "r2ac.rl.runtimes", "r2ac.rl.harness"} <= set(graph)
+    assert _cycles(graph) == []
+
+
+def test_the_part_cycle_check_has_teeth():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a -> b -> c -> a"]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_branch_on_the_streaming_runtime_outside_the_wing():
+    """Nothing outside r2ac/rl/stream asks whether the runtime is the streaming one: each
+    trainer answers for itself (restore, evaluate, memory estimate)."""
+    hits = [
+        f"{path.relative_to(PACKAGE.parent)}:{i}"
+        for path in PACKAGE.rglob("*.py")
+        if "stream" not in path.relative_to(PACKAGE).parts[:2]
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if 'runtime.name == "stream"' in line or 'streaming == "' in line or '== "stream"' in line
+    ]
+    assert hits == []
+
+
+def test_the_streaming_wing_is_split_small():
+    """r2ac/rl/stream: no file over 450 lines, no function over 60."""
+    long_files, long_functions = [], []
+    for path in sorted((PACKAGE / "rl" / "stream").glob("*.py")):
+        text = path.read_text()
+        if len(text.splitlines()) > 450:
+            long_files.append(path.name)
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if node.end_lineno - node.lineno + 1 > 60:
+                    long_functions.append(f"{path.name}:{node.name}")
+    assert long_files == [] and long_functions == []

@@ -17,7 +17,7 @@ the last reward (clipped to [-1, 1]), both zero at an episode's first step.
 
 Greedy evaluation: the last checkpoint in SF's actor-critic, argmax actions, 3 sets of 100
 episodes; set k's seed is SeedSequence([seed, 1000003, k]), 32 streams seeded from it, each
-playing a fixed quota (r2ac.rl.harness.evaluate's protocol). The checkpoint is read with
+playing a fixed quota (r2ac.rl.run.evaluation's protocol). The checkpoint is read with
 `torch.load(..., weights_only=False)`: SF's own loader uses torch's default weights_only=True
 (torch >= 2.6), which refuses the numpy scalars SF stores and returns None.
 """
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 EVAL_SEED_OFFSET = 1_000_003  # r2ac.rl.model.build._EVAL_SEED_OFFSET
-EVAL_STREAMS = 32  # r2ac.rl.harness.evaluate.MAX_STREAMS
+EVAL_STREAMS = 32  # r2ac.rl.run.evaluation.MAX_STREAMS
 MODES = {
     "async": ["--serial_mode=False", "--async_rl=True", "--num_workers=2",
               "--num_envs_per_worker=16", "--worker_num_splits=2"],

@@ -4,7 +4,7 @@
 
 The reference row beside trained agents ("random"): the agent of `--preset popgym` for the env
 with its policy layer zeroed, so every categorical (Discrete, each MultiDiscrete component,
-MultiBinary's Bernoullis) is uniform, and actions are sampled; `r2ac.rl.harness.evaluate.evaluate`
+MultiBinary's Bernoullis) is uniform, and actions are sampled; `r2ac.rl.run.evaluation.evaluate`
 plays the same seeded sets of episodes as `r2ac eval` does. Box actions are refused: a zero
 policy layer gives a standard Gaussian, not a uniform policy. Prints one JSON line.
 """
@@ -17,9 +17,9 @@ import sys
 
 import torch
 
-from r2ac.rl.harness.evaluate import evaluate
 from r2ac.rl.model.build import agent_for_env, make_env
 from r2ac.rl.presets import PRESETS
+from r2ac.rl.run.evaluation import evaluate
 
 
 def main(argv: list[str]) -> int:

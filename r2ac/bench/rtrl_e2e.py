@@ -18,7 +18,8 @@ import sys
 import time
 
 from r2ac.rl.config import validate
-from r2ac.rl.harness.train_cli import make_runtime, parse_config
+from r2ac.rl.harness.train_cli import parse_config
+from r2ac.rl.harness.trainers import make_trainer
 
 CORES = ("elstm-bptt", "elstm-rtrl")
 WARMUP = 10
@@ -42,7 +43,7 @@ def bootstrap_ratio(bptt: list[float], rtrl: list[float], seed: int = 0) -> tupl
 
 def build(core: str, extra: list[str]):
     argv = ["--preset", "popgym", "--env", "gym/popgym-RepeatPreviousEasy-v0", "--core", core]
-    runtime = make_runtime(validate(parse_config([*argv, "--num-threads", "1", *extra])), None)
+    runtime = make_trainer(validate(parse_config([*argv, "--num-threads", "1", *extra])), None)
     runtime.start()
     return runtime
 

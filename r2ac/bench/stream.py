@@ -32,7 +32,7 @@ CORES = ("rtu-bptt", "rtu-rtrl", "elstm-bptt", "elstm-rtrl", "lru-bptt", "lru-rt
 
 def _runtime(core: str, k: int, length: int):
     from r2ac.rl.presets import preset
-    from r2ac.rl.runtimes.stream import StreamRuntime
+    from r2ac.rl.stream.runtime import StreamRuntime
 
     cfg = preset("stream").updated(
         core=core, num_agents=k, env_options=(f"length={length}",), progress=False
@@ -90,7 +90,7 @@ class _Subject:
             agent.act()
             agent.learn(zeros, obs, obs, no, no)
 
-        self.steps = {"with_env": lambda: self.runtime._step(counter), "alone": learner}
+        self.steps = {"with_env": lambda: self.runtime.step(counter), "alone": learner}
         self.seconds = {"with_env": [], "alone": []}
 
     def time(self, steps: int, record: bool = True) -> None:

@@ -1,7 +1,7 @@
 """Tables and learning curves of a grid, from its run directories (never from memory).
 
 Table cells are the paper's format: the mean over seeds of each run's evaluation score
-(itself the mean over K sets of E episodes, see r2ac.rl.harness.evaluate) +- the std over seeds;
+(itself the mean over K sets of E episodes, see r2ac.rl.run.evaluation) +- the std over seeds;
 a missing run shows as "-" and a partial cell says how many seeds it holds. A second table
 gives the training return over the last 10% of each run (sampled actions): greedy evaluation
 can turn a policy that is uniform to within 0.1% into a perfect score (measured: feLSTM with
@@ -22,7 +22,7 @@ from r2ac.experiments.grids import Grid, RunSpec, Task
 from r2ac.experiments.runner import check_overrides
 from r2ac.experiments.runner import read_eval as eval_score
 from r2ac.experiments.runner import read_eval_per_seed as eval_per_seed
-from r2ac.rl.harness.run_dir import read_metrics
+from r2ac.rl.run.run_dir import read_metrics
 
 
 def final_train_return(run_dir: Path, fraction: float = 0.1) -> float | None:
@@ -208,7 +208,7 @@ def plot_curves(grid: Grid, tasks: tuple[Task, ...], specs: list[RunSpec], out: 
 def eval_protocol(task: Task) -> str:
     """How a column's runs are evaluated, e.g. "seaquest-cpu: 5 sets x 30 episodes, sampled"."""
     cfg = check_overrides(task.preset, task.overrides)
-    mode = "greedy" if cfg.study.eval_greedy else "sampled"
+    mode = "greedy" if cfg.run.eval_greedy else "sampled"
     return f"{task.name}: {cfg.run.eval_sets} sets x {cfg.run.eval_episodes} episodes, {mode}"
 
 

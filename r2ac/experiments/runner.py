@@ -31,8 +31,8 @@ from typing import IO, Any
 
 from r2ac.experiments.grids import RunSpec
 from r2ac.rl.config import TrainConfig, validate
-from r2ac.rl.harness.run_dir import RunDir
 from r2ac.rl.presets import preset, preset_for
+from r2ac.rl.run.run_dir import RunDir
 from r2ac.runs.stop import StopRequest
 
 # Config fields that belong to where and how a run is shown, not to what it computes.

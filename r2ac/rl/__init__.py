@@ -3,8 +3,10 @@
 config.py, presets.py  the settings of `r2ac train` and the named presets
 learning/              the algorithms: V-trace, losses, PPO, actor, learner
 model/                 the agent: stems, heads, distributions; building it from a config
+run/                   the run around any trainer: run directory, tracker, the training loop
 runtimes/              how segments reach the learner: serial, parallel, Ray
-harness/               the run around it: `r2ac train`, run directory, tracker, evaluation
+stream/                the streaming agents (one update a step): stream AC, QRC, their runtime
+harness/               the commands: `r2ac train`, `r2ac eval`, diagnostics, the memory check
 
 The modules' earlier flat names (`r2ac.rl.vtrace`, `r2ac.rl.learner`, ...) still import:
 they resolve to the same module objects in their rooms.
@@ -20,15 +22,8 @@ import sys
 _ROOMS = {
     "learning": ("vtrace", "losses", "ppo", "actor", "learner"),
     "model": ("nets", "agent", "distributions", "build"),
-    "harness": (
-        "train_cli",
-        "run_dir",
-        "evaluate",
-        "tracker",
-        "diagnostics",
-        "diagnose_cli",
-        "resources",
-    ),
+    "harness": ("train_cli", "evaluate", "diagnostics", "diagnose_cli", "resources"),
+    "run": ("run_dir", "tracker"),
 }
 MOVED = {f"{__name__}.{m}": f"{__name__}.{room}.{m}" for room, ms in _ROOMS.items() for m in ms}
 

@@ -68,6 +68,24 @@ class ModelConfig:
     """Feed the last reward to the core. Off for masked control tasks, whose rewards carry
     what the mask hides (HalfCheetah's reward is its forward velocity; Pendulum's holds the
     angular speed): a memoryless agent seeing it is no longer memoryless."""
+    mlp_hidden: tuple[int, ...] = (64,)
+    """Hidden layer sizes of the MLP stem (vector observations)."""
+    conv_channels: tuple[int, ...] = (16, 32, 32)
+    """Channels of the three ResNet stages (image observations)."""
+    image_stem: str = "resnet"
+    """Stem for image observations: `resnet` (IMPALA's deep one, the paper's) or `shallow`
+    (IMPALA's two-conv one, cheap enough for Atari on a CPU)."""
+    obs_norm: bool = False
+    """Standardise flat float observations by the running mean and variance of the learner's
+    batches, clipped to +-5, before the stem (Sample Factory's normalize_input;
+    r2ac/rl/model/obs_norm.py). On in `--preset popgym`; off, the agent and its checkpoints
+    are as without it."""
+    chrono_span: int = 0
+    """eLSTM / feLSTM cores: chrono init of the forget-gate biases, b_f = log(U(1, span - 1))
+    per cell, memory time scales spread over 2..span steps (Tallec & Ollivier 2018; the copy
+    task's --chrono-init); 0: off (every b_f the same, --forget-bias or the core's 1)."""
+    load_stem: str | None = None
+    """Weights-only agent checkpoint (e.g. RUN/checkpoints/agent.pt) to load the stem from."""
 
 
 @dataclass(frozen=True)
@@ -75,8 +93,6 @@ class LossConfig:
     """The learning signal: segments, returns, targets (V-trace or GAE) and the losses
     (IMPALA's sums or PPO's clipped means)."""
 
-    unroll_length: int = 16
-    """Segment length M: steps per segment, TD horizon, update period, TBPTT span."""
     discount: float = 0.99
     """Discount gamma."""
     reward_clip: float = 1.0
@@ -114,9 +130,11 @@ class LossConfig:
     """Weight of the baseline loss."""
     value_clip: float = 0.0
     """PPO's value clip (on normalised values with PopArt); 0: no value clipping."""
-    algorithm: Literal["impala", "ppo"] = "impala"
-    """impala: V-trace actor-critic, losses summed over steps; ppo: the PPO-clip objective
-    against the behaviour policy, advantages standardised per minibatch, losses as means."""
+    algorithm: Literal["impala", "ppo", "stream-ac", "stream-q"] = "impala"
+    """The learning algorithm, set by `r2ac train`'s subcommand: impala (V-trace
+    actor-critic, losses summed over steps), ppo (the PPO-clip objective against the
+    behaviour policy, advantages standardised per minibatch, losses as means), stream-ac and
+    stream-q (the streaming agents: r2ac/rl/stream/, an update every step)."""
     targets: Literal["vtrace", "gae"] = "vtrace"
     """PPO's value targets and advantages: V-trace's, or GAE(gae_lambda)'s (fixed per batch)."""
     gae_lambda: float = 0.95
@@ -147,6 +165,8 @@ class OptimConfig:
     """With an eLSTM RTRL core and several passes: each step after the batch's first starts
     its segments from c(t0) + S(t0) . (theta - theta before the passes), the stored start
     state moved to first order by the updates so far (docs/rules/passes.md)."""
+    lr_warmup_updates: int = 0
+    """Ramp the learning rate linearly from 0 over this many updates (0: none)."""
 
 
 @dataclass(frozen=True)
@@ -157,12 +177,9 @@ class RuntimeConfig:
     """Env streams per actor (one batched env per actor)."""
     batch_size: int = 32
     """Env streams per learner update; a multiple of num_envs (batch_size/num_envs segments)."""
-    name: Annotated[
-        Literal["serial", "parallel", "ray", "stream"], tyro.conf.arg(name="runtime")
-    ] = "serial"
+    name: Annotated[Literal["serial", "parallel", "ray"], tyro.conf.arg(name="runtime")] = "serial"
     """serial: one deterministic process; parallel: actor processes + a learner on one
-    machine; ray: Ray actors (this machine or a cluster) + a learner (the `ray` extra);
-    stream: the streaming agents of --streaming (one process, an update every step)."""
+    machine; ray: Ray actors (this machine or a cluster) + a learner (the `ray` extra)."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Device of the learner (agent, losses, optimiser); actors always act on the CPU."""
     ray_address: str | None = None
@@ -170,7 +187,27 @@ class RuntimeConfig:
     `auto` joins the cluster this machine belongs to (`ray start`), HOST:PORT the cluster
     whose head listens there."""
     num_threads: int = 1
-    """torch threads of the learner process (0: torch's default). Small models run fastest on 1."""
+    """torch threads of the learning process (0: torch's default). Small models run fastest on 1."""
+    unroll_length: int = 16
+    """Segment length M: steps per segment, TD horizon, update period, TBPTT span."""
+    num_actors: int = 0
+    """Actor processes of the parallel and ray runtimes (0: max(2, cpus - 1))."""
+    decorrelate_steps: int = 0
+    """Actors' envs: end each stream's first episode after a random 1..K steps (truncated,
+    so bootstrapped), so that episodes of one fixed length (RepeatPrevious, CountRecall) do
+    not keep every stream in step for the whole run; 0: off. Evaluation never cuts."""
+    sensitivity_carry: Literal["auto", "actor", "learner"] = "auto"
+    """Where the RTRL sensitivities are carried from one segment of a stream to the next:
+    `actor` (the reference's way: every segment ships its start state with them), `learner`
+    (parallel, ray: actors act with the light state and ship segments ~25x smaller; the
+    learner carries each stream's sensitivities itself, with its own weights;
+    r2ac/rl/runtimes/learner_carry.py). auto: learner under the ray runtime, actor otherwise."""
+    actor_timeout_s: float = 300.0
+    """The learner stops the run (with a checkpoint and a line naming the actors) when no
+    segment arrives from any actor for this many seconds (parallel, ray)."""
+    max_actor_restarts: int = 3
+    """Actor processes that die (parallel, ray) are restarted this many times in all; past
+    that the run stops with a checkpoint and a line naming the actor."""
 
 
 @dataclass(frozen=True)
@@ -191,81 +228,33 @@ class RunConfig:
     """Evaluation: number of seeded sets of episodes (K)."""
     eval_episodes: int = 100
     """Evaluation: episodes per set (E)."""
-
-
-@dataclass(frozen=True)
-class StudyConfig:
-    """Studies: settings that the reported studies vary, and rarely changed runtime limits."""
-
-    mlp_hidden: tuple[int, ...] = (64,)
-    """Hidden layer sizes of the MLP stem (vector observations)."""
     progress: bool = True
     """Show a progress bar (frames, frames/s, recent return, time left) on a terminal; when
     stderr is not a terminal, one such line every progress_every_s seconds."""
-    num_actors: int = 0
-    """Actor processes of the parallel and ray runtimes (0: max(2, cpus - 1))."""
-    decorrelate_steps: int = 0
-    """Actors' envs: end each stream's first episode after a random 1..K steps (truncated,
-    so bootstrapped), so that episodes of one fixed length (RepeatPrevious, CountRecall) do
-    not keep every stream in step for the whole run; 0: off. Evaluation never cuts."""
-    chrono_span: int = 0
-    """eLSTM / feLSTM cores: chrono init of the forget-gate biases, b_f = log(U(1, span - 1))
-    per cell, memory time scales spread over 2..span steps (Tallec & Ollivier 2018; the copy
-    task's --chrono-init); 0: off (every b_f the same, --forget-bias or the core's 1)."""
-    load_stem: str | None = None
-    """Weights-only agent checkpoint (e.g. RUN/checkpoints/agent.pt) to load the stem from."""
-    lr_warmup_updates: int = 0
-    """Ramp the learning rate linearly from 0 over this many updates (0: none)."""
+    progress_every_s: float = 30.0
+    """Seconds between progress lines when stderr is not a terminal (a job, a log file)."""
     eval_greedy: bool = True
     """Evaluation: greedy (argmax) actions; --no-eval-greedy samples from the policy."""
     eval_at_end: bool = True
     """Run the evaluation at the end of training and write eval.json."""
-    sensitivity_carry: Literal["auto", "actor", "learner"] = "auto"
-    """Where the RTRL sensitivities are carried from one segment of a stream to the next:
-    `actor` (the reference's way: every segment ships its start state with them), `learner`
-    (parallel, ray: actors act with the light state and ship segments ~25x smaller; the
-    learner carries each stream's sensitivities itself, with its own weights;
-    r2ac/rl/runtimes/learner_carry.py). auto: learner under the ray runtime, actor otherwise."""
-    actor_timeout_s: float = 300.0
-    """The learner stops the run (with a checkpoint and a line naming the actors) when no
-    segment arrives from any actor for this many seconds (parallel, ray)."""
-    max_actor_restarts: int = 3
-    """Actor processes that die (parallel, ray) are restarted this many times in all; past
-    that the run stops with a checkpoint and a line naming the actor."""
-    progress_every_s: float = 30.0
-    """Seconds between progress lines when stderr is not a terminal (a job, a log file)."""
-    conv_channels: tuple[int, ...] = (16, 32, 32)
-    """Channels of the three ResNet stages (image observations)."""
-    image_stem: str = "resnet"
-    """Stem for image observations: `resnet` (IMPALA's deep one, the paper's) or `shallow`
-    (IMPALA's two-conv one, cheap enough for Atari on a CPU)."""
-    obs_norm: bool = False
-    """Standardise flat float observations by the running mean and variance of the learner's
-    batches, clipped to +-5, before the stem (Sample Factory's normalize_input;
-    r2ac/rl/model/obs_norm.py). On in `--preset popgym`; off, the agent and its checkpoints
-    are as without it."""
 
 
 @dataclass(frozen=True)
 class StreamConfig:
-    """Streaming RL (`--preset stream`; r2ac/rl/learning/stream.py, docs/rules/stream.md):
-    K independent agents in lockstep, each on its own env stream, an update every step
-    (batch 1, no replay) with eligibility traces and ObGD; --learning-rate is ObGD's alpha,
-    --discount, --entropy-cost, --core and --hidden-size apply as named."""
+    """The streaming agents (`r2ac train stream-ac | stream-q`; r2ac/rl/stream/,
+    docs/rules/stream.md): K independent agents in lockstep, each on its own env stream, an
+    update every step (batch 1, no replay) with eligibility traces; --learning-rate is ObGD's
+    alpha (stream-ac) or Q's SGD step (stream-q)."""
 
-    streaming: Literal["off", "ac", "q"] = "off"
-    """ac: stream AC(lambda) (Elsayed et al. 2024) on --runtime stream; q: QRC(lambda)
-    (r2ac/rl/learning/stream_q.py; Discrete actions; --learning-rate is Q's SGD step); off:
-    the batched learner."""
     num_agents: int = 1
     """K agents advanced as one batched computation, sharing nothing; agent k uses seed + k.
     --total-frames counts each agent's steps."""
     trace_lambda: float = 0.8
-    """Eligibility-trace lambda of actor and critic."""
+    """Eligibility-trace lambda (of actor and critic; of Q and h)."""
     kappa_actor: float = 3.0
-    """ObGD's kappa of the actor."""
+    """stream-ac: ObGD's kappa of the actor."""
     kappa_critic: float = 2.0
-    """ObGD's kappa of the critic."""
+    """stream-ac: ObGD's kappa of the critic."""
     stream_mlp: tuple[int, ...] = (128, 128)
     """Widths of the layers (LayerNorm, leaky ReLU) below each network's core (their gradient
     is this step's only; `--stream-mlp` with no width: the core reads the observation)."""
@@ -273,20 +262,21 @@ class StreamConfig:
     """Widths of the layers (LayerNorm, leaky ReLU) between each network's core and its head
     (not recurrent: their gradient is exact)."""
     epsilon_start: float = 1.0
-    """--streaming q: epsilon-greedy's epsilon at the first step."""
+    """stream-q: epsilon-greedy's epsilon at the first step."""
     epsilon_end: float = 0.01
-    """--streaming q: epsilon after its linear decay."""
+    """stream-q: epsilon after its linear decay."""
     epsilon_fraction: float = 0.1
-    """--streaming q: the fraction of --total-frames over which epsilon decays linearly."""
+    """stream-q: the fraction of --total-frames over which epsilon decays linearly."""
     h_learning_rate: float = 1e-5
-    """--streaming q: SGD step of QRC's secondary estimate h."""
+    """stream-q: SGD step of QRC's secondary estimate h."""
     qrc_beta: float = 1.0
-    """--streaming q: QRC's regulariser of h (beta theta_h in h's update)."""
+    """stream-q: QRC's regulariser of h (beta theta_h in h's update)."""
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """R2AC training run (IMPALA with a chosen recurrent core), one group per concern.
+    """A training run (R2AC: IMPALA or PPO with a chosen recurrent core; or the streaming
+    agents), one group per concern; `loss.algorithm` says which.
 
     The defaults are task-neutral (IMPALA's, the paper's Table 3, at laptop sizes); what a
     task needs lives in its preset (r2ac.rl.presets).
@@ -298,14 +288,26 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     run: RunConfig = field(default_factory=RunConfig)
-    study: StudyConfig = field(default_factory=StudyConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
 
     @property
+    def streaming(self) -> bool:
+        """Whether a streaming agent trains (an update every step of each agent)."""
+        return self.loss.algorithm in STREAM_ALGORITHMS
+
+    @property
+    def frames_per_update(self) -> int:
+        """Frames of one update: a batch of segments; a streaming step is each agent's one."""
+        if self.streaming:
+            return self.stream.num_agents
+        return self.runtime.unroll_length * self.runtime.batch_size
+
+    @property
     def updates_total(self) -> int:
-        return math.ceil(
-            self.run.total_frames / (self.loss.unroll_length * self.runtime.batch_size)
-        )
+        """Updates of the whole run (a streaming run: total_frames, each agent's steps)."""
+        if self.streaming:
+            return self.run.total_frames
+        return math.ceil(self.run.total_frames / self.frames_per_update)
 
     @property
     def segments_per_batch(self) -> int:
@@ -313,8 +315,8 @@ class TrainConfig:
 
     @property
     def actors(self) -> int:
-        if self.study.num_actors > 0:
-            return self.study.num_actors
+        if self.runtime.num_actors > 0:
+            return self.runtime.num_actors
         return max(2, (os.cpu_count() or 2) - 1)
 
     def env_kwargs(self) -> dict:
@@ -350,7 +352,6 @@ GROUPS: dict[str, type] = {
     "optim": OptimConfig,
     "runtime": RuntimeConfig,
     "run": RunConfig,
-    "study": StudyConfig,
     "stream": StreamConfig,
 }
 # Fields whose attribute is not their flat name (the group's name would repeat).
@@ -509,9 +510,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(
             f"unknown core {cfg.model.core!r}; choose one of {', '.join(core_choices())}"
         )
-    from r2ac.rl.model.nets import check_image_stem
-
-    check_image_stem(cfg.study.image_stem)
+    if cfg.model.image_stem not in IMAGE_STEMS:
+        stems = ", ".join(IMAGE_STEMS)
+        raise ConfigError(f"unknown image stem {cfg.model.image_stem!r}; choose one of {stems}")
     check_chrono_span(cfg)
     if cfg.run.out_dir is not None and not cfg.run.out_dir.strip():
         raise ConfigError("--out-dir is empty; give a folder (or leave it out: runs/<name>)")
@@ -530,15 +531,18 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     check_device(rt.device)
     check_ray_options(cfg)
     check_sensitivity_carry(cfg)
-    check_learner_options(cfg)
-    check_stream_config(cfg)
+    if cfg.streaming:
+        check_stream_config(cfg)
+    else:
+        check_batched_config(cfg)
+        check_learner_options(cfg)
     cfg.env_kwargs()
     return cfg
 
 
 def check_chrono_span(cfg: TrainConfig) -> None:
     """--chrono-span: 0 or >= 3, on a core with a forget gate, and not with --forget-bias."""
-    span, model = cfg.study.chrono_span, cfg.model
+    span, model = cfg.model.chrono_span, cfg.model
     if not span:
         return
     if span < 3:
@@ -590,65 +594,101 @@ def _check_stream_core(cfg: TrainConfig) -> None:
         raise ConfigError(f"--hidden-size {cfg.model.hidden_size}: the RTU's is 2 x units (even)")
 
 
+# The options each algorithm reads, by flat name, beside the env's and the run's: its
+# subcommand of `r2ac train` lists these; a config of that algorithm leaves every other option
+# at its default (a value there would be silently unread).
+RUN_OPTIONS = (
+    "env", "env_options", "total_frames", "seed", "out_dir", "checkpoint_every", "log_every",
+    "eval_sets", "eval_episodes", "eval_greedy", "eval_at_end", "progress", "progress_every_s",
+    "num_threads",
+)  # fmt: skip
+_STREAM_MODEL = ("core", "hidden_size", "forget_bias", "prev_action", "stream_mlp",
+                 "stream_top_mlp", "num_agents", "trace_lambda", "learning_rate", "discount")  # fmt: skip
+STREAM_OPTIONS = {
+    "stream-ac": (*_STREAM_MODEL, "kappa_actor", "kappa_critic", "entropy_cost"),
+    "stream-q": (*_STREAM_MODEL, "h_learning_rate", "qrc_beta", "epsilon_start", "epsilon_end",
+                 "epsilon_fraction"),
+}  # fmt: skip
+STREAM_ALGORITHMS = tuple(STREAM_OPTIONS)
+# set by the streaming algorithms themselves (the agents see the observation only)
+_STREAM_FIXED = {"last_reward": False}
+
+
+def algorithm_options(algorithm: str) -> tuple[str, ...]:
+    """The flat options a config of `algorithm` reads (its subcommand's, with the run's)."""
+    if algorithm in STREAM_OPTIONS:
+        return (*RUN_OPTIONS, *STREAM_OPTIONS[algorithm])
+    stream_only = {n for names in STREAM_OPTIONS.values() for n in names} - {
+        "core", "hidden_size", "forget_bias", "prev_action", "learning_rate", "discount",
+        "entropy_cost",
+    }  # fmt: skip
+    other = _PPO_OPTIONS if algorithm == "impala" else _IMPALA_ADVANTAGE_OPTIONS
+    skip = stream_only | set(other) | {"algorithm"}
+    return tuple(n for n in FLAT_FIELDS if n not in skip)
+
+
 def check_stream_config(cfg: TrainConfig) -> None:
-    """One-line ConfigErrors for the streaming agent's settings (called by validate)."""
-    streaming, runtime = cfg.stream.streaming, cfg.runtime.name
-    if streaming == "off":
-        if runtime == "stream":
-            raise ConfigError(
-                "--runtime stream runs the streaming agents: give --streaming ac or q "
-                "(or --preset stream, stream-q)"
-            )
-        return
-    if runtime != "stream":
+    """One-line ConfigErrors for the streaming agents' settings (called by validate)."""
+    defaults, values = TrainConfig().updated(**_STREAM_FIXED).flat(), cfg.flat()
+    used = set(algorithm_options(cfg.loss.algorithm)) | {"algorithm"}
+    unread = [n for n in FLAT_FIELDS if n not in used and values[n] != defaults[n]]
+    if unread:
+        flags = ", ".join(f"--{n.replace('_', '-')}" for n in unread)
         raise ConfigError(
-            f"--streaming {streaming} runs on --runtime stream (one process, an update every "
-            f"step), not --runtime {runtime}"
-        )
-    if cfg.model.last_reward:
-        raise ConfigError(
-            "--last-reward: the streaming agents see the observation only (and the previous "
-            "action with --prev-action); give --no-last-reward (the stream presets do)"
+            f"{flags}: not options of {cfg.loss.algorithm} (its agents would not read them)"
         )
     k = cfg.stream.num_agents
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ConfigError(f"--num-agents must be a positive integer, got {k!r}")
-    flat = cfg.flat()
-    for name in ("epochs", "minibatches"):
-        if flat.get(name, 1) != 1:
-            raise ConfigError(
-                f"--{name} {flat[name]}: the streaming agent makes one update per step from "
-                "that step alone (no batches to pass over)"
-            )
-    if flat.get("algorithm", "impala") != "impala":
-        raise ConfigError(f"--algorithm {flat['algorithm']}: not with --streaming")
-    for name in ("unroll_length", "batch_size", "num_envs"):
-        if flat[name] != 1:
-            raise ConfigError(
-                f"--{name.replace('_', '-')} {flat[name]}: the streaming agent learns from one "
-                "stream per agent, one step at a time (it must be 1; --num-agents sets K)"
-            )
     _check_stream_core(cfg)
     _check_numbers(cfg)
+
+
+def check_batched_config(cfg: TrainConfig) -> None:
+    """A batched config leaves the streaming agents' own options at their defaults."""
+    defaults, values = TrainConfig().flat(), cfg.flat()
+    used = set(algorithm_options(cfg.loss.algorithm))
+    unread = [n for n in FLAT_FIELDS if n not in used and n not in _PPO_OPTIONS
+              and n not in _IMPALA_ADVANTAGE_OPTIONS and n != "algorithm"
+              and values[n] != defaults[n]]  # fmt: skip
+    if unread:
+        flags = ", ".join(f"--{n.replace('_', '-')}" for n in unread)
+        raise ConfigError(
+            f"{flags}: options of the streaming agents (r2ac train stream-ac | stream-q), "
+            f"not of {cfg.loss.algorithm}"
+        )
 
 
 def _check_numbers(cfg: TrainConfig) -> None:
     s = cfg.stream
     bad = [f"trace_lambda={s.trace_lambda}"] if not 0 <= s.trace_lambda <= 1 else []
     bad += [f"{n}={v}" for n, v in (("kappa_actor", s.kappa_actor),
-                                    ("kappa_critic", s.kappa_critic)) if not v > 0]  # fmt: skip
+                                    ("kappa_critic", s.kappa_critic))
+            if not (math.isfinite(v) and v > 0)]  # fmt: skip
     bad += [f"{n}={v}" for n, v in (("stream_mlp", s.stream_mlp),
                                     ("stream_top_mlp", s.stream_top_mlp)) if any(w < 1 for w in v)]  # fmt: skip
     if bad:
         raise ConfigError(
-            f"out of range: {', '.join(bad)} (trace_lambda in [0, 1], kappas > 0, widths >= 1)"
+            f"out of range: {', '.join(bad)} (trace_lambda in [0, 1], kappas finite and > 0, "
+            "widths >= 1)"
         )
-    if cfg.runtime.device != "cpu":
-        raise ConfigError("--streaming runs on the CPU (--device cpu)")
-    if s.streaming == "q":
-        from r2ac.rl.learning.stream_q import check_q_settings
+    if cfg.loss.algorithm == "stream-q":
+        _check_q_numbers(s)
 
-        check_q_settings(s)
+
+def _check_q_numbers(s: StreamConfig) -> None:
+    """One-line ConfigError for QRC's settings out of range."""
+    bad = [f"{n}={v}" for n, v in (("epsilon_start", s.epsilon_start),
+                                   ("epsilon_end", s.epsilon_end),
+                                   ("epsilon_fraction", s.epsilon_fraction)) if not 0 <= v <= 1]  # fmt: skip
+    bad += [f"{n}={v}" for n, v in (("h_learning_rate", s.h_learning_rate),
+                                    ("qrc_beta", s.qrc_beta))
+            if not (math.isfinite(v) and v >= 0)]  # fmt: skip
+    if bad:
+        raise ConfigError(
+            f"out of range: {', '.join(bad)} (epsilons and epsilon_fraction in [0, 1], "
+            "h_learning_rate and qrc_beta finite and >= 0)"
+        )
 
 
 def check_learner_options(cfg: TrainConfig) -> None:
@@ -686,13 +726,21 @@ def check_learner_options(cfg: TrainConfig) -> None:
             raise ConfigError(f"{flags}: PPO options; they need --algorithm ppo (or: {reset})")
 
 
-# The runtimes by name: module and class (r2ac/rl/runtimes/base.py is their base).
+# The batched runtimes by name: module and class (r2ac/rl/runtimes/base.py is their base).
 RUNTIMES = {
     "serial": ("r2ac.rl.runtimes.serial", "SerialRuntime"),
     "parallel": ("r2ac.rl.runtimes.parallel", "ParallelRuntime"),
     "ray": ("r2ac.rl.runtimes.ray", "RayRuntime"),
-    "stream": ("r2ac.rl.runtimes.stream", "StreamRuntime"),
 }
+# The streaming agents' trainer (r2ac/rl/stream/runtime.py), for every streaming algorithm.
+STREAM_TRAINER = ("r2ac.rl.stream.runtime", "StreamRuntime")
+# Image stems by name (r2ac/rl/model/nets.py builds them)
+IMAGE_STEMS = ("resnet", "shallow")
+
+
+def trainer_path(cfg: TrainConfig) -> tuple[str, str]:
+    """The (module, class) of the trainer that runs `cfg`."""
+    return STREAM_TRAINER if cfg.streaming else RUNTIMES[cfg.runtime.name]
 
 
 def check_runtime_available(name: str) -> None:
@@ -722,7 +770,7 @@ _RAY_ADDRESS = re.compile(r"^(auto|[A-Za-z0-9.\-]+:[0-9]{1,5})$")
 
 def check_sensitivity_carry(cfg: TrainConfig) -> None:
     """--sensitivity-carry learner not with the serial runtime."""
-    if cfg.study.sensitivity_carry == "learner" and cfg.runtime.name == "serial":
+    if cfg.runtime.sensitivity_carry == "learner" and cfg.runtime.name == "serial":
         raise ConfigError(
             "--sensitivity-carry learner needs --runtime parallel or ray (the serial runtime "
             "keeps the actors' carry, for its bit-exact resume)"
@@ -745,9 +793,9 @@ def check_ray_options(cfg: TrainConfig) -> None:
 
 def learner_carries(cfg: TrainConfig) -> bool:
     """Whether the learner carries the sensitivities (`sensitivity_carry`, auto resolved)."""
-    if cfg.study.sensitivity_carry == "auto":
+    if cfg.runtime.sensitivity_carry == "auto":
         return cfg.runtime.name == "ray"
-    return cfg.study.sensitivity_carry == "learner"
+    return cfg.runtime.sensitivity_carry == "learner"
 
 
 def to_dict(cfg: TrainConfig) -> dict:
@@ -758,7 +806,8 @@ def to_dict(cfg: TrainConfig) -> dict:
 def flatten(data: dict) -> dict:
     """A config dict by flat option names, whether grouped (config.json now) or flat (runs
     written before the groups); entries of neither kind are kept as they are."""
-    if not (data and all(k in GROUPS and isinstance(v, dict) for k, v in data.items())):
+    groups = (*GROUPS, *OLDER_GROUPS)
+    if not (data and all(k in groups and isinstance(v, dict) for k, v in data.items())):
         return dict(data)
     reverse = {ga: name for name, ga in FLAT_FIELDS.items()}
     return {_flat_name(reverse, g, k): v for g, group in data.items() for k, v in group.items()}
@@ -769,7 +818,31 @@ def _flat_name(reverse: dict, group: str, attr: str) -> str:
     keeps its own name."""
     if (group, attr) in reverse:
         return reverse[(group, attr)]
-    return attr if attr in FLAT_FIELDS or attr in REMOVED_OPTIONS else f"{group}.{attr}"
+    known = attr in FLAT_FIELDS or attr in REMOVED_OPTIONS or attr in OLDER_FIELDS
+    return attr if known else f"{group}.{attr}"
+
+
+# Groups of older configs whose fields now live in other groups (under the same flat names)
+OLDER_GROUPS = ("study",)
+# Runtime names of older configs that are now algorithms (`streaming` said which)
+OLDER_RUNTIMES = ("stream",)
+# Fields of older configs that upgrade_older turns into today's
+OLDER_FIELDS = ("streaming",)
+
+
+def upgrade_older(flat: dict) -> dict:
+    """An older streaming config (`streaming` ac / q on `runtime` stream, with unroll length,
+    batch size and envs per actor forced to 1) as its algorithm now names it; options its
+    agents did not read go back to their defaults (they were unread: the run is the same)."""
+    flat = dict(flat)
+    streaming = flat.pop("streaming", "off")
+    if flat.get("runtime") in OLDER_RUNTIMES:
+        del flat["runtime"]
+    if streaming not in ("ac", "q"):
+        return flat
+    flat["algorithm"] = f"stream-{streaming}"
+    used = set(algorithm_options(flat["algorithm"])) | {"algorithm", "last_reward"}
+    return {k: v for k, v in flat.items() if k in used}
 
 
 # Options this version no longer has, at the values every run that did not set them had: a
@@ -812,6 +885,7 @@ def from_dict(data: dict, require: tuple[str, ...] = ()) -> TrainConfig:
     missing = [n for n in require if n not in flat]
     if missing:
         raise ConfigError(f"config lacks {', '.join(missing)} (emptied or damaged?)")
+    flat = upgrade_older(flat)
     unknown = sorted(set(flat) - set(FLAT_FIELDS))
     if unknown:
         raise ConfigError(f"config has unknown fields {unknown}")

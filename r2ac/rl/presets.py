@@ -140,7 +140,7 @@ PRESETS: dict[str, TrainConfig] = {
         obs_norm=True,
     ),
     "control": CONTROL,
-    # Streaming (r2ac/rl/learning/stream.py, docs/rules/stream.md): stream AC(lambda)
+    # Streaming (r2ac/rl/stream/ac.py, docs/rules/stream.md): stream AC(lambda)
     # of Elsayed et al. 2024 with the anchors' values (Farr et al. 2026: an RTU of 64 features,
     # ObGD alpha 1.0, kappa 3 actor / 2 critic, lambda 0.8, gamma 0.99), one stream per agent,
     # an update every step. MemoryChain: no previous action or reward as input (a memoryless
@@ -151,11 +151,7 @@ PRESETS: dict[str, TrainConfig] = {
         env_options=("length=32",),
         core="rtu-rtrl",
         hidden_size=64,
-        runtime="stream",
-        streaming="ac",
-        unroll_length=1,
-        batch_size=1,
-        num_envs=1,
+        algorithm="stream-ac",
         learning_rate=1.0,
         discount=0.99,
         entropy_cost=0.01,
@@ -166,7 +162,7 @@ PRESETS: dict[str, TrainConfig] = {
         log_every=1_000,
         num_threads=1,
     ),
-    # QRC(lambda) (r2ac/rl/learning/stream_q.py, docs/rules/stream.md): the value-based
+    # QRC(lambda) (r2ac/rl/stream/qrc.py, docs/rules/stream.md): the value-based
     # streaming agent Farr et al. 2026 ran on MemoryChain, with their values (their repo
     # recurrent-streaming-rl: config/algorithm/qrc.yaml, config/hyperparameters/qrc/gymnax/
     # bsuite/memory_chain.yaml, src/recipes/qrc_bsuite.py). Discrete actions only.
@@ -175,11 +171,7 @@ PRESETS: dict[str, TrainConfig] = {
         env_options=("length=32",),
         core="rtu-rtrl",
         hidden_size=64,  # config/cell/rtu.yaml: 64 features
-        runtime="stream",
-        streaming="q",
-        unroll_length=1,
-        batch_size=1,
-        num_envs=1,
+        algorithm="stream-q",
         stream_mlp=(128,),  # qrc_bsuite.py: one Dense(128, sparse 0.9) -> LayerNorm -> leaky ReLU
         learning_rate=1e-4,  # qrc.yaml q_lr: plain SGD on Q (no ObGD bound, no clip on MemoryChain)
         h_learning_rate=1e-5,  # qrc.yaml h_lr: plain SGD on h
@@ -324,14 +316,16 @@ def preset_table() -> str:
     return "\n".join(lines)
 
 
-def preset_help(width: int = 100) -> str:
+def preset_help(width: int = 100, streaming: bool | None = None) -> str:
     """The presets as `r2ac train --help` lists them: each name and its values beyond
-    TrainConfig's defaults (the same values as preset_table), wrapped to `width`."""
+    TrainConfig's defaults (the same values as preset_table), wrapped to `width`; only the
+    streaming (or only the batched) ones where `streaming` says which."""
     import textwrap
 
     pad = max(len(name) for name in PRESETS) + 4
     lines = ["Presets (--preset NAME; its values beyond TrainConfig's defaults, then flags):"]
-    for name in PRESETS:
+    names = [n for n in PRESETS if streaming is None or PRESETS[n].streaming == streaming]
+    for name in names:
         values = _listed(preset_overrides(name)) + _family_suffix(name)
         lines += textwrap.wrap(
             values or "(the defaults)",

@@ -67,7 +67,8 @@ MOVED_MODULES = {
     "r2ac.rl.wire": "r2ac.rl.runtimes.wire",
     **{f"r2ac.rl.{name}": f"r2ac.rl.learning.{name}" for name in ("actor", "learner", "ppo")},
     **{f"r2ac.rl.{name}": f"r2ac.rl.model.{name}" for name in ("agent", "nets", "distributions")},
-    "r2ac.rl.run_dir": "r2ac.rl.harness.run_dir",
+    "r2ac.rl.run_dir": "r2ac.rl.run.run_dir",
+    "r2ac.rl.harness.run_dir": "r2ac.rl.run.run_dir",
     "r2ac.runs.run_dir": "r2ac.runs.locked_dir",
 }
 MOVED_TYPES = {"r2ac.rl.nets:FeedforwardState": "r2ac.rtrl.feedforward:FeedforwardState"}

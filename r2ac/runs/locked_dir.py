@@ -1,7 +1,7 @@
 """A locked run directory, task-neutral: the lock, stale temp files, JSON, the git revision and
 the machine a run ran on.
 
-`r2ac train` (r2ac.rl.harness.run_dir.RunDir, which adds config.json, metrics and checkpoints) and
+`r2ac train` (r2ac.rl.run.run_dir.RunDir, which adds config.json, metrics and checkpoints) and
 `r2ac copy` (r2ac.tasks.copy_cli) both hold their directory through `LockedDir`, so a second
 process on the same directory is refused and a write killed mid-way leaves no temp file.
 """

@@ -53,12 +53,13 @@ def test_every_grid_run_has_a_valid_config(name):
     assert len({s.run_id for s in specs}) == len(specs)  # one directory per run
     for spec in specs:
         cfg = runner.check_overrides(spec.preset, spec.overrides())
-        assert (cfg.model.core, cfg.loss.unroll_length, cfg.run.seed, cfg.stream.num_agents) == (
+        assert (cfg.model.core, cfg.run.seed, cfg.stream.num_agents) == (
             spec.variant.core,
-            spec.unroll_length or 1,  # a streaming row: its preset's one-step "segment"
             spec.seed,
             spec.agents,
         )
+        # a streaming row has no segments; a batched row its M
+        assert cfg.streaming or cfg.runtime.unroll_length == spec.unroll_length
 
 
 def test_popgym_grid_full_episode_rows_use_each_task_s_episode_length():
@@ -152,7 +153,7 @@ def test_grid_trains_reports_and_resumes(tiny_grid, tmp_path, capsys):
         assert runner.run_state(run_dir) == "finished"
         cfg = from_dict(json.loads((run_dir / "config.json").read_text())["config"])
         assert isinstance(cfg, TrainConfig) and cfg.run.seed == spec.seed
-        assert (cfg.model.core, cfg.loss.unroll_length, cfg.run.total_frames) == (
+        assert (cfg.model.core, cfg.runtime.unroll_length, cfg.run.total_frames) == (
             spec.variant.core,
             4,
             256,

@@ -52,7 +52,7 @@ def test_memory_chain_grid_is_one_lockstep_run_per_length_and_core(name, preset_
         assert "unroll_length" not in overrides and overrides["num_agents"] == 3
         cfg = _resolved(spec)
         assert cfg["env"] == "builtin/memory-chain" and cfg["env_options"] == (f"length={length}",)
-        assert (cfg["runtime"], cfg["streaming"], cfg["num_agents"]) == ("stream", streaming, 3)
+        assert (cfg["algorithm"], cfg["num_agents"]) == (f"stream-{streaming}", 3)
         assert (cfg["core"], cfg["seed"]) == (spec.variant.core, 0)
         assert not cfg["prev_action"] and not cfg["last_reward"]  # the bit must be in the core
         frames[length] = cfg["total_frames"]  # steps per agent
@@ -80,7 +80,7 @@ def test_stream_popgym_grid_runs_streaming_cores_beside_batched_ppo():
         assert cfg["total_frames"] == 1_000_000 and cfg["prev_action"]
         if spec.variant.streaming:
             assert spec.agents == 3 and spec.preset == "stream"
-            assert (cfg["runtime"], cfg["num_agents"]) == ("stream", 3)
+            assert (cfg["algorithm"], cfg["num_agents"]) == ("stream-ac", 3)
             assert cfg["entropy_cost"] == 0.095  # the anchor's on POPGym
         else:
             assert spec.agents == 1 and spec.preset == "popgym"

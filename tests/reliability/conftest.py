@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from r2ac.rl.harness.run_dir import read_metrics
+from r2ac.rl.run.run_dir import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120  # generous: CI runs on a loaded 2-core machine

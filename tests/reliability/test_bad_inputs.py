@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from r2ac.rl.harness import resources
+from r2ac.rl.runtimes import memory
 
 from .conftest import r2ac_inline, tiny_args
 
@@ -70,9 +71,9 @@ def test_the_memory_estimate_counts_rtrl_sensitivities(tmp_path):
     from r2ac.rl.harness.train_cli import parse_config
 
     cfg = parse_config([*tiny_args(2), "--hidden-size", "256", "--stem-features", "127"])
-    sizes = resources.measure(cfg)
+    sizes = memory.measure(cfg)
     assert sizes.state_bytes >= 4 * 2 * 256 * 128
-    parts = resources.estimate(cfg, sizes)
+    parts = memory.estimate(cfg, sizes)
     assert parts["core states"][0] == 3 * cfg.runtime.batch_size * sizes.state_bytes
     assert resources.refusal(parts, 2**30) is None  # a tiny run fits in 1 GiB
 

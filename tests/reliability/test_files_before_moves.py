@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from r2ac.rl.harness.run_dir import RunDir
+from r2ac.rl.run.run_dir import RunDir
 from r2ac.rtrl import ELSTMSensitivity, ELSTMState
 from r2ac.runs import checkpoint
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from r2ac.rl.harness.run_dir import RunDir
+from r2ac.rl.run.run_dir import RunDir
 from r2ac.runs import checkpoint
 
 from .conftest import TINY, r2ac, r2ac_inline, tiny_args
@@ -213,7 +213,7 @@ def test_the_allow_list_is_by_defining_module(tmp_path, monkeypatch):
     for name in (
         "r2ac.runs.locked_dir:platform.uname_result",
         "r2ac.runs.run_dir:platform.uname_result",  # its name before the move
-        "r2ac.rl.harness.run_dir:Path",
+        "r2ac.rl.run.run_dir:Path",
     ):
         fields = ["Linux", "h", "r", "v", "m"]
         path = tmp_path / "x.pt"

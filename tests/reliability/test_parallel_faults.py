@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from r2ac.rl.harness.run_dir import read_metrics
+from r2ac.rl.run.run_dir import read_metrics
 from r2ac.runs import checkpoint
 
 from .conftest import TIMEOUT_S, last_update, start_r2ac, tiny_args

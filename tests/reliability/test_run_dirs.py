@@ -7,8 +7,8 @@ import json
 import os
 import shutil
 
-from r2ac.rl.harness.run_dir import COLUMNS, RunDir, default_out_dir, drop_rows_after, read_metrics
 from r2ac.rl.harness.train_cli import parse_config
+from r2ac.rl.run.run_dir import COLUMNS, RunDir, default_out_dir, drop_rows_after, read_metrics
 from r2ac.runs import checkpoint
 
 from .conftest import error_lines, r2ac, r2ac_inline, tiny_args
@@ -85,9 +85,7 @@ def test_resume_refuses_a_config_json_edited_since_the_checkpoint(run_copy, caps
 def test_default_run_names_do_not_collide(tmp_path, monkeypatch):
     """Two runs of one process in the same second get different names. The clock is held at
     one second: the test must not depend on both calls falling into it (they once did not)."""
-    monkeypatch.setattr(
-        "r2ac.rl.harness.run_dir.time.strftime", lambda fmt, *when: "20261128-034147"
-    )
+    monkeypatch.setattr("r2ac.rl.run.run_dir.time.strftime", lambda fmt, *when: "20261128-034147")
     cfg = parse_config(tiny_args(2))
     first = default_out_dir(cfg, tmp_path)
     assert f"-{os.getpid()}" in first

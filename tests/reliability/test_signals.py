@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from r2ac.rl.harness.run_dir import read_metrics
+from r2ac.rl.run.run_dir import read_metrics
 from r2ac.runs import checkpoint
 
 from .conftest import (
@@ -147,13 +147,13 @@ def test_parallel_ctrl_c_to_the_group_checkpoints_and_resumes(tmp_path):
 def test_sigterm_during_the_final_evaluation_stops_at_once(tmp_path, capsys, monkeypatch):
     """After the last checkpoint a signal needs no update finished: one line, 143, and
     `--resume` redoes the evaluation."""
-    from r2ac.rl.harness import evaluate
+    from r2ac.rl.run import evaluation
 
     def terminated(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)
         raise AssertionError("the signal should have stopped the evaluation")
 
-    monkeypatch.setattr(evaluate, "evaluate", terminated)
+    monkeypatch.setattr(evaluation, "evaluate", terminated)
     out = tmp_path / "run"
     code, lines = r2ac_inline(capsys, "train", *tiny_args(3), "--out-dir", str(out))
     assert code == 143 and lines[-1].startswith(

@@ -19,7 +19,7 @@ import torch
 from r2ac.experiments import runner
 from r2ac.experiments.grids import RunSpec, Task, Variant
 from r2ac.rl.harness import train_cli
-from r2ac.rl.harness.run_dir import RunDir
+from r2ac.rl.run.run_dir import RunDir
 from r2ac.runs import checkpoint
 from r2ac.tasks import copy_cli
 

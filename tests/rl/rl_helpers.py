@@ -50,7 +50,7 @@ def serial_grads(cfg: TrainConfig, weights: dict, wanted: dict[int, int], dtype)
         env = make_env(cfg, cfg.runtime.num_envs, seed)
         agent = agent_for_env(cfg, env, dtype)
         agent.load_state_dict(weights)
-        actor, learner = Actor(agent, env, seed, cfg.loss.unroll_length), Learner(agent, cfg)
+        actor, learner = Actor(agent, env, seed, cfg.runtime.unroll_length), Learner(agent, cfg)
         for seq in range(1, n + 1):
             seg, _ = actor.collect()
             agent.zero_grad()

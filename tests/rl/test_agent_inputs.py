@@ -39,7 +39,7 @@ def _float64_segment(seed: int):
     env = make_env(cfg, cfg.runtime.num_envs, seed=seed)
     torch.manual_seed(0)
     agent = agent_for_env(cfg, env, dtype=torch.float64)
-    seg, _ = Actor(agent, env, seed=seed, unroll_length=cfg.loss.unroll_length).collect()
+    seg, _ = Actor(agent, env, seed=seed, unroll_length=cfg.runtime.unroll_length).collect()
     with torch.no_grad():
         logits, values, _ = agent(
             seg.obs, seg.last_reward, seg.reset, seg.state, last_action=seg.last_action
@@ -180,7 +180,7 @@ def test_learner_moves_popart_statistics_and_actor_records_previous_actions():
     env = make_env(cfg, cfg.runtime.num_envs, seed=5)
     torch.manual_seed(0)
     agent = agent_for_env(cfg, env)
-    actor, learner = Actor(agent, env, seed=5, unroll_length=cfg.loss.unroll_length), None
+    actor, learner = Actor(agent, env, seed=5, unroll_length=cfg.runtime.unroll_length), None
     learner = Learner(agent, cfg)
     seg, _ = actor.collect()
     metrics = learner.update(seg)
@@ -196,7 +196,7 @@ def test_progress_lines_when_not_on_a_terminal():
     import io
     import time as _time
 
-    from r2ac.rl.harness.tracker import ProgressLines
+    from r2ac.rl.run.tracker import ProgressLines
 
     out = io.StringIO()
     lines = ProgressLines(total=1000, initial=0, every_s=0.05, stream=out)

@@ -52,7 +52,7 @@ def _segment(core="elstm-rtrl", dtype=torch.float32, segments=2):
     env = make_env(cfg, 3, seed=5)
     torch.manual_seed(0)
     agent = agent_for_env(cfg, env, dtype=dtype)
-    actor = Actor(agent, env, seed=5, unroll_length=cfg.loss.unroll_length)
+    actor = Actor(agent, env, seed=5, unroll_length=cfg.runtime.unroll_length)
     for _ in range(segments):  # from the second on, the start state carries sensitivities
         seg, _ = actor.collect()
     return cfg, agent, seg
@@ -117,13 +117,13 @@ def test_the_first_update_gradient_on_cuda_equals_the_cpu_one(core):
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("runtime", ["serial", "parallel"])
 def test_training_on_cuda_updates_and_checkpoints_cpu_tensors(tmp_path, runtime):
-    from r2ac.rl.harness.run_dir import RunDir
-    from r2ac.rl.harness.train_cli import make_runtime
+    from r2ac.rl.harness.trainers import make_trainer
+    from r2ac.rl.run.run_dir import RunDir
     from r2ac.runs import checkpoint
 
     cfg = tiny(device="cuda", runtime=runtime, num_actors=2, total_frames=4 * 3 * 6)
     run = RunDir.create(tmp_path / "run", cfg)
-    rt = make_runtime(cfg, run)
+    rt = make_trainer(cfg, run)
     before = {k: v.cpu().clone() for k, v in rt.agent.state_dict().items()}
     assert next(rt.agent.parameters()).is_cuda
     assert rt.train().update == 6
@@ -134,12 +134,12 @@ def test_training_on_cuda_updates_and_checkpoints_cpu_tensors(tmp_path, runtime)
 
 
 def _learner_columns(tmp_path, **kw) -> list[dict[str, float]]:
-    from r2ac.rl.harness.run_dir import RunDir, read_metrics
-    from r2ac.rl.harness.train_cli import make_runtime
+    from r2ac.rl.harness.trainers import make_trainer
+    from r2ac.rl.run.run_dir import RunDir, read_metrics
 
     cfg = tiny(log_every=1, total_frames=4 * 3 * 6, **kw)
     run = RunDir.create(tmp_path / "run", cfg)
-    make_runtime(cfg, run).train()
+    make_trainer(cfg, run).train()
     return read_metrics(run.metrics_path)
 
 

@@ -30,7 +30,7 @@ def _third_segment(core: str, dtype=torch.float64, **kw):
     env = make_env(cfg, cfg.runtime.num_envs, actor_seed(cfg.run.seed, 0))
     torch.manual_seed(0)
     agent = agent_for_env(cfg, env, dtype)
-    actor = Actor(agent, env, actor_seed(cfg.run.seed, 0), cfg.loss.unroll_length)
+    actor = Actor(agent, env, actor_seed(cfg.run.seed, 0), cfg.runtime.unroll_length)
     for _ in range(2):
         actor.collect()
     seg, _ = actor.collect()

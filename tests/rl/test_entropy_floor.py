@@ -30,7 +30,7 @@ def _learner_and_batches(cfg, batches: int):
     torch.manual_seed(0)
     env = make_env(cfg, cfg.runtime.num_envs, seed=3)
     agent = agent_for_env(cfg, env, torch.float64)
-    actor = Actor(agent, env, seed=3, unroll_length=cfg.loss.unroll_length)
+    actor = Actor(agent, env, seed=3, unroll_length=cfg.runtime.unroll_length)
     segments = [actor.collect()[0] for _ in range(batches)]
     env.close()
     return Learner(agent, cfg), segments

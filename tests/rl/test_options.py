@@ -1,5 +1,5 @@
-"""`r2ac train`'s options: at most 50 a user reads before the studies' section, and configs
-of runs written before an option moved or went still load."""
+"""`r2ac train`'s options: the batched trainer's help shows its own groups and no streaming or
+removed option, and configs of runs written before an option moved or went still load."""
 
 import re
 import subprocess
@@ -28,16 +28,17 @@ def _flags_by_section() -> dict[str, set[str]]:
     return sections
 
 
-def test_at_most_50_options_outside_the_studies_and_streaming_sections():
+def test_the_batched_help_shows_its_groups_and_nothing_of_the_streaming_agents():
     sections = _flags_by_section()
-    assert {"study options", "stream options"} <= set(sections)
-    main = set().union(
-        *(v for k, v in sections.items() if k not in ("study options", "stream options"))
-    )
-    assert 40 <= len(main) <= 50, sorted(main)
-    assert "--decorrelate-steps" in sections["study options"] and "--core" in main
+    groups = {"env options", "model options", "loss options", "optim options",
+              "runtime options", "run options"}  # fmt: skip
+    assert groups <= set(sections) and "stream options" not in sections
+    every = set().union(*sections.values())
+    assert "--decorrelate-steps" in sections["runtime options"] and "--core" in every
+    assert "--unroll-length" in sections["runtime options"]  # read by actors and runtimes
+    assert not {"--num-agents", "--kappa-actor", "--streaming", "--algorithm"} & every
     removed = {"--" + name.replace("_", "-") for name in REMOVED_OPTIONS}
-    assert not removed & set().union(*sections.values())
+    assert not removed & every
 
 
 def test_a_config_from_before_the_study_group_and_the_removals_loads():
@@ -48,7 +49,7 @@ def test_a_config_from_before_the_study_group_and_the_removals_loads():
     old["model"].update(critic_clock=False, policy_init_scale=1.0)  # removed, at defaults
     old["optim"].update(rms_alpha=0.99, rms_eps=0.01, core_lr_scale=1.0)
     cfg = from_dict(old)
-    assert cfg.study.decorrelate_steps == 3 and cfg.study.progress is False
+    assert cfg.runtime.decorrelate_steps == 3 and cfg.run.progress is False
 
 
 @pytest.mark.parametrize("name, value", [("critic_clock", True), ("rms_eps", 1e-5)])

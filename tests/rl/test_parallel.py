@@ -7,7 +7,7 @@ import math
 import pytest
 import torch.multiprocessing as mp
 
-from r2ac.rl.harness.run_dir import RunDir, read_metrics
+from r2ac.rl.run.run_dir import RunDir, read_metrics
 from r2ac.rl.runtimes.parallel import ParallelRuntime
 
 from .rl_helpers import tiny

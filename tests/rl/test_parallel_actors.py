@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from r2ac.rl.harness.run_dir import RunDir
+from r2ac.rl.run.run_dir import RunDir
 from r2ac.rl.runtimes.base import ActorError
 from r2ac.rl.runtimes.parallel import ParallelRuntime
 from r2ac.rl.runtimes.processes import WeightBoard

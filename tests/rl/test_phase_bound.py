@@ -12,9 +12,9 @@ import torch
 
 from r2ac.rl.learning.actor import Actor
 from r2ac.rl.learning.learner import Learner
-from r2ac.rl.learning.stream import StreamAC, StreamSettings
-from r2ac.rl.learning.stream_q import QRCSettings, StreamQRC
 from r2ac.rl.model.build import agent_for_env, make_env
+from r2ac.rl.stream.ac import StreamAC, StreamSettings
+from r2ac.rl.stream.qrc import QRCSettings, StreamQRC
 from r2ac.rtrl import pair_math as pm
 from r2ac.rtrl.core import project_cores_
 from r2ac.rtrl.pair_core import PairCore

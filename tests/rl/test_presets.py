@@ -77,14 +77,22 @@ def test_train_help_lists_every_preset_with_its_values(argv, capsys):
     with pytest.raises(SystemExit):
         parse_config(argv)
     text = " ".join(capsys.readouterr().out.replace("│", " ").split())  # unwrapped, unboxed
-    for name in PRESETS:
+    for name in (n for n in PRESETS if not PRESETS[n].streaming):  # the batched subcommand's
         values = ", ".join(f"{k}={v}" for k, v in preset_overrides(name).items())
         assert f" {name} {values}" in text, name
     chosen = PRESETS["popgym" if "popgym" in argv else "delayed-cue"]
     assert (
-        f"Segment length M: steps per segment, TD horizon, update period, TBPTT span. (default: {chosen.loss.unroll_length})"
+        f"Segment length M: steps per segment, TD horizon, update period, TBPTT span. (default: {chosen.runtime.unroll_length})"
         in text
     )
+
+
+def test_stream_help_lists_the_streaming_presets(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["stream-ac", "--help"])
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert " stream env=builtin/memory-chain" in text and " stream-q " in text
+    assert " popgym env=" not in text
 
 
 def test_a_family_value_applies_to_its_family_under_the_flags():

@@ -16,7 +16,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from r2ac.rl.harness.run_dir import RunDir, read_metrics  # noqa: E402
+from r2ac.rl.run.run_dir import RunDir, read_metrics  # noqa: E402
 from r2ac.rl.runtimes import ray as runtime_ray  # noqa: E402
 from r2ac.rl.runtimes.base import ActorError  # noqa: E402
 from r2ac.rl.runtimes.ray import (  # noqa: E402

@@ -12,7 +12,7 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from r2ac.rl.harness.run_dir import RunDir, read_metrics  # noqa: E402
+from r2ac.rl.run.run_dir import RunDir, read_metrics  # noqa: E402
 from r2ac.rl.runtimes.ray import RayRuntime, sigterm_stays_ours  # noqa: E402
 
 from .rl_helpers import tiny  # noqa: E402

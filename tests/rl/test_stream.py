@@ -1,4 +1,4 @@
-"""Stream AC(lambda) (r2ac/rl/learning/stream.py): exactness in float64.
+"""Stream AC(lambda) (r2ac/rl/stream/ac.py): exactness in float64.
 
 - with a zero step size, each step's actor and critic gradients through an exact-RTRL core
   equal full BPTT through the stream's whole history (episode ends and time-limit
@@ -17,14 +17,10 @@ from torch.func import functional_call
 
 from r2ac.envs.base import ArraySpec, BatchedEnv, EpisodeStats, StepResult
 from r2ac.envs.spaces import ActionSpace
-from r2ac.rl.learning.stream import (
-    StreamAC,
-    StreamSettings,
-    Welford,
-    obgd_step_size,
-    td_error,
-)
 from r2ac.rl.model.distributions import distribution
+from r2ac.rl.running_stats import Moments, moments_var, welford_update
+from r2ac.rl.stream.ac import StreamAC, StreamSettings, td_error
+from r2ac.rl.stream.obgd import obgd_step_size
 from r2ac.rtrl.registry import make_core
 from r2ac.rtrl.stacked import MODULE_NAMES, make_stacked_core
 
@@ -228,12 +224,21 @@ def test_td_error_bootstraps_on_truncation_not_on_terminal():
     assert delta.tolist() == [0.5, 1.0 + 0.9 * 2.0 - 0.5]
 
 
-def test_welford_matches_numpy():
+def test_welford_matches_numpy_and_the_in_place_normaliser():
+    from r2ac.rl.running_stats import RunningStats
+
     x = torch.randn(50, 2, 3, dtype=F64)
-    w = Welford.zeros(2, (3,))
+    w = Moments(
+        torch.zeros(2, dtype=F64), torch.zeros(2, 3, dtype=F64), torch.zeros(2, 3, dtype=F64)
+    )
+    stats = RunningStats(2, (3,))
     for row in x:
-        w = w.update(row)
-    assert torch.allclose(w.mean, x.mean(0)) and torch.allclose(w.var(), x.var(0, unbiased=True))
+        w = welford_update(w, row)
+        stats.update(row.numpy())
+    assert torch.allclose(w.mean, x.mean(0))
+    assert torch.allclose(moments_var(w), x.var(0, unbiased=True))
+    assert torch.equal(torch.from_numpy(stats.var()), moments_var(w))  # the same arithmetic
+    assert torch.equal(stats.moments().mean, w.mean)
 
 
 def test_the_reference_tells_truncated_from_full():

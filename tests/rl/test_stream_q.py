@@ -1,4 +1,4 @@
-"""QRC(lambda) (r2ac/rl/learning/stream_q.py), float64:
+"""QRC(lambda) (r2ac/rl/stream/qrc.py), float64:
 
 - with a zero step size, each step's grad Q(s_t, a_t), grad h(s_t, a_t) and
   grad max_a Q(s'_t, a) through an exact-RTRL core equal full BPTT through the stream's
@@ -19,8 +19,8 @@ import torch
 
 from r2ac.envs.spaces import ActionSpace
 from r2ac.errors import ConfigError
-from r2ac.rl.learning.stream import normalise_obs
-from r2ac.rl.learning.stream_q import (
+from r2ac.rl.presets import preset
+from r2ac.rl.stream.qrc import (
     QRCSettings,
     QRCTraces,
     StreamQRC,
@@ -31,8 +31,7 @@ from r2ac.rl.learning.stream_q import (
     qrc_directions,
     qrc_traces,
 )
-from r2ac.rl.presets import preset
-from r2ac.rl.runtimes.stream import StreamRuntime
+from r2ac.rl.stream.runtime import StreamRuntime
 from r2ac.rtrl.stacked import make_stacked_core
 from tests.rl.test_stream import ENDS, ScriptedEnv, reference_grads
 
@@ -61,12 +60,13 @@ def run_stream(
         res = env.step(action.numpy())
         info = agent.learn(res.reward, res.obs, res.info["final_obs"], res.terminated,
                            res.truncated)  # fmt: skip
-        x_final = normalise_obs(agent.obs_stats, torch.as_tensor(res.info["final_obs"]).double())
+        final = np.asarray(res.info["final_obs"], dtype=np.float64).reshape(agent.k, -1)
+        x_final = torch.from_numpy(agent.obs_stats.normalise(final))
         g_q, g_h, g_next = agent.last_grads
         record.append(dict(
             x=x, reset=reset, action=action, x_final=x_final, g_q=g_q.clone(), g_h=g_h.clone(),
-            g_next=g_next.clone(), h=info.h.clone(), z_q=agent.z_a.clone(),
-            z_h=agent.z_c.clone(), z_b=agent.z_b.clone(),
+            g_next=g_next.clone(), h=info.h.clone(), z_q=agent.z_q.clone(),
+            z_h=agent.z_h.clone(), z_b=agent.z_b.clone(),
             done=bool(res.terminated[0] | res.truncated[0]), cut=bool(info.non_greedy[0]),
         ))  # fmt: skip
     return agent, record
@@ -202,15 +202,17 @@ def small(**kw):
 
 
 def _steps(rt: StreamRuntime, n: int) -> None:
-    class Counter:
-        update = 0
+    """n steps, recorded by a tracker of the runtime's own (its counters go into _payload)."""
+    from r2ac.rl.run.tracker import Tracker
 
-        def record(self, *a, **k):
-            self.update += 1
-
-    c = Counter()
+    if not hasattr(rt, "test_tracker"):
+        rt.test_tracker = Tracker(rt.cfg, None)
     for _ in range(n):
-        rt._step(c)
+        rt.step(rt.test_tracker)
+
+
+def _payload(rt: StreamRuntime) -> dict:
+    return rt._payload(rt.test_tracker)
 
 
 def test_k_agents_equal_k_runs_alone():
@@ -226,7 +228,6 @@ def test_k_agents_equal_k_runs_alone():
 
 
 def test_checkpoint_round_trip_is_bit_exact(tmp_path):
-    from r2ac.rl.harness.tracker import Tracker
     from r2ac.runs import checkpoint
 
     cfg = small(num_agents=2, seed=1)
@@ -234,12 +235,12 @@ def test_checkpoint_round_trip_is_bit_exact(tmp_path):
     _steps(full, 40)
     part = StreamRuntime(cfg)
     _steps(part, 25)
-    path = checkpoint.save_atomic(part._payload(Tracker(cfg, None)), tmp_path / "latest.pt")
+    path = checkpoint.save_atomic(_payload(part), tmp_path / "latest.pt")
     resumed = StreamRuntime(cfg)
     resumed.restore(checkpoint.load(path))
     _steps(resumed, 15)
     a, b = full.agent.state_dict(), resumed.agent.state_dict()
-    for key in ("theta_actor", "theta_critic", "trace_actor", "trace_critic", "trace_h_value"):
+    for key in ("theta_q", "theta_h", "trace_q", "trace_h", "trace_h_value"):
         assert torch.equal(a[key], b[key]), key
 
 

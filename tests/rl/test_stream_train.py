@@ -1,5 +1,5 @@
 """`r2ac train --preset stream`: K agents equal K runs alone, bit-exact resume, one-line
-errors, a short run end to end (r2ac/rl/runtimes/stream.py)."""
+errors, a short run end to end (r2ac/rl/stream/runtime.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import torch
 from r2ac.errors import ConfigError
 from r2ac.rl.config import validate
 from r2ac.rl.harness import train_cli
-from r2ac.rl.harness.run_dir import RunDir
 from r2ac.rl.presets import preset
-from r2ac.rl.runtimes.stream import StreamRuntime
+from r2ac.rl.run.run_dir import RunDir
+from r2ac.rl.stream.runtime import StreamRuntime
 
 SMALL = dict(
     env_options=("length=4",), hidden_size=8, stream_mlp=(8,), progress=False, eval_at_end=False
@@ -27,15 +27,17 @@ def small(**kw):
 
 
 def _steps(rt: StreamRuntime, n: int) -> None:
-    class Counter:
-        update = 0
+    """n steps, recorded by a tracker of the runtime's own (its counters go into _payload)."""
+    from r2ac.rl.run.tracker import Tracker
 
-        def record(self, *a, **k):
-            self.update += 1
-
-    c = Counter()
+    if not hasattr(rt, "test_tracker"):
+        rt.test_tracker = Tracker(rt.cfg, None)
     for _ in range(n):
-        rt._step(c)
+        rt.step(rt.test_tracker)
+
+
+def _payload(rt: StreamRuntime) -> dict:
+    return rt._payload(rt.test_tracker)
 
 
 @pytest.mark.parametrize("steps", [60, pytest.param(1000, marks=pytest.mark.slow)])
@@ -59,7 +61,6 @@ def _train(argv):
 def test_checkpoint_round_trip_is_bit_exact(tmp_path, layers):
     """25 steps, a checkpoint file, a new runtime restored from it, 15 more steps: the same
     weights, traces and core states as 40 steps uninterrupted."""
-    from r2ac.rl.harness.tracker import Tracker
     from r2ac.runs import checkpoint
 
     cfg = small(num_agents=2, seed=1, **layers)
@@ -67,8 +68,7 @@ def test_checkpoint_round_trip_is_bit_exact(tmp_path, layers):
     _steps(full, 40)
     part = StreamRuntime(cfg)
     _steps(part, 25)
-    tracker = Tracker(cfg, None)
-    path = checkpoint.save_atomic(part._payload(tracker), tmp_path / "latest.pt")
+    path = checkpoint.save_atomic(_payload(part), tmp_path / "latest.pt")
     resumed = StreamRuntime(cfg)
     resumed.restore(checkpoint.load(path))
     _steps(resumed, 15)
@@ -84,8 +84,7 @@ def test_checkpoint_of_the_older_sensitivity_layout_resumes_bit_exact(tmp_path, 
     """A checkpoint without the layout mark holds the pair cores' d s / d W1 as (K, U, D, 2)
     pairs: restored, it continues exactly as the run that wrote it; with the mark but pairs
     inside, the shape check refuses it in one line."""
-    from r2ac.rl.harness.tracker import Tracker
-    from r2ac.rl.runtimes.stream import SENSITIVITY_LAYOUT
+    from r2ac.rl.stream.checkpoint import SENSITIVITY_LAYOUT
     from r2ac.runs import checkpoint
 
     cfg = small(num_agents=2, seed=3, core=core)
@@ -93,9 +92,11 @@ def test_checkpoint_of_the_older_sensitivity_layout_resumes_bit_exact(tmp_path, 
     _steps(full, 30)
     part = StreamRuntime(cfg)
     _steps(part, 18)
-    payload = part._payload(Tracker(cfg, None))
-    assert payload.pop("sensitivity_layout") == SENSITIVITY_LAYOUT
-    state = payload["learner"]["optimizer"]["state"]
+    payload = _payload(part)
+    section = payload.pop("stream")  # the older form: the state where the optimiser's is
+    assert section["sensitivity_layout"] == SENSITIVITY_LAYOUT
+    state = section["state"]
+    payload["learner"] = {"optimizer": {"state": state, "param_groups": [{}]}, "scheduler": {}}
     for key in ("core_actor", "core_critic"):
         if core != "elstm-rtrl":  # the older layout: planes (K, 2, U, D) -> pairs (K, U, D, 2)
             h, sens_w, sens_v = state[key]
@@ -124,7 +125,7 @@ def test_stop_and_resume_is_bit_exact(tmp_path, monkeypatch):
     full, part = tmp_path / "full", tmp_path / "part"
     assert _train([*flags, "--out-dir", str(full)]) == 0
     # a SIGTERM after step 70: the run stops there with a checkpoint
-    original = StreamRuntime._step
+    original = StreamRuntime.step
     count = {"n": 0}
 
     def step(self, tracker):
@@ -133,14 +134,14 @@ def test_stop_and_resume_is_bit_exact(tmp_path, monkeypatch):
         if count["n"] == 25:
             signal.raise_signal(signal.SIGTERM)
 
-    monkeypatch.setattr(StreamRuntime, "_step", step)
+    monkeypatch.setattr(StreamRuntime, "step", step)
     assert _train([*flags, "--out-dir", str(part)]) == 143
-    monkeypatch.setattr(StreamRuntime, "_step", original)
+    monkeypatch.setattr(StreamRuntime, "step", original)
     assert _train(["--resume", str(part)]) == 0
     a = RunDir.open(full).load_checkpoint()
     b = RunDir.open(part).load_checkpoint()
     assert a["counters"]["update"] == b["counters"]["update"] == 40
-    sa, sb = a["learner"]["optimizer"]["state"], b["learner"]["optimizer"]["state"]
+    sa, sb = a["stream"]["state"], b["stream"]["state"]
     for key in ("theta_actor", "theta_critic", "trace_actor", "trace_critic", "x"):
         assert torch.equal(sa[key], sb[key]), key
     for ta, tb in zip(sa["core_actor"], sb["core_actor"], strict=True):
@@ -150,11 +151,17 @@ def test_stop_and_resume_is_bit_exact(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--runtime", "parallel"], "runs on --runtime stream"),
+        (["--runtime", "parallel"], "--runtime: not an option of `r2ac train stream-ac`"),
         (["--num-agents", "0"], "--num-agents must be a positive integer"),
-        (["--epochs", "2"], "one update per step"),
+        (
+            ["--epochs", "2"],
+            "--epochs: not an option of `r2ac train stream-ac` (an option of impala",
+        ),
         (["--core", "lstm-bptt"], "no streaming version"),
-        (["--last-reward"], "the streaming agents see the observation only"),
+        (["--last-reward"], "--last-reward: not an option of `r2ac train stream-ac`"),
+        (["--popart"], "--popart: not an option"),
+        (["--load-stem", "x.pt"], "--load-stem: not an option"),
+        (["--kappa-actor", "inf"], "kappa_actor=inf"),
     ],
 )
 def test_bad_settings_are_one_line_errors(flags, message, capsys, tmp_path):
@@ -163,9 +170,17 @@ def test_bad_settings_are_one_line_errors(flags, message, capsys, tmp_path):
     assert code == 2 and message in err and len(err.splitlines()) == 1, err
 
 
-def test_runtime_stream_needs_streaming():
-    with pytest.raises(ConfigError, match="give --streaming ac"):
-        validate(preset("stream").updated(streaming="off"))
+def test_options_of_another_algorithm_are_refused_in_the_config_too():
+    """A config (e.g. a hand-edited config.json) with an option its algorithm does not read is
+    refused in one line, both ways."""
+    with pytest.raises(ConfigError, match="--popart: not options of stream-ac"):
+        validate(preset("stream").updated(popart=True))
+    with pytest.raises(ConfigError, match="--num-agents: options of the streaming agents"):
+        validate(preset("delayed-cue").updated(num_agents=2))
+    with pytest.raises(ConfigError, match="a streaming preset"):
+        from r2ac.rl.harness.train_cli import parse_config
+
+        parse_config(["impala", "--preset", "stream"])
 
 
 def test_short_run_end_to_end(tmp_path, capsys):
@@ -225,13 +240,12 @@ def test_qrc_metrics_reach_the_csv(tmp_path, capsys):
 def test_a_checkpoint_whose_values_do_not_fit_is_refused_before_use(damage, words):
     """Every saved value of the streaming agent against what the config builds, before any is
     loaded: the runtime's weights stay as they were."""
-    from r2ac.rl.harness.tracker import Tracker
 
     cfg = small(num_agents=2, seed=1)
     source = StreamRuntime(cfg)
     _steps(source, 5)
-    payload = source._payload(Tracker(cfg, None))
-    damage(payload["learner"]["optimizer"]["state"])
+    payload = _payload(source)
+    damage(payload["stream"]["state"])
     target = StreamRuntime(cfg)
     before = target.agent.theta_a.detach().clone()
     with pytest.raises(ConfigError) as err:
@@ -248,7 +262,7 @@ def test_forget_bias_sets_both_networks_elstm_forget_gates(streaming):
     )
     rt = StreamRuntime(validate(cfg))
     agent = rt.agent
-    for net, theta in ((agent.actor, agent.theta_a), (agent.critic, agent.theta_c)):
+    for net, theta in agent.nets().values():
         assert torch.all(net.layout.views(theta)["core.b_f"] == 3.5)
     with pytest.raises(ConfigError, match="no forget gate"):
         validate(preset(preset_name).updated(**{**SMALL, "forget_bias": 3.5}))

@@ -20,7 +20,7 @@ def _segment(core: str = "elstm-rtrl") -> Segment:
     cfg = tiny(core=core, env_options=("delay=8",))
     torch.manual_seed(0)
     env = make_env(cfg, 3, seed=1)
-    actor = Actor(agent_for_env(cfg, env), env, seed=1, unroll_length=cfg.loss.unroll_length)
+    actor = Actor(agent_for_env(cfg, env), env, seed=1, unroll_length=cfg.runtime.unroll_length)
     actor.collect()
     seg, _ = actor.collect()  # the second: its start state carries sensitivities
     return seg

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from r2ac.envs.spaces import as_action_space
-from r2ac.rl.learning import stream as S
+from r2ac.rl.stream import ac as S
+from r2ac.rl.stream import nets as N
 from r2ac.rtrl.stacked import STACKED_CORES, make_stacked_core
 from r2ac.rtrl.stacked.base import StackedCore
 
@@ -53,10 +54,10 @@ def test_peek_manual_equals_peek(name):
     for t in range(5):
         agent.act()
         state, core_saved = agent._pending[4], agent._pending[6]
-        body = agent.params.critic_parts
+        body = agent.params.second_parts
         core_p = body.core
-        feat, _ = S.mlp_forward(body.ws, body.bs, torch.as_tensor(rng.normal(size=(2, 3))))
-        critic_state = S._rows(state, 2, 4)
+        feat, _ = N.mlp_forward(body.ws, body.bs, torch.as_tensor(rng.normal(size=(2, 3))))
+        critic_state = N.state_rows(state, 2, 4)
         got = agent.body_core.peek_manual(core_p, feat, critic_state, core_saved, slice(2, 4))
         want = agent.critic.core.peek(core_p, feat, critic_state, torch.zeros(2, dtype=bool))
         assert (got - want).abs().max() < 1e-12

@@ -32,8 +32,8 @@ from r2ac.rl.harness.diagnostics import (
     monte_carlo_returns,
     steps_to_end,
 )
-from r2ac.rl.harness.run_dir import RunDir, check_same_config
 from r2ac.rl.model.agent import clip_rewards
+from r2ac.rl.run.run_dir import RunDir, check_same_config
 from r2ac.rl.runtimes.serial import SerialRuntime
 
 MAX_BATCHES = 100_000
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = runtime.cfg
         print(
-            f"{args.run_dir}: {cfg.env.id}, {cfg.model.core}, N={cfg.model.hidden_size}, M={cfg.loss.unroll_length}"
+            f"{args.run_dir}: {cfg.env.id}, {cfg.model.core}, N={cfg.model.hidden_size}, M={cfg.runtime.unroll_length}"
         )
         print("\n".join(critic_report(runtime, args.batches)))
         print("\n".join(gradient_report(runtime, args.grad_batches)))

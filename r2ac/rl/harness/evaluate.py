@@ -1,107 +1,21 @@
-"""Evaluation protocol: K seeded sets of E complete episodes; mean of set means and std.
-
-`r2ac eval RUN_DIR [--sets K] [--episodes E] [--greedy | --sampled] [--seed S]` loads the
-run's config and final weights (checkpoints/agent.pt; a streaming run: its last checkpoint, for
-the normalisers) and writes RUN_DIR/eval.json. Set k
-uses env seed `eval_seed(seed, k)` (disjoint from the training actors' seeds). Each of the
-min(E, 32) streams plays a fixed quota of consecutive episodes, so short episodes are not
-over-represented.
+"""`r2ac eval RUN_DIR [--sets K] [--episodes E] [--greedy | --sampled] [--seed S]`: the
+evaluation protocol (r2ac/rl/run/evaluation.py: K seeded sets of E complete episodes; mean of
+set means and std) on a finished or stopped run, as its trainer saved it (a batched run:
+checkpoints/agent.pt; a streaming run: its last checkpoint, with the normalisers); writes
+RUN_DIR/eval.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
-import torch
-
 from r2ac.errors import ConfigError, MissingDependencyError, check_writable
-from r2ac.rl.config import MAX_EVAL_EPISODES, MAX_EVAL_SETS, TrainConfig, validate
-from r2ac.rl.harness.run_dir import RunDir, agent_weights
-from r2ac.rl.model.agent import Agent
-from r2ac.rl.model.build import agent_for_env, eval_seed, make_env
-from r2ac.rl.model.distributions import action_dtype, zero_where
-from r2ac.rl.runtimes.base import load_agent_weights
-from r2ac.runs.locked_dir import write_json
-
-MAX_STREAMS = 32
-
-
-@torch.no_grad()
-def play_episodes(agent: Agent, env, episodes: int, greedy: bool, seed: int) -> tuple[list, int]:
-    """Returns of exactly `episodes` complete episodes (stream quotas), and the steps taken."""
-    n = env.num_envs
-    quota = np.array([episodes // n + (b < episodes % n) for b in range(n)])
-    returns: list[list[float]] = [[] for _ in range(n)]
-    gen = torch.Generator().manual_seed(seed)
-    obs = torch.from_numpy(env.reset(seed=seed))
-    dtype = next(agent.parameters()).dtype
-    last_reward, reset = torch.zeros(n, dtype=dtype), torch.ones(n, dtype=torch.bool)
-    space = agent.action_space
-    last_action = torch.zeros((n, *space.action_shape), dtype=action_dtype(space, dtype))
-    full = agent.initial_state(n)
-    state = agent.core.light_state(full)
-    steps = 0
-    while any(len(r) < q for r, q in zip(returns, quota)):
-        logits, _, state = agent(
-            obs[None], last_reward[None], reset[None], state, last_action=last_action[None]
-        )
-        dist = agent.distribution(logits[0])  # over (n, P)
-        action = dist.mode() if greedy else dist.sample(gen)  # (n, *S); a Gaussian's mode: the mean
-        res = env.step(action.numpy())
-        steps += n
-        done = torch.from_numpy(np.asarray(res.terminated | res.truncated, dtype=bool))
-        for b in np.flatnonzero(~np.isnan(res.info["episode_return"])):
-            if len(returns[b]) < quota[b]:
-                returns[b].append(float(res.info["episode_return"][b]))
-        obs = torch.from_numpy(np.asarray(res.obs))
-        last_reward = torch.from_numpy(np.asarray(res.reward)).to(dtype).masked_fill(done, 0.0)
-        last_action = zero_where(action, done)
-        reset = done
-    return [x for r in returns for x in r], steps
-
-
-def evaluate(
-    agent: Agent, cfg: TrainConfig, sets: int, episodes: int, greedy: bool, seed: int | None = None
-) -> dict:
-    seed = cfg.run.seed if seed is None else seed
-    start, set_returns, steps = time.perf_counter(), [], 0
-    was_training = agent.training
-    agent.eval()
-    for k in range(sets):
-        s = eval_seed(seed, k)
-        env = make_env(cfg, min(episodes, MAX_STREAMS), s)
-        returns, n = play_episodes(agent, env, episodes, greedy, s)
-        env.close()
-        set_returns.append(returns)
-        steps += n
-    agent.train(was_training)
-    means = [float(np.mean(r)) for r in set_returns]
-    return {
-        "env": cfg.env.id,
-        "core": cfg.model.core,
-        "sets": sets,
-        "episodes_per_set": episodes,
-        "actions": "greedy" if greedy else "sampled",
-        "seed": seed,
-        "mean": float(np.mean(means)),
-        "std": float(np.std(means)),
-        "set_means": means,
-        "returns": set_returns,
-        "frames": steps,
-        "seconds": time.perf_counter() - start,
-    }
-
-
-def write_eval(run: RunDir, result: dict, out: str | Path | None = None) -> Path:
-    """Write the result to `out` (default RUN/eval.json, which experiment grids read)."""
-    path = Path(out) if out else run.eval_path
-    # atomic: the experiment runner reads "eval.json exists" as "the run is finished"
-    return write_json(path, result)
+from r2ac.rl.config import MAX_EVAL_EPISODES, MAX_EVAL_SETS, validate
+from r2ac.rl.harness.trainers import trainer_class
+from r2ac.rl.run.evaluation import write_eval
+from r2ac.rl.run.run_dir import RunDir
 
 
 def evaluate_run(
@@ -118,45 +32,11 @@ def evaluate_run(
     protocol = (
         sets or cfg.run.eval_sets,
         episodes or cfg.run.eval_episodes,
-        cfg.study.eval_greedy if greedy is None else greedy,
+        cfg.run.eval_greedy if greedy is None else greedy,
         seed,
     )
-    if cfg.runtime.name == "stream":
-        result = evaluate_stream_run(run, cfg, *protocol)
-    else:
-        result = evaluate(_saved_agent(run, cfg), cfg, *protocol)
+    result = trainer_class(cfg).evaluate_saved(run, cfg, *protocol)
     return result, write_eval(run, result, out)
-
-
-def _saved_agent(run: RunDir, cfg: TrainConfig) -> Agent:
-    """The batched agent with the run's final weights (checkpoints/agent.pt)."""
-    if not os.path.lexists(run.agent_path):  # a FIFO or a link is named by the loader
-        raise ConfigError(f"{run.path}: no weights at {run.agent_path}")
-    env = make_env(cfg, 1, 0)
-    agent = agent_for_env(cfg, env, load_stem=False)
-    env.close()
-    load_agent_weights(agent, agent_weights(run.agent_path), run.agent_path)
-    return agent
-
-
-def evaluate_stream_run(
-    run: RunDir, cfg: TrainConfig, sets: int, episodes: int, greedy: bool, seed: int | None
-) -> dict:
-    """A streaming run's K agents as its last checkpoint left them (weights and normalisers,
-    which agent.pt alone does not restore to the lockstep agent), frozen; agent k plays
-    with seed `seed + k` (default: the run's seed)."""
-    from r2ac.rl.runtimes.stream import StreamRuntime
-
-    if not os.path.lexists(run.checkpoint_path):
-        raise ConfigError(f"{run.path}: no checkpoint at {run.checkpoint_path}")
-    if seed is not None:
-        cfg = cfg.updated(seed=seed)
-    runtime = StreamRuntime(cfg)
-    try:
-        runtime.restore(run.load_checkpoint())
-        return runtime.evaluate(sets, episodes, greedy)
-    finally:
-        runtime.close()
 
 
 def check_args(args: argparse.Namespace) -> None:

@@ -1,109 +1,21 @@
-"""Memory a training run will need, estimated before anything large is allocated.
-
-`check_resources(cfg)` builds one env stream (to read its observation size and action
-count) and the agent on torch's "meta" device (shapes only, no memory) to count parameter
-and per-stream core-state bytes, then adds up what the runtime holds: segment buffers, the
-carried core states (RTRL sensitivities: 2*N*D floats per eLSTM stream), the learner's batch,
-activations and optimiser state. A run whose estimate exceeds the memory available now is
-refused with one line naming what to lower (ConfigError, exit code 2). The estimate is
-rough (within ~2x); R2AC_SKIP_MEMORY_CHECK=1 turns the check off.
+"""The memory check before a run starts: the run's trainer estimates what it will hold
+(`memory_estimate(cfg)`: bytes by part, each with the options that size it; the batched
+runtimes' in r2ac/rl/runtimes/memory.py, the streaming agents' from K, the hidden size and
+the widths), and a run whose estimate exceeds the memory available now is refused with one
+line naming what to lower (ConfigError, exit code 2). R2AC_SKIP_MEMORY_CHECK=1 turns the
+check off.
 """
 
 from __future__ import annotations
 
-import math
 import os
-from dataclasses import dataclass
-
-import torch
-from torch.utils import _pytree as pytree
 
 from r2ac.errors import ConfigError
 from r2ac.perf import available_bytes
 from r2ac.rl.config import TrainConfig
+from r2ac.rl.harness.trainers import trainer_class
 
-FLOAT = 4  # bytes of the float32 buffers, activations and states
 GIB = 2**30
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """What the estimate depends on, per stream (bytes unless said otherwise)."""
-
-    obs_values: int  # values in one observation
-    obs_bytes: int  # bytes of one observation
-    image_pixels: int  # pixels of an image observation (a conv stem), 0 for vectors
-    num_actions: int  # the policy's parameters per step (logits; a Gaussian's 2D)
-    param_bytes: int  # the agent's parameters
-    state_bytes: int  # one stream's full core state (with sensitivities)
-
-
-def segment_bytes(cfg: TrainConfig, s: Sizes) -> int:
-    """One stream's segment (actor.py's layout) and its start state."""
-    M = cfg.loss.unroll_length
-    per_input = s.obs_bytes + FLOAT + 1  # obs, last_reward, reset: M+1 of them
-    per_step = 8 + FLOAT + 1 + 1 + FLOAT * s.num_actions + FLOAT  # actions .. final_values
-    return (M + 1) * per_input + M * per_step + s.state_bytes
-
-
-def activation_bytes(cfg: TrainConfig, s: Sizes) -> int:
-    """The learner's forward/backward memory for one stream-step (rough)."""
-    if s.image_pixels:  # conv stages at full, 1/2, 1/4 resolution, a few tensors each
-        stem = s.obs_values + 3 * sum(cfg.study.conv_channels) * s.image_pixels
-    else:
-        stem = s.obs_values + 2 * sum(cfg.study.mlp_hidden)
-    values = (
-        stem + 4 * cfg.model.stem_features + 24 * cfg.model.hidden_size + 2 * cfg.model.head_hidden
-    )
-    values += 6 * s.num_actions + 20
-    return FLOAT * values
-
-
-def estimate(cfg: TrainConfig, s: Sizes) -> dict[str, tuple[int, str]]:
-    """Bytes by part, each with the options that size it."""
-    B, Be, M = cfg.runtime.batch_size, cfg.runtime.num_envs, cfg.loss.unroll_length
-    seg = segment_bytes(cfg, s)
-    inputs = M * (cfg.model.stem_features + 1) * FLOAT  # the actor's recorded core inputs
-    if cfg.runtime.name == "parallel":
-        slots = max(2 * cfg.actors, 2 * cfg.segments_per_batch)
-        actor_total = slots * Be * seg + cfg.actors * (Be * (seg + inputs) + s.param_bytes)
-    else:
-        actor_total = B * (seg + s.state_bytes + inputs)
-    obs_option = (
-        f"--env-options (observations of {s.obs_values} values)" if s.obs_values > 4096 else None
-    )
-    segment_option = obs_option or "--unroll-length or --batch-size"
-    return {
-        "segment buffers": (actor_total + B * seg, segment_option),
-        "activations": (
-            B * (M + 1) * activation_bytes(cfg, s),
-            obs_option or "--unroll-length or --batch-size",
-        ),
-        "core states": (3 * B * s.state_bytes, "--hidden-size or --batch-size"),
-        "parameters": (4 * s.param_bytes, "--hidden-size, --stem-features or the env's size"),
-    }
-
-
-def measure(cfg: TrainConfig) -> Sizes:
-    """Sizes of `cfg`'s env and agent: one env stream, the agent on the meta device."""
-    from r2ac.rl.model.build import make_agent, make_env
-
-    env = make_env(cfg, 1, 0)
-    spec, actions = env.observation_spec, env.action_space
-    env.close()
-    with torch.device("meta"):
-        agent = make_agent(cfg, spec.shape, spec.dtype, actions, load_stem=False)
-        state = agent.initial_state(1)
-    leaves = [t for t in pytree.tree_leaves(state) if isinstance(t, torch.Tensor)]
-    values = math.prod(spec.shape)
-    return Sizes(
-        values,
-        values * spec.dtype.itemsize,
-        len(spec.shape) == 3,
-        actions.param_size,
-        sum(p.numel() * p.element_size() for p in agent.parameters()),
-        sum(t.numel() * t.element_size() for t in leaves),
-    )
 
 
 def refusal(parts: dict[str, tuple[int, str]], available: int) -> str | None:
@@ -126,6 +38,6 @@ def check_resources(cfg: TrainConfig) -> None:
     available = available_bytes()
     if available is None:
         return
-    message = refusal(estimate(cfg, measure(cfg)), available)
+    message = refusal(trainer_class(cfg).memory_estimate(cfg), available)
     if message:
         raise ConfigError(message)

@@ -1,8 +1,9 @@
-"""`r2ac train [--preset NAME] [options]`, `r2ac train --resume RUN_DIR` (from its checkpoint)
-and `r2ac train --restart RUN_DIR` (from its config.json, a run stopped before its first
-checkpoint).
+"""`r2ac train [impala | ppo | stream-ac | stream-q] [--preset NAME] [options]`,
+`r2ac train --resume RUN_DIR` (from its checkpoint) and `r2ac train --restart RUN_DIR` (from its
+config.json, a run stopped before its first checkpoint).
 
-Options are generated from TrainConfig (`r2ac train --help`); a preset supplies the
+One subcommand per algorithm, each listing the options it reads (r2ac/rl/harness/
+train_options.py; with none: impala, or the preset's algorithm); a preset supplies the
 defaults, flags override them. Bad input (unknown env, core or rule, sizes < 1, a preset
 needing a missing package, an existing run directory, a checkpoint that does not fit, a
 corrupted or code-carrying checkpoint, a run too large for the memory available, a run
@@ -17,19 +18,18 @@ import errno
 import logging
 import signal
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
-
-import tyro
 
 from r2ac.errors import ConfigError, MissingDependencyError
 from r2ac.perf import keep_freed_memory
-from r2ac.rl.config import RUNTIMES, TrainConfig, validate
+from r2ac.rl.config import TrainConfig, validate
 from r2ac.rl.harness.resources import check_resources
-from r2ac.rl.harness.run_dir import RunDir, check_same_config, default_out_dir, plot_curve
+from r2ac.rl.harness.train_options import SUBCOMMANDS, parse_options
+from r2ac.rl.harness.trainers import make_trainer
 from r2ac.rl.presets import PRESETS, family_values, preset, preset_help
-from r2ac.rl.runtimes.base import ActorError, TrainingDiverged
+from r2ac.rl.run.loop import TrainingDiverged
+from r2ac.rl.run.run_dir import RunDir, check_same_config, default_out_dir, plot_curve
+from r2ac.rl.runtimes.base import ActorError
 from r2ac.runs.checkpoint import CheckpointError
 from r2ac.runs.stop import TrainingInterrupted, exit_code, raise_on_signal, signal_name
 
@@ -51,38 +51,53 @@ def _pop_option(argv: list[str], name: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class TrainCommand:
-    """`r2ac train`'s own options beside the config's groups (parsed by tyro)."""
+# The defaults of each subcommand without --preset (the README's main job: impala's)
+DEFAULT_PRESETS = {"impala": "delayed-cue", "ppo": "delayed-cue", "stream-ac": "stream",
+                   "stream-q": "stream-q"}  # fmt: skip
 
-    config: Annotated[tyro.conf.OmitArgPrefixes[TrainConfig], tyro.conf.arg(name="")]
-    preset: str | None = None
-    """Named defaults (listed above; default delayed-cue): the options below show its
-    values as their defaults, and flags override them."""
-    resume: str | None = None
-    """Continue the run in this directory from its last checkpoint, exactly (no other
-    options: the run's config.json holds them)."""
-    restart: str | None = None
-    """Start the run in this directory again from its config.json (a run stopped before its
-    first checkpoint; no other options)."""
+
+def _family(algorithm: str) -> str:
+    return "streaming" if algorithm.startswith("stream") else "batched"
+
+
+def _subcommand(argv: list[str], name: str | None) -> tuple[str, TrainConfig]:
+    """The subcommand (argv[0] if it names one, removed; else the preset's algorithm) and the
+    defaults: the preset's values for that algorithm."""
+    given = argv.pop(0) if argv and argv[0] in SUBCOMMANDS else None
+    flag = _pop_option(argv, "--algorithm")  # the subcommand as a flag (older command lines)
+    if flag is not None:
+        if flag not in SUBCOMMANDS or given not in (None, flag):
+            raise ConfigError(
+                f"--algorithm {flag}: give one of {', '.join(SUBCOMMANDS)}, as the subcommand "
+                f"(`r2ac train {flag if flag in SUBCOMMANDS else 'ALGORITHM'} ...`)"
+            )
+        given = flag
+    default = preset(name) if name else PRESETS[DEFAULT_PRESETS[given or "impala"]]
+    algorithm = given or default.loss.algorithm
+    if _family(algorithm) != _family(default.loss.algorithm):
+        raise ConfigError(
+            f"--preset {name}: a {_family(default.loss.algorithm)} preset "
+            f"({default.loss.algorithm}), not one for `r2ac train {algorithm}`"
+        )
+    return algorithm, default.updated(algorithm=algorithm)
 
 
 def parse_config(argv: list[str]) -> TrainConfig:
-    """The config of a new run: the preset's values, then the flags."""
-    name = _pop_option(list(argv), "--preset")  # the defaults depend on it: read it first
-    default = preset(name) if name else PRESETS["delayed-cue"]
+    """The config of a new run: `r2ac train [ALGORITHM] [--preset NAME] [options]`, the
+    preset's values, then the flags."""
+    argv = list(argv)
+    name = _pop_option(argv, "--preset")  # the defaults depend on it: read it first
+    algorithm, default = _subcommand(argv, name)
     description = (
-        "Train R2AC: IMPALA with V-trace, its recurrent core trained by exact RTRL or "
-        "truncated BPTT. The options are grouped as config.json holds them.\n\n" + preset_help()
+        f"{SUBCOMMANDS[algorithm]}. Subcommands: {', '.join(SUBCOMMANDS)} (`r2ac train "
+        "ALGORITHM --help`; none: impala, or the preset's algorithm). `--preset NAME` gives "
+        "the defaults, flags override them; `r2ac train --resume DIR` continues a run from its "
+        "last checkpoint, `--restart DIR` starts it again from its config.json.\n\n"
+        + preset_help(streaming=default.streaming)
     )
-    command = tyro.cli(
-        TrainCommand,
-        default=TrainCommand(default, preset=name),
-        args=list(argv),
-        prog="r2ac train",
-        description=description,
-    )
-    return _family_values(_own_env_options(command.config, default, argv), name, argv)
+    values = parse_options(argv, algorithm, default, description)
+    cfg = default.updated(**values)
+    return _family_values(_own_env_options(cfg, default, argv), name, argv)
 
 
 def _family_values(cfg: TrainConfig, name: str | None, argv: list[str]) -> TrainConfig:
@@ -114,14 +129,6 @@ def _own_env_options(cfg: TrainConfig, default: TrainConfig, argv: list[str]) ->
     return cfg
 
 
-def make_runtime(cfg: TrainConfig, run: RunDir | None):
-    """The runtime `cfg.runtime.name` names (config.RUNTIMES), imported when chosen."""
-    import importlib
-
-    module, cls = RUNTIMES[cfg.runtime.name]
-    return getattr(importlib.import_module(module), cls)(cfg, run)
-
-
 def _prepare(argv: list[str]):
     """Everything that can fail on bad input, before anything is written."""
     argv = list(argv)
@@ -141,7 +148,7 @@ def _start_new(cfg: TrainConfig, path: str):
     existed = Path(path).exists()
     run = RunDir.create(path, cfg)
     try:
-        return run, make_runtime(cfg, run)
+        return run, make_trainer(cfg, run)
     except BaseException:
         run.discard(remove_folder=not existed)
         raise
@@ -162,7 +169,7 @@ def _prepare_existing(resume: str | None, restart: str | None, argv: list[str]):
         if resume is not None:
             runtime = _resumed_runtime(cfg, run)
         else:
-            runtime = make_runtime(cfg, run)
+            runtime = make_trainer(cfg, run)
             replaced = run.restart()
             if replaced is not None:
                 log.info("what the earlier start wrote is kept in %s", replaced)
@@ -184,7 +191,7 @@ def _resumed_runtime(cfg: TrainConfig, run: RunDir):
         )
     try:
         check_same_config(run, cfg, payload)
-        runtime = make_runtime(cfg, run)
+        runtime = make_trainer(cfg, run)
         runtime.restore(payload)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as exc:
         if isinstance(exc, ConfigError):
@@ -200,23 +207,12 @@ def finish(cfg: TrainConfig, run: RunDir, runtime) -> None:
     plot_curve(
         run,
         title=f"{cfg.env.id} {' '.join(cfg.env.options)}  {cfg.model.core}  "
-        f"M={cfg.loss.unroll_length}  N={cfg.model.hidden_size}",
+        f"M={cfg.runtime.unroll_length}  N={cfg.model.hidden_size}",
     )
-    if cfg.study.eval_at_end:
-        from r2ac.rl.harness.evaluate import evaluate, write_eval
+    if cfg.run.eval_at_end:
+        from r2ac.rl.run.evaluation import write_eval
 
-        if cfg.runtime.name == "stream":  # K agents, each evaluated (eval.json: their mean)
-            result = runtime.evaluate(
-                cfg.run.eval_sets, cfg.run.eval_episodes, cfg.study.eval_greedy
-            )
-        else:
-            result = evaluate(
-                runtime.cpu_agent(),
-                cfg,
-                cfg.run.eval_sets,
-                cfg.run.eval_episodes,
-                cfg.study.eval_greedy,
-            )
+        result = runtime.evaluate(cfg.run.eval_sets, cfg.run.eval_episodes, cfg.run.eval_greedy)
         write_eval(run, result)
         print(
             f"eval: {result['mean']:.3f} +- {result['std']:.3f} over {cfg.run.eval_sets} x "

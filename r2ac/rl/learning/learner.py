@@ -136,7 +136,7 @@ def make_optimizer(agent: Agent, cfg: TrainConfig):
             eps=RMS_EPS,
             momentum=0.0,
         )
-    total, decay, warmup = cfg.updates_total, cfg.optim.lr_decay, cfg.study.lr_warmup_updates
+    total, decay, warmup = cfg.updates_total, cfg.optim.lr_decay, cfg.optim.lr_warmup_updates
 
     def factor(update: int) -> float:
         ramp = min(1.0, (update + 1) / warmup) if warmup else 1.0

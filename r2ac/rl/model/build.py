@@ -49,9 +49,9 @@ def make_actor_env(cfg: TrainConfig, num_envs: int, seed: int) -> BatchedEnv:
     """An actor's envs: `make_env`, with the first episodes cut at random under
     --decorrelate-steps (never the evaluation's)."""
     env = make_env(cfg, num_envs, seed)
-    if cfg.study.decorrelate_steps:
+    if cfg.runtime.decorrelate_steps:
         try:
-            env.decorrelate(cfg.study.decorrelate_steps, seed)
+            env.decorrelate(cfg.runtime.decorrelate_steps, seed)
         except BaseException:
             env.close()
             raise
@@ -72,9 +72,9 @@ def make_agent(
         observation_shape,
         observation_dtype,
         out_features=cfg.model.stem_features,
-        channels=cfg.study.conv_channels,
-        mlp_hidden=cfg.study.mlp_hidden,
-        image_stem=cfg.study.image_stem,
+        channels=cfg.model.conv_channels,
+        mlp_hidden=cfg.model.mlp_hidden,
+        image_stem=cfg.model.image_stem,
     )
     input_size = core_input_size(
         cfg.model.stem_features, num_actions, cfg.model.prev_action, cfg.model.last_reward
@@ -83,8 +83,8 @@ def make_agent(
     if cfg.model.forget_bias is not None and hasattr(core, "b_f"):
         with torch.no_grad():
             core.b_f.fill_(cfg.model.forget_bias)
-    if cfg.study.chrono_span:
-        chrono_forget_bias_(core, cfg.study.chrono_span)
+    if cfg.model.chrono_span:
+        chrono_forget_bias_(core, cfg.model.chrono_span)
     agent = Agent(
         stem,
         core,
@@ -97,10 +97,10 @@ def make_agent(
         reward_clip=cfg.loss.reward_clip,
         feed_last_reward=cfg.model.last_reward,
         stem_norm=cfg.model.stem_norm,
-        obs_norm=cfg.study.obs_norm,
+        obs_norm=cfg.model.obs_norm,
     ).to(dtype)
-    if load_stem and cfg.study.load_stem:
-        agent.load_stem(cfg.study.load_stem)
+    if load_stem and cfg.model.load_stem:
+        agent.load_stem(cfg.model.load_stem)
     return agent
 
 

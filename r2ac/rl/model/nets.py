@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from r2ac.errors import ConfigError
+from r2ac.rl.config import IMAGE_STEMS
 
 
 def _pooled_size(size: int) -> int:
@@ -145,14 +146,6 @@ def _numpy_dtype(dtype) -> np.dtype:
     return np.dtype(dtype)
 
 
-IMAGE_STEMS = ("resnet", "shallow")
-
-
-def check_image_stem(name: str) -> None:
-    if name not in IMAGE_STEMS:
-        raise ConfigError(f"unknown image stem {name!r}; choose one of {', '.join(IMAGE_STEMS)}")
-
-
 def make_stem(
     observation_shape: Sequence[int],
     dtype,
@@ -167,7 +160,10 @@ def make_stem(
     IMPALA's cheap one). ``dtype`` is a torch or numpy dtype (or its name). Anything else
     raises ConfigError.
     """
-    check_image_stem(image_stem)
+    if image_stem not in IMAGE_STEMS:
+        raise ConfigError(
+            f"unknown image stem {image_stem!r}; choose one of {', '.join(IMAGE_STEMS)}"
+        )
     shape = tuple(int(n) for n in observation_shape)
     try:
         np_dtype = _numpy_dtype(dtype)

@@ -4,13 +4,15 @@ Each feature of a flat float observation is standardised by the running mean and
 the observations the learner has trained on, ``(x - mean) / sqrt(var + eps)``, clipped to
 +-clip. The statistics are buffers (they travel with the weights to the actors, the
 evaluation and the checkpoints) and move once per batch, count-weighted (Chan et al.'s
-parallel merge), so they settle within the first batches and then move slowly.
+parallel merge, r2ac/rl/running_stats.py), so they settle within the first batches and then move slowly.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from r2ac.rl.running_stats import merge_moments_
 
 
 class RunningObsNorm(nn.Module):
@@ -31,12 +33,4 @@ class RunningObsNorm(nn.Module):
     def update(self, obs: torch.Tensor) -> None:
         """Merge the moments of `obs` ``(..., size)`` (every leading index one sample)."""
         x = obs.reshape(-1, self.mean.shape[0]).to(self.mean.dtype)  # (n, size)
-        n = x.shape[0]
-        if n == 0:
-            return
-        batch_mean, batch_var = x.mean(0), x.var(0, unbiased=False)
-        delta, total = batch_mean - self.mean, self.count + n
-        m2 = self.var * self.count + batch_var * n + delta**2 * self.count * n / total
-        self.mean += delta * n / total
-        self.var.copy_(m2 / total)
-        self.count.copy_(total)
+        merge_moments_(self.count, self.mean, self.var, x)

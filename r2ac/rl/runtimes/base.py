@@ -65,23 +65,21 @@ from __future__ import annotations
 
 import copy
 import math
-import random
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
 from r2ac.errors import ConfigError
 from r2ac.rl.config import TrainConfig, to_dict
-from r2ac.rl.harness.run_dir import RunDir
-from r2ac.rl.harness.tracker import Tracker
 from r2ac.rl.learning.actor import EpisodeLog, Segment
 from r2ac.rl.learning.learner import Learner
 from r2ac.rl.model.agent import Agent
 from r2ac.rl.model.build import seed_everything
-from r2ac.runs.stop import StopRequest, TrainingInterrupted
+from r2ac.rl.run.loop import TrainingDiverged, TrainingLoop, rng_state
+from r2ac.rl.run.run_dir import RunDir
+from r2ac.rl.run.tracker import Tracker
 from r2ac.runs.values import (
     ValueMismatch,
     check_count,
@@ -100,11 +98,6 @@ class ActorError(RuntimeError):
         self.traceback = traceback
 
 
-class TrainingDiverged(RuntimeError):  # noqa: N818  (a stop of the run, like ActorError)
-    """An update left the agent's weights (or its loss) non-finite: nothing of it is published
-    or checkpointed; the last checkpoint holds the weights before it."""
-
-
 @dataclass(frozen=True)
 class Batch:
     """What a runtime hands the learner for one update."""
@@ -112,20 +105,6 @@ class Batch:
     segment: Segment  # cfg.runtime.batch_size streams, joined along B
     episodes: list[EpisodeLog]  # episodes that ended in these segments (for logging)
     policy_lag: float  # mean over its segments of (learner version - version that acted)
-
-
-def rng_state() -> dict:
-    return {
-        "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),  # noqa: NPY002
-        "python": random.getstate(),
-    }
-
-
-def set_rng_state(saved: dict) -> None:
-    torch.set_rng_state(saved["torch"])
-    np.random.set_state(saved["numpy"])  # noqa: NPY002
-    random.setstate(saved["python"])
 
 
 def load_agent_weights(agent: torch.nn.Module, state_dict: dict, source) -> None:
@@ -165,8 +144,8 @@ def copy_weights(dst: torch.nn.Module, src: torch.nn.Module) -> None:
         d.copy_(s)
 
 
-class Runtime:
-    """The training loop and its bookkeeping; see the module docstring for the interface."""
+class Runtime(TrainingLoop):
+    """The batched trainer's loop and bookkeeping; see the module docstring for the interface."""
 
     name = "base"
     # On the CPU the actors of one process may act with the learner's own modules; a test
@@ -174,12 +153,11 @@ class Runtime:
     share_agent_on_cpu = True
 
     def __init__(self, cfg: TrainConfig, run: RunDir | None = None):
-        self.cfg, self.run = cfg, run
+        super().__init__(cfg, run)
         seed_everything(cfg.run.seed)
         if cfg.runtime.num_threads:
             torch.set_num_threads(cfg.runtime.num_threads)
         self.device = torch.device(cfg.runtime.device)
-        self.saved_counters: dict | None = None
         self.version = 0
 
     # -- set up by the subclass
@@ -233,6 +211,8 @@ class Runtime:
         from the run's config): weights, optimiser, schedule, RNG states, counters and the
         runtime's own part; nothing is changed."""
         check_weights(payload["agent"], self.agent.state_dict(), "agent")
+        if "learner" not in payload:
+            raise ValueMismatch("learner: missing (a streaming run's checkpoint?)")
         saved, own = payload["learner"], self.learner.state_dict()
         check_optimizer(saved["optimizer"], self.learner.optimizer, "learner.optimizer")
         for key in ("scheduler", "generator", "entropy_boost"):
@@ -245,7 +225,7 @@ class Runtime:
     def _check_counters(self, counters: dict) -> None:
         """Counters within the run's bounds and consistent with each other."""
         total = self.cfg.updates_total
-        per_update = self.cfg.loss.unroll_length * self.cfg.runtime.batch_size
+        per_update = self.cfg.runtime.unroll_length * self.cfg.runtime.batch_size
         update = check_count(counters.get("update", 0), "counters.update", 0, total)
         if "frames" in counters:
             frames = check_count(counters["frames"], "counters.frames", 0)
@@ -311,36 +291,43 @@ class Runtime:
         }
         self.run.save_checkpoint(payload)
 
-    def train(self) -> Tracker:
-        """Train to the end; on SIGINT/SIGTERM finish the update, checkpoint and raise
-        TrainingInterrupted; on an ActorError checkpoint the last update and re-raise."""
-        with StopRequest() as stop:  # first: a signal during the set-up waits for update 1
-            tracker = Tracker(self.cfg, self.run, self.saved_counters)
-            try:
-                self.start()
-                while not tracker.done:
-                    self._step(tracker, stop)
-            finally:
-                try:
-                    self.close()
-                finally:
-                    tracker.close()
-        if stop.requested:  # a signal while closing (Ray's shutdown takes seconds): answer it
-            raise TrainingInterrupted(stop.signum, tracker.update, self.run is not None)
-        return tracker
-
-    def _step(self, tracker: Tracker, stop: StopRequest) -> None:
-        """One update; a checkpoint when due, when stopping, or when an actor failed."""
+    def step(self, tracker: Tracker) -> None:
+        """One update; on an ActorError a checkpoint of the last complete update first."""
         try:
             self._update(tracker)
         except ActorError:
             self.checkpoint(tracker)
             raise
-        every = self.cfg.run.checkpoint_every
-        if tracker.update % every == 0 or tracker.done or stop.requested:
-            self.checkpoint(tracker)
-        if stop.requested:
-            raise TrainingInterrupted(stop.signum, tracker.update, self.run is not None)
+
+    @classmethod
+    def memory_estimate(cls, cfg: TrainConfig) -> dict[str, tuple[int, str]]:
+        """Bytes the run will hold, by part, each with the options that size it."""
+        from r2ac.rl.runtimes.memory import estimate
+
+        return estimate(cfg)
+
+    @classmethod
+    def evaluate_saved(cls, run: RunDir, cfg: TrainConfig, sets, episodes, greedy, seed) -> dict:
+        """`r2ac eval`: the evaluation protocol on the run's final weights (agent.pt)."""
+        import os
+
+        from r2ac.rl.model.build import agent_for_env, make_env
+        from r2ac.rl.run.evaluation import evaluate
+        from r2ac.rl.run.run_dir import agent_weights
+
+        if not os.path.lexists(run.agent_path):  # a FIFO or a link is named by the loader
+            raise ConfigError(f"{run.path}: no weights at {run.agent_path}")
+        env = make_env(cfg, 1, 0)
+        agent = agent_for_env(cfg, env, load_stem=False)
+        env.close()
+        load_agent_weights(agent, agent_weights(run.agent_path), run.agent_path)
+        return evaluate(agent, cfg, sets, episodes, greedy, seed)
+
+    def evaluate(self, sets: int, episodes: int, greedy: bool) -> dict:
+        """The evaluation protocol on the learner's current weights (r2ac eval's)."""
+        from r2ac.rl.run.evaluation import evaluate
+
+        return evaluate(self.cpu_agent(), self.cfg, sets, episodes, greedy)
 
     def _check_finite(self, metrics: dict[str, float], update: int) -> None:
         """TrainingDiverged if update `update` left a non-finite loss or weights (their norm
@@ -369,5 +356,5 @@ class Runtime:
         if tracker.update + 1 >= self.cfg.updates_total:
             self.end_of_run()  # the last row says how the run ended
         metrics.update(self.extra_metrics())
-        frames = self.cfg.loss.unroll_length * self.cfg.runtime.batch_size
+        frames = self.cfg.runtime.unroll_length * self.cfg.runtime.batch_size
         tracker.record(frames, batch.episodes, metrics, policy_lag=batch.policy_lag)

@@ -44,9 +44,9 @@ import torch.multiprocessing as mp
 from torch.utils import _pytree as pytree
 
 from r2ac.rl.config import TrainConfig, learner_carries
-from r2ac.rl.harness.run_dir import RunDir
 from r2ac.rl.learning.actor import Actor, EpisodeLog, Segment, cat_segments
 from r2ac.rl.model.build import actor_seed, agent_for_env, make_actor_env, make_env
+from r2ac.rl.run.run_dir import RunDir
 from r2ac.rl.runtimes.base import ActorError, Batch, Runtime
 from r2ac.rl.runtimes.learner_carry import LearnerCarry
 from r2ac.rl.runtimes.processes import (
@@ -108,7 +108,7 @@ def _act(spec: ActorSpec, cfg: TrainConfig, conn: Connection, slots, board: Weig
     try:
         agent = agent_for_env(cfg, env, load_stem=False)
         light = learner_carries(cfg)  # the learner carries the sensitivities
-        actor = Actor(agent, env, seed, cfg.loss.unroll_length, sensitivities=not light)
+        actor = Actor(agent, env, seed, cfg.runtime.unroll_length, sensitivities=not light)
         free, version, seq = list(spec.slots), -1, 0
         while _await_slot(conn, free, spec.parent_pid):
             slot = free.pop(0)
@@ -163,7 +163,7 @@ class ParallelRuntime(Runtime):
         env = make_env(cfg, cfg.runtime.num_envs, actor_seed(cfg.run.seed, 0))
         agent = self.set_agent(agent_for_env(cfg, env))
         light = learner_carries(cfg)
-        example = Actor(agent, env, 0, cfg.loss.unroll_length, sensitivities=not light)
+        example = Actor(agent, env, 0, cfg.runtime.unroll_length, sensitivities=not light)
         template = Segment(**example.segment_buffers(), state=example.state)
         env.close()
         self.slots_per_actor = max(2, math.ceil(2 * cfg.segments_per_batch / cfg.actors))
@@ -224,13 +224,13 @@ class ParallelRuntime(Runtime):
 
     def next_batch(self) -> Batch:
         need = self.cfg.segments_per_batch
-        deadline = time.monotonic() + self.cfg.study.actor_timeout_s
+        deadline = time.monotonic() + self.cfg.runtime.actor_timeout_s
         while len(self.ready) < need:
-            if self._receive(timeout=min(POLL_S * 10, self.cfg.study.actor_timeout_s)):
-                deadline = time.monotonic() + self.cfg.study.actor_timeout_s
+            if self._receive(timeout=min(POLL_S * 10, self.cfg.runtime.actor_timeout_s)):
+                deadline = time.monotonic() + self.cfg.runtime.actor_timeout_s
             elif time.monotonic() > deadline:
                 raise ActorError(
-                    f"no segment from any actor in {self.cfg.study.actor_timeout_s:g} s "
+                    f"no segment from any actor in {self.cfg.runtime.actor_timeout_s:g} s "
                     f"(actor_timeout_s); actors: {self._describe()}"
                 )
         items = self._take(need)
@@ -302,13 +302,13 @@ class ParallelRuntime(Runtime):
         what = (
             f"actor {h.spec.index} (pid {h.process.pid}) died ({describe_exit(h.process.exitcode)})"
         )
-        if self.restarts >= self.cfg.study.max_actor_restarts:
+        if self.restarts >= self.cfg.runtime.max_actor_restarts:
             raise ActorError(
-                f"{what}; no restart left (max_actor_restarts={self.cfg.study.max_actor_restarts})"
+                f"{what}; no restart left (max_actor_restarts={self.cfg.runtime.max_actor_restarts})"
             )
         self.restarts += 1
         log.warning(
-            "%s; restarting it (%d of %d)", what, self.restarts, self.cfg.study.max_actor_restarts
+            "%s; restarting it (%d of %d)", what, self.restarts, self.cfg.runtime.max_actor_restarts
         )
         self._spawn(h.spec.index, h.spec.generation + 1)
 

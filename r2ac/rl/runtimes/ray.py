@@ -63,9 +63,9 @@ from torch.utils import _pytree as pytree
 from r2ac.environ import environ
 from r2ac.errors import ConfigError
 from r2ac.rl.config import TrainConfig, learner_carries
-from r2ac.rl.harness.run_dir import RunDir
 from r2ac.rl.learning.actor import Actor, EpisodeLog, cat_segments
 from r2ac.rl.model.build import actor_seed, agent_for_env, make_actor_env, make_env
+from r2ac.rl.run.run_dir import RunDir
 from r2ac.rl.runtimes import wire
 from r2ac.rl.runtimes.base import ActorError, Batch, Runtime
 from r2ac.rl.runtimes.learner_carry import LearnerCarry
@@ -198,7 +198,7 @@ class RayActor:
             self.agent = agent_for_env(cfg, self.env, self.dtype, load_stem=False)
         light = learner_carries(cfg)  # the learner carries the sensitivities
         self.actor = Actor(
-            self.agent, self.env, seed, cfg.loss.unroll_length, sensitivities=not light
+            self.agent, self.env, seed, cfg.runtime.unroll_length, sensitivities=not light
         )
         self.epoch, self.seq = epoch, 0
 
@@ -379,7 +379,7 @@ class RayRuntime(Runtime):
 
     def _make_actors(self) -> None:
         remote = ray.remote(
-            num_cpus=1, max_restarts=self.cfg.study.max_actor_restarts, max_task_retries=0
+            num_cpus=1, max_restarts=self.cfg.runtime.max_actor_restarts, max_task_retries=0
         )(RayActor)
         self.actors = [remote.remote(self.cfg, k, self.dtype) for k in range(self.cfg.actors)]
         t0 = time.perf_counter()
@@ -466,10 +466,10 @@ class RayRuntime(Runtime):
                 if seg is not None:
                     got.append(seg)
                     last = time.monotonic()
-            if time.monotonic() - last > self.cfg.study.actor_timeout_s:
+            if time.monotonic() - last > self.cfg.runtime.actor_timeout_s:
                 raise ActorError(
                     f"no segment from any of the {len(self.actors)} Ray actors in "
-                    f"{self.cfg.study.actor_timeout_s:g} s (actor_timeout_s)"
+                    f"{self.cfg.runtime.actor_timeout_s:g} s (actor_timeout_s)"
                 )
         return got
 
@@ -494,7 +494,7 @@ class RayRuntime(Runtime):
         except ray.exceptions.ActorDiedError as exc:  # Ray will not restart it
             raise ActorError(
                 f"actor {k} died and Ray will not restart it (--max-actor-restarts "
-                f"{self.cfg.study.max_actor_restarts}): {type(exc).__name__}"
+                f"{self.cfg.runtime.max_actor_restarts}): {type(exc).__name__}"
             ) from None
         except ray.exceptions.RayActorError as exc:  # dead: Ray restarts it
             log.warning("ray: actor %d lost a segment (%s)", k, type(exc).__name__)
@@ -515,10 +515,10 @@ class RayRuntime(Runtime):
             self.deaths[k] += 1
             self.restarts += 1
             log.warning("ray: actor %d was restarted (%d restarts in all)", k, self.restarts)
-            if self.restarts > self.cfg.study.max_actor_restarts:
+            if self.restarts > self.cfg.runtime.max_actor_restarts:
                 raise ActorError(
                     f"actor {k} died; {self.restarts} restarts in all, more than "
-                    f"--max-actor-restarts {self.cfg.study.max_actor_restarts}"
+                    f"--max-actor-restarts {self.cfg.runtime.max_actor_restarts}"
                 )
         self.instances[k] = instance
 

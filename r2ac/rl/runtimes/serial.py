@@ -21,10 +21,11 @@ from __future__ import annotations
 import logging
 
 from r2ac.rl.config import TrainConfig
-from r2ac.rl.harness.run_dir import RunDir
 from r2ac.rl.learning.actor import Actor, StateSlots, cat_segments
 from r2ac.rl.model.build import actor_seed, agent_for_env, make_actor_env
-from r2ac.rl.runtimes.base import Batch, Runtime, copy_weights, set_rng_state
+from r2ac.rl.run.loop import set_rng_state
+from r2ac.rl.run.run_dir import RunDir
+from r2ac.rl.runtimes.base import Batch, Runtime, copy_weights
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class SerialRuntime(Runtime):
         defer = acting.core.defers_carry
         self.slots = StateSlots(acting, cfg.runtime.num_envs, len(envs), count=1 if defer else 2)
         self.actors = [
-            Actor(acting, env, s, cfg.loss.unroll_length, carry_slots=slots, defer_carry=defer)
+            Actor(acting, env, s, cfg.runtime.unroll_length, carry_slots=slots, defer_carry=defer)
             for env, s, slots in zip(envs, seeds, self.slots.slots, strict=True)
         ]
         self.acting_agent = self.set_agent(acting)

@@ -25,7 +25,14 @@ from typing import Any
 import torch
 
 from r2ac.errors import ConfigError, check_writable
-from r2ac.rl.config import REMOVED_OPTIONS, TrainConfig, flatten, from_dict, to_dict
+from r2ac.rl.config import (
+    REMOVED_OPTIONS,
+    TrainConfig,
+    flatten,
+    from_dict,
+    to_dict,
+    upgrade_older,
+)
 from r2ac.runs import checkpoint
 from r2ac.runs.locked_dir import (
     LockedDir,
@@ -75,7 +82,9 @@ ACTOR_STATE = {
 }
 TRAINING_CHECKPOINT = {
     "agent": STATE_DICT,
-    "learner": {"optimizer": OPTIMIZER, "scheduler": dict, "entropy_boost": Opt(NUMBER)},
+    # the batched trainer's learner; the streaming agents' own section (r2ac/rl/stream/checkpoint.py)
+    "learner": Opt({"optimizer": OPTIMIZER, "scheduler": dict, "entropy_boost": Opt(NUMBER)}),
+    "stream": Opt(dict),
     "rng": {"torch": torch.Tensor, "numpy": (tuple, list), "python": (tuple, list)},
     "counters": {
         "update": Opt(int),
@@ -274,8 +283,8 @@ def config_differences(saved: dict, current: dict) -> list[str]:
     # A checkpoint from before the groups is flat; an option it predates had its default.
     # Options since removed were at their defaults (from_dict refuses any other value).
     defaults = TrainConfig().flat()
-    saved = {**defaults, **_without_removed(flatten(saved))}
-    current = {**defaults, **_without_removed(flatten(current))}
+    saved = {**defaults, **upgrade_older(_without_removed(flatten(saved)))}
+    current = {**defaults, **upgrade_older(_without_removed(flatten(current)))}
     names = sorted((set(saved) | set(current)) - EDITABLE_FIELDS)
     return [
         f"{n}: checkpoint {norm(saved.get(n))!r}, config.json {norm(current.get(n))!r}"

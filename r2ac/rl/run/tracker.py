@@ -9,8 +9,8 @@ from collections import deque
 from typing import Any
 
 from r2ac.rl.config import TrainConfig
-from r2ac.rl.harness.run_dir import COLUMNS, MetricsLog, RunDir
 from r2ac.rl.learning.actor import EpisodeLog
+from r2ac.rl.run.run_dir import COLUMNS, MetricsLog, RunDir
 
 RECENT = 100  # episodes in the "recent return" average
 
@@ -80,11 +80,11 @@ class Tracker:
     def _make_bar(self):
         """A tqdm bar on a terminal; one progress line every `progress_every_s` seconds when
         stderr is a file or a pipe (a job's log), where a bar would print nothing useful."""
-        if not self.cfg.study.progress:
+        if not self.cfg.run.progress:
             return None
         if not sys.stderr.isatty():
             return ProgressLines(
-                self.cfg.run.total_frames, self.frames, self.cfg.study.progress_every_s
+                self.cfg.run.total_frames, self.frames, self.cfg.run.progress_every_s
             )
         from tqdm import tqdm
 

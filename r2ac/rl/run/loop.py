@@ -1,0 +1,110 @@
+"""The training loop every trainer shares: the batched runtimes (r2ac/rl/runtimes/) and the
+streaming agents' (r2ac/rl/stream/runtime.py).
+
+A trainer supplies one `step(tracker)` (one update and its record) and its checkpoint; the loop
+owns the rest::
+
+    with a stop guard (SIGINT / SIGTERM: finish the step, checkpoint, TrainingInterrupted):
+        tracker = make_tracker()
+        start()
+        until tracker.done:
+            step(tracker)
+            checkpoint() every checkpoint_every updates, at the end, on a stop request
+        close()                                   always, also on errors and signals
+
+What every trainer answers besides (the commands use nothing else): `restore(payload)`,
+`checkpoint(tracker)`, `evaluate(sets, episodes, greedy)` (the dict eval.json holds) and the
+class method `memory_estimate(cfg, sizes)` (bytes by part, for the check before a run starts).
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+from r2ac.rl.config import TrainConfig
+from r2ac.rl.run.run_dir import RunDir
+from r2ac.rl.run.tracker import Tracker
+from r2ac.runs.stop import StopRequest, TrainingInterrupted
+
+
+class TrainingDiverged(RuntimeError):  # noqa: N818  (a stop of the run, like ActorError)
+    """An update left the agent's weights (or its loss) non-finite: nothing of it is published
+    or checkpointed; the last checkpoint holds the weights before it."""
+
+
+def rng_state() -> dict:
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),  # noqa: NPY002
+        "python": random.getstate(),
+    }
+
+
+def set_rng_state(saved: dict) -> None:
+    torch.set_rng_state(saved["torch"])
+    np.random.set_state(saved["numpy"])  # noqa: NPY002
+    random.setstate(saved["python"])
+
+
+class TrainingLoop:
+    """The loop and its stop, checkpoint and close discipline; see the module docstring."""
+
+    name = "base"
+
+    def __init__(self, cfg: TrainConfig, run: RunDir | None = None):
+        self.cfg, self.run = cfg, run
+        self.saved_counters: dict | None = None
+
+    # -- the trainer's part
+
+    def make_tracker(self) -> Tracker:
+        return Tracker(self.cfg, self.run, self.saved_counters)
+
+    def start(self) -> None:
+        pass
+
+    def step(self, tracker: Tracker) -> None:
+        raise NotImplementedError
+
+    def checkpoint(self, tracker: Tracker) -> None:
+        raise NotImplementedError
+
+    def restore(self, payload: dict, source=None) -> None:
+        raise NotImplementedError
+
+    def evaluate(self, sets: int, episodes: int, greedy: bool) -> dict:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    # -- owned by the loop
+
+    def train(self) -> Tracker:
+        """Train to the end; on SIGINT/SIGTERM finish the step, checkpoint and raise
+        TrainingInterrupted."""
+        with StopRequest() as stop:  # first: a signal during the set-up waits for step 1
+            tracker = self.make_tracker()
+            try:
+                self.start()
+                while not tracker.done:
+                    self.step(tracker)
+                    self._after_step(tracker, stop)
+            finally:
+                try:
+                    self.close()
+                finally:
+                    tracker.close()
+        if stop.requested:  # a signal while closing (Ray's shutdown takes seconds): answer it
+            raise TrainingInterrupted(stop.signum, tracker.update, self.run is not None)
+        return tracker
+
+    def _after_step(self, tracker: Tracker, stop: StopRequest) -> None:
+        """A checkpoint when due, at the end or when stopping; then the stop itself."""
+        if tracker.update % self.cfg.run.checkpoint_every == 0 or tracker.done or stop.requested:
+            self.checkpoint(tracker)
+        if stop.requested:
+            raise TrainingInterrupted(stop.signum, tracker.update, self.run is not None)

@@ -1,0 +1,126 @@
+"""The streaming agents from a config: one builder per algorithm (`BUILDERS`), each taking the
+config's own options; the core is a stacked core (r2ac/rtrl/stacked) of `--core` and
+`--hidden-size`, under every network."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from r2ac.envs.base import BatchedEnv
+from r2ac.errors import ConfigError
+from r2ac.rl.config import TrainConfig
+from r2ac.rl.stream.ac import StreamAC, StreamSettings
+from r2ac.rl.stream.protocol import StreamAgent
+from r2ac.rl.stream.qrc import QRCSettings, StreamQRC
+
+
+def ac_agent(cfg: TrainConfig, make_core, space, obs_size: int, seeds, dtype) -> StreamAC:
+    s = cfg.stream
+    settings = StreamSettings(
+        discount=cfg.loss.discount,
+        trace_lambda=s.trace_lambda,
+        lr=cfg.optim.learning_rate,
+        kappa_actor=s.kappa_actor,
+        kappa_critic=s.kappa_critic,
+        entropy_cost=cfg.loss.entropy_cost,
+    )
+    return StreamAC(
+        make_core, space, obs_size, seeds, settings, s.stream_mlp, dtype, s.stream_top_mlp
+    )
+
+
+def qrc_settings(cfg: TrainConfig) -> QRCSettings:
+    """--learning-rate is Q's SGD step; epsilon decays over epsilon_fraction x --total-frames
+    (each agent's steps), as the anchor's schedule over its total_timesteps."""
+    s = cfg.stream
+    return QRCSettings(
+        discount=cfg.loss.discount,
+        trace_lambda=s.trace_lambda,
+        lr=cfg.optim.learning_rate,
+        h_lr=s.h_learning_rate,
+        beta=s.qrc_beta,
+        epsilon_start=s.epsilon_start,
+        epsilon_end=s.epsilon_end,
+        epsilon_steps=int(cfg.run.total_frames * s.epsilon_fraction),
+    )
+
+
+def q_agent(cfg: TrainConfig, make_core, space, obs_size: int, seeds, dtype) -> StreamQRC:
+    s = cfg.stream
+    settings = qrc_settings(cfg)
+    return StreamQRC(
+        make_core, space, obs_size, seeds, settings, s.stream_mlp, dtype, s.stream_top_mlp
+    )
+
+
+BUILDERS = {"stream-ac": ac_agent, "stream-q": q_agent}
+
+
+def make_stream_agent(cfg: TrainConfig, env: BatchedEnv, seeds, dtype=torch.float32) -> StreamAgent:
+    """The K agents of `cfg.loss.algorithm` for `env`'s observations and actions, agent k's
+    weights drawn from seeds[k]."""
+    from r2ac.rtrl.stacked import make_stacked_core
+
+    spec = env.observation_spec
+    if spec.is_image:
+        raise ConfigError(f"{cfg.env.id}: the streaming agent takes vector observations only")
+    obs_size = int(math.prod(spec.shape))
+
+    def core(k: int, d: int):
+        return make_stacked_core(cfg.model.core, k, d, cfg.model.hidden_size, dtype)
+
+    build = BUILDERS[cfg.loss.algorithm]
+    agent = build(cfg, core, env.action_space, obs_size, seeds, dtype)
+    return with_forget_bias(agent, cfg.model.forget_bias)
+
+
+@torch.no_grad()
+def with_forget_bias(agent: StreamAgent, forget_bias: float | None) -> StreamAgent:
+    """`agent` with every eLSTM core's forget-gate bias b_f set to `forget_bias` (None: the
+    core's own init), in every network, as `--forget-bias` sets the batched agent's."""
+    if forget_bias is None:
+        return agent
+    for net, theta in agent.nets().values():
+        views = net.layout.views(theta)
+        if "core.b_f" not in views:
+            raise ConfigError(f"--forget-bias: core {net.core.name} has no forget gate")
+        views["core.b_f"].fill_(forget_bias)
+    return agent
+
+
+def memory_estimate(
+    cfg: TrainConfig, obs_size: int, action_size: int
+) -> dict[str, tuple[int, str]]:
+    """Bytes the K agents hold, by part (what the check before a run compares with the memory
+    available): weights, gradients, traces and the ObGD scratch (4 x (2, K, P) floats), the
+    carried core states with their sensitivities (2K rows), the normalisers. From K, the hidden
+    size and the widths, on the meta device (nothing is allocated)."""
+    from r2ac.rtrl.stacked import make_stacked_core
+
+    k, s = cfg.stream.num_agents, cfg.stream
+    feat = s.stream_mlp[-1] if s.stream_mlp else obs_size
+
+    def params(out: int) -> int:
+        widths = [obs_size, *s.stream_mlp]
+        below = sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
+        top = [0, *s.stream_top_mlp]
+        core = make_stacked_core(cfg.model.core, 1, feat, cfg.model.hidden_size, torch.float32)
+        top[0] = core.output_size
+        above = sum(a * b + b for a, b in zip(top[:-1], top[1:]))
+        return below + core.param_numbers() + above + top[-1] * out + out + out
+
+    core = make_stacked_core(cfg.model.core, 1, feat, cfg.model.hidden_size, torch.float32)
+    per_agent = max(params(action_size), params(1))
+    return {
+        "weights, gradients, traces": (
+            4 * 2 * k * per_agent * 4,
+            f"4 x 2 x {k} x {per_agent:,} floats",
+        ),
+        "core states": (
+            2 * k * core.state_numbers() * 4,
+            f"2 x {k} x {core.state_numbers():,} floats",
+        ),
+        "normalisers": (3 * k * obs_size * 8, f"3 x {k} x {obs_size} doubles"),
+    }

@@ -1,0 +1,448 @@
+"""QRC(lambda) for K independent agents in lockstep, recurrent cores trained by exact RTRL.
+
+The value-based streaming algorithm Farr et al. 2026 ran on MemoryChain: Q-learning with
+gradient correction (QRC: TDC with a regularised secondary estimate h; Patterson, White and
+White 2022, "A generalized projected Bellman error for off-policy value estimation in RL")
+with eligibility traces, epsilon-greedy behaviour, and a recurrent core between the MLP and
+the heads. One stream per agent, batch 1, an update every step, no replay
+(docs/rules/stream.md, "QRC(lambda)").
+
+Per agent and step t (s_t the normalised observation, r_t the scaled reward, a_t the action
+taken, a* = argmax_a Q(s'_t, a), b_t = gamma (1 - terminated_t)):
+
+    delta_t = r_t + b_t Q(s'_t, a*) - Q(s_t, a_t)     s'_t: the next observation (the final one
+              of the episode when it was truncated: it bootstraps; a terminal step does not)
+    z_q <- gamma lambda z_q + grad Q(s_t, a_t)         (K, Pq)
+    z_h <- gamma lambda z_h + grad h(s_t, a_t)         (K, Ph)
+    z_b <- gamma lambda z_b + h(s_t, a_t)              (K,)   the trace of h's values
+    theta_q <- theta_q + alpha   [delta_t z_q - z_b grad delta_t - h(s_t, a_t) grad Q(s_t, a_t)]
+               grad delta_t = b_t grad Q(s'_t, a*) - grad Q(s_t, a_t)
+    theta_h <- theta_h + alpha_h [delta_t z_h - h(s_t, a_t) grad h(s_t, a_t) - beta theta_h]
+    after the update, where the episode ended or a_t was a non-greedy exploratory action:
+    z_q, z_h, z_b <- 0 (and at an episode's end the core states and the reward scaling's
+    return reset).
+
+With lambda = 0 this is QRC: theta_q += alpha [delta grad Q - gamma h grad Q(s', a*)],
+theta_h += alpha_h [(delta - h) grad h - beta theta_h]. The form, the traces, the cut and the
+optimiser (plain SGD, no step-size bound) are the anchor's (recurrent-streaming-rl,
+src/algorithms/qrc/qrc.py `_update`; config/algorithm/qrc.yaml; its bsuite recipe
+src/recipes/qrc_bsuite.py): the cut is applied after the update of the step whose action was
+non-greedy (Elsayed et al.'s stream Q(lambda) cuts so too; Watkins' Q(lambda) would cut
+before adding that step's gradient).
+
+Networks (Q and h: separate, as the anchor's q_network and h_network): an MLP (sparse init,
+LayerNorm without affine parameters, leaky ReLU) -> a stacked recurrent core -> a linear head
+of |A| values. Through an exact-RTRL core grad Q(s_t, a_t), grad Q(s'_t, a*) and
+grad h(s_t, a_t) carry through the stream's whole past; Q(s'_t, .) is a core step from the
+state after s_t (the next step recomputes it with the updated weights).
+
+Discrete actions only. All state is (K, ...) tensors, the Q and h networks' parameters the two
+(K, P) rows of one (2, K, P) buffer (r2ac/rl/stream/nets.py's PairBuffers: their bodies run as
+one computation of 2K rows, with hand-written vector-Jacobian products, no autograd graph); the epsilon-greedy draws are the
+counter hash of (agent seed, step), so K agents together equal K runs alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from r2ac.counter_hash import uniforms
+from r2ac.envs.spaces import ActionSpace
+from r2ac.errors import ConfigError
+from r2ac.rl.running_stats import RewardScale, RunningStats
+from r2ac.rl.stream.nets import (
+    PairBuffers,
+    StackedNet,
+    cat_states,
+    head_backward,
+    head_forward,
+    mlp_backward,
+    mlp_forward,
+    net_parts,
+    state_rows,
+)
+
+# ---------------------------------------------------------------- pure functions
+
+
+def epsilon_at(step: int, start: float, end: float, steps: int) -> float:
+    """Linear decay from start to end over `steps` steps, then end (optax.linear_schedule)."""
+    if step >= steps:
+        return end
+    return start + (end - start) * min(step / steps, 1.0)
+
+
+def epsilon_greedy(q: torch.Tensor, u: torch.Tensor, epsilon: float):
+    """(actions (K,), non_greedy (K,) bool) from q (K, A) and uniforms u (K, 2): with
+    probability epsilon a uniformly random action (u[:, 1]), else argmax q (the first on
+    ties); non_greedy: a random action that is not the greedy one."""
+    n = q.shape[-1]
+    greedy = q.argmax(-1)
+    random = (u[:, 1] * n).long().clamp(max=n - 1)
+    explore = u[:, 0] < epsilon
+    action = torch.where(explore, random, greedy)
+    return action, explore & (random != greedy)
+
+
+def q_td_error(reward, q_sa, q_next_max, terminated, discount: float) -> torch.Tensor:
+    """delta = r + gamma (1 - terminated) max_a Q(s', a) - Q(s, a): all (K,)."""
+    return reward + discount * q_next_max * (~terminated).to(q_sa.dtype) - q_sa
+
+
+class QRCTraces(NamedTuple):
+    z_q: torch.Tensor  # (K, Pq)
+    z_h: torch.Tensor  # (K, Ph)
+    z_b: torch.Tensor  # (K,) the trace of h(s, a)
+
+
+def qrc_traces(traces: QRCTraces, g_q, g_h, h_sa, decay: float) -> QRCTraces:
+    """z <- decay z + g for the three traces, in place (decay = gamma lambda)."""
+    traces.z_q.mul_(decay).add_(g_q)
+    traces.z_h.mul_(decay).add_(g_h)
+    traces.z_b.mul_(decay).add_(h_sa)
+    return traces
+
+
+def qrc_directions(delta, traces: QRCTraces, g_q, g_next, g_h, h_sa, bootstrap, theta_h, beta):
+    """The ascent directions (K, Pq), (K, Ph) of QRC(lambda), for traces that already hold
+    this step's gradients:
+
+        d_q = delta z_q - z_b grad delta - h grad Q(s, a),  grad delta = bootstrap grad Q(s', a*) - grad Q(s, a)
+        d_h = delta z_h - h grad h(s, a) - beta theta_h
+
+    delta, h_sa, bootstrap (= gamma (1 - terminated)): (K,); g_q, g_next: (K, Pq); g_h,
+    theta_h: (K, Ph)."""
+    col = lambda v: v.unsqueeze(1)  # noqa: E731  (K,) -> (K, 1)
+    grad_delta = col(bootstrap) * g_next - g_q
+    d_q = col(delta) * traces.z_q - col(traces.z_b) * grad_delta - col(h_sa) * g_q
+    d_h = col(delta) * traces.z_h - col(h_sa) * g_h - beta * theta_h
+    return d_q, d_h
+
+
+def cut_traces(traces: QRCTraces, cut: torch.Tensor) -> None:
+    """Zero the traces of the agents where cut (K,) bool (an episode's end, a non-greedy action)."""
+    keep = (~cut).to(traces.z_q.dtype)
+    traces.z_q.mul_(keep.unsqueeze(1))
+    traces.z_h.mul_(keep.unsqueeze(1))
+    traces.z_b.mul_(keep)
+
+
+# ---------------------------------------------------------------- the agents
+
+
+@dataclass(frozen=True)
+class QRCSettings:
+    discount: float = 0.99
+    trace_lambda: float = 0.95
+    lr: float = 1e-4  # SGD step of the Q network
+    h_lr: float = 1e-5  # SGD step of the h network
+    beta: float = 1.0  # the regulariser of h
+    epsilon_start: float = 1.0
+    epsilon_end: float = 0.01
+    epsilon_steps: int = 50_000  # steps of the linear decay
+
+
+class QStepInfo(NamedTuple):
+    """What one lockstep step gives the loop (all (K,))."""
+
+    delta: torch.Tensor
+    value: torch.Tensor  # Q(s, a)
+    epsilon: torch.Tensor
+    h: torch.Tensor  # h(s, a)
+    non_greedy: torch.Tensor  # 1.0 where the action was a non-greedy exploratory one
+
+
+# checkpoints written before QRC had names of its own kept its state under stream AC's keys
+OLDER_KEYS = {
+    "theta_actor": "theta_q",
+    "theta_critic": "theta_h",
+    "trace_actor": "trace_q",
+    "trace_critic": "trace_h",
+    "core_actor": "core_q",
+    "core_critic": "core_h",
+}
+
+
+def from_older_keys(saved: dict) -> dict:
+    """A QRC state saved under stream AC's keys, under QRC's own."""
+    return {OLDER_KEYS.get(k, k): v for k, v in saved.items()}
+
+
+class StreamQRC:
+    """K QRC(lambda) agents in lockstep: Q and h networks, traces, normalisers, core states.
+
+    Use as StreamAC: `agent.observe_first(raw_obs)`; then per step `action = agent.act()`,
+    the env step, `agent.learn(reward, next_obs, final_obs, terminated, truncated)`."""
+
+    metric_names = ("td_abs", "q_mean", "epsilon", "h_mean", "non_greedy")
+
+    def __init__(
+        self,
+        make_core,
+        space: ActionSpace,
+        obs_size: int,
+        seeds: list[int],
+        settings: QRCSettings,
+        mlp: tuple[int, ...] = (128,),
+        dtype: torch.dtype = torch.float32,
+        top: tuple[int, ...] = (),
+    ):
+        """make_core(num_agents, input_size) -> a stacked core; `top`: the widths of the
+        layers between the core and the heads."""
+        check_q_space(space)
+        self.space, self.settings, self.dtype = space, settings, dtype
+        self.k, self.obs_size = len(seeds), obs_size
+        self.num_actions = int(space.nvec[0])
+        self.seeds = np.asarray(seeds, dtype=np.uint64)
+        feat = mlp[-1] if mlp else obs_size
+        self.q_net = StackedNet(make_core(self.k, feat), obs_size, mlp, self.num_actions, top=top)
+        self.h_net = StackedNet(make_core(self.k, feat), obs_size, mlp, self.num_actions, top=top)
+        self.body_core = make_core(2 * self.k, feat)  # both bodies' cores, 2K rows: Q's, h's
+        generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        theta_q = self.q_net.init(generators, dtype)
+        theta_h = self.h_net.init(generators, dtype)
+        self.params = PairBuffers(torch.stack([theta_q, theta_h]), self.q_net, self.h_net)
+        self.grads = PairBuffers(torch.zeros_like(self.params.flat), self.q_net, self.h_net)
+        self.traces_flat = PairBuffers(torch.zeros_like(self.params.flat), self.q_net, self.h_net)
+        self.g_next = torch.zeros_like(theta_q)  # grad Q(s', a*) (K, Pq)
+        self._g_next_parts = net_parts(self.q_net, self.g_next)
+        self.theta_q, self.theta_h = self.params.first, self.params.second
+        self.traces = QRCTraces(
+            self.traces_flat.first, self.traces_flat.second, torch.zeros(self.k, dtype=dtype)
+        )
+        self._bounded = [
+            (self.params.body[f"core.{name}"], bound)
+            for name, bound in self.body_core.upper_bounds().items()
+        ]
+        self.state = self.body_core.initial_state()  # (2K, ...): Q's, then h's
+        self.obs_stats = RunningStats(self.k, (obs_size,))
+        self.rewards = RewardScale(self.k)
+        self._np_dtype = torch.empty((), dtype=dtype).numpy().dtype
+        self.x = torch.zeros(self.k, obs_size, dtype=dtype)  # normalised current observation
+        self.reset = torch.ones(self.k, dtype=torch.bool)
+        self.steps = 0  # lockstep steps taken (the sampler's and epsilon's counter)
+        self.frozen = False
+        self._pending: tuple | None = None
+        self.last_grads: tuple | None = None
+
+    @property
+    def state_q(self):
+        return state_rows(self.state, 0, self.k)
+
+    @property
+    def state_h(self):
+        return state_rows(self.state, self.k, 2 * self.k)
+
+    @property
+    def z_q(self) -> torch.Tensor:
+        return self.traces.z_q
+
+    @property
+    def z_h(self) -> torch.Tensor:
+        return self.traces.z_h
+
+    @property
+    def z_b(self) -> torch.Tensor:
+        return self.traces.z_b
+
+    def epsilon(self) -> float:
+        s = self.settings
+        return epsilon_at(self.steps, s.epsilon_start, s.epsilon_end, s.epsilon_steps)
+
+    # -- the agent protocol's views (r2ac/rl/stream/protocol.py)
+
+    def acting_net(self) -> tuple[StackedNet, torch.Tensor]:
+        return self.q_net, self.theta_q
+
+    def nets(self) -> dict[str, tuple[StackedNet, torch.Tensor]]:
+        return {"q": (self.q_net, self.theta_q), "h": (self.h_net, self.theta_h)}
+
+    def choose(self, q: torch.Tensor, u: torch.Tensor | None, greedy: bool) -> torch.Tensor:
+        """Greedy: argmax Q; else epsilon-greedy at this step's epsilon (u (K, 2))."""
+        if greedy:
+            return q.argmax(-1)
+        return epsilon_greedy(q, u, self.epsilon())[0]
+
+    def draws(self) -> int:
+        return 2
+
+    def restart_episodes(self) -> None:
+        self.traces_flat.flat.zero_()
+        self.traces.z_b.zero_()
+
+    def finite(self) -> bool:
+        return bool(torch.isfinite(self.params.flat).all())
+
+    def constant_metrics(self) -> dict[str, float]:
+        return {"lr": self.settings.lr}
+
+    # -- observations
+
+    def _normalised(self, obs) -> torch.Tensor:
+        obs = np.asarray(obs, dtype=np.float64).reshape(self.k, -1)
+        return torch.from_numpy(self.obs_stats.normalise(obs).astype(self._np_dtype))
+
+    def _observe(self, obs) -> torch.Tensor:
+        if not self.frozen:
+            self.obs_stats.update(np.asarray(obs, dtype=np.float64).reshape(self.k, -1))
+        return self._normalised(obs)
+
+    def observe_first(self, obs) -> None:
+        self.x = self._observe(obs)
+        self.reset = torch.ones(self.k, dtype=torch.bool)
+
+    # -- acting and learning
+
+    @torch.no_grad()
+    def act(self, greedy: bool = False) -> torch.Tensor:
+        """Actions (K,): epsilon-greedy in Q (argmax with greedy); keeps what `learn` needs
+        (both networks' forward intermediates, the cores' next states)."""
+        k, p = self.k, self.params
+        body = p.parts
+        x2 = torch.cat([self.x, self.x])  # (2K, obs): both networks see the same observation
+        feat, mlp_saved = mlp_forward(body.ws, body.bs, x2)  # (2K, F)
+        hid, state, core_saved = self.body_core.forward_manual(
+            body.core, feat, self.state, torch.cat([self.reset, self.reset])
+        )
+        hid, top_saved = mlp_forward(body.top_ws, body.top_bs, hid)
+        hid = hid.unsqueeze(1)  # (2K, 1, H') rows
+        q = head_forward(p.heads[0], hid[:k])  # (K, A)
+        h = head_forward(p.heads[1], hid[k:])  # (K, A)
+        eps = 0.0 if greedy else self.epsilon()
+        u = torch.from_numpy(uniforms(self.seeds, self.steps, 2))
+        action, non_greedy = epsilon_greedy(q, u, eps)
+        self._pending = (
+            q,
+            h,
+            action,
+            non_greedy,
+            eps,
+            hid,
+            state,
+            mlp_saved,
+            core_saved,
+            top_saved,
+        )
+        return action
+
+    @torch.no_grad()
+    def learn(self, reward, obs, final_obs, terminated, truncated) -> QStepInfo:
+        """One QRC(lambda) update from this step; then the next observation becomes current."""
+        q, h, action, non_greedy, eps, hid, state, *saved = self._pending
+        self._pending = None
+        s, k = self.settings, self.k
+        terminated = torch.as_tensor(np.asarray(terminated, dtype=bool).reshape(k))
+        done = terminated | torch.as_tensor(np.asarray(truncated, dtype=bool).reshape(k))
+        x_next = self._observe(obs)
+        x_final = self._normalised(final_obs)
+        scaled = torch.from_numpy(self.rewards.scale(reward, done.numpy(), s.discount))
+        onehot = torch.zeros_like(q).scatter_(1, action.view(-1, 1), 1.0)  # dQ(s,a)/dQ(s,.)
+        q_sa, h_sa = (q * onehot).sum(1), (h * onehot).sum(1)  # (K,)
+        self._backward(hid, onehot, saved)
+        q_next = self._q_next(x_final, state_rows(state, 0, k))  # (K,) grad into g_next
+        g_q, g_h = self.grads.first, self.grads.second
+        self.last_grads = (g_q, g_h, self.g_next)  # this step's gradients (tests read them)
+        delta = q_td_error(scaled.to(self.dtype), q_sa, q_next, terminated, s.discount)
+        bootstrap = s.discount * (~terminated).to(self.dtype)
+        qrc_traces(self.traces, g_q, g_h, h_sa, s.discount * s.trace_lambda)
+        d_q, d_h = qrc_directions(
+            delta, self.traces, g_q, self.g_next, g_h, h_sa, bootstrap, self.theta_h, s.beta
+        )
+        if not self.frozen:
+            self.theta_q.add_(d_q, alpha=s.lr)
+            self.theta_h.add_(d_h, alpha=s.h_lr)
+            for view, bound in self._bounded:
+                view.clamp_(max=bound)
+        cut_traces(self.traces, done | non_greedy)
+        self.state = state
+        self.x, self.reset = x_next, done
+        self.steps += 1
+        eps_t = torch.full((k,), eps, dtype=self.dtype)
+        return QStepInfo(delta, q_sa, eps_t, h_sa, non_greedy.to(self.dtype))
+
+    def _backward(self, hid, onehot, saved) -> None:
+        """grad Q(s, a) and grad h(s, a) into self.grads (both bodies as 2K rows)."""
+        mlp_saved, core_saved, top_saved = saved
+        k, p, g = self.k, self.params, self.grads
+        g_hid = torch.cat(
+            [
+                head_backward(p.heads[0], g.heads[0], hid[:k], onehot),
+                head_backward(p.heads[1], g.heads[1], hid[k:], onehot),
+            ]
+        ).squeeze(1)  # (2K, H')
+        body, g_body = p.parts, g.parts
+        g_hid = mlp_backward(body.top_ws, top_saved, g_hid, g_body.top_ws, g_body.top_bs, True)
+        g_feat = self.body_core.backward_manual(core_saved, g_hid, g_body.core)
+        mlp_backward(body.ws, mlp_saved, g_feat, g_body.ws, g_body.bs)
+
+    def _q_next(self, x: torch.Tensor, state) -> torch.Tensor:
+        """Q(s', a*) (K,), a* = argmax Q(s', .), one step of the Q network from the core state
+        after s_t (its sensitivities included, no reset); its gradient into self.g_next."""
+        body, head = net_parts(self.q_net, self.theta_q)
+        g_body, g_head = self._g_next_parts
+        feat, mlp_saved = mlp_forward(body.ws, body.bs, x)
+        no_reset = torch.zeros(self.k, dtype=torch.bool)
+        hid, _, core_saved = self.q_net.core.forward_manual(body.core, feat, state, no_reset)
+        hid, top_saved = mlp_forward(body.top_ws, body.top_bs, hid)
+        hid = hid.unsqueeze(1)
+        q_next = head_forward(head, hid)  # (K, A)
+        onehot = torch.zeros_like(q_next).scatter_(1, q_next.argmax(-1, keepdim=True), 1.0)
+        g_hid = head_backward(head, g_head, hid, onehot).squeeze(1)
+        g_hid = mlp_backward(body.top_ws, top_saved, g_hid, g_body.top_ws, g_body.top_bs, True)
+        g_feat = self.q_net.core.backward_manual(core_saved, g_hid, g_body.core)
+        mlp_backward(body.ws, mlp_saved, g_feat, g_body.ws, g_body.bs)
+        return (q_next * onehot).sum(1)
+
+    # -- checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "theta_q": self.theta_q.clone(),
+            "theta_h": self.theta_h.clone(),
+            "trace_q": self.traces.z_q.clone(),
+            "trace_h": self.traces.z_h.clone(),
+            "trace_h_value": self.traces.z_b.clone(),
+            "core_q": [t.clone() for t in self.state_q],
+            "core_h": [t.clone() for t in self.state_h],
+            "obs_stats": [t.clone() for t in self.obs_stats.moments()],
+            "reward_stats": [t.clone() for t in self.rewards.stats.moments()],
+            "reward_return": torch.from_numpy(self.rewards.ret.copy()),
+            "x": self.x.clone(),
+            "reset": self.reset.clone(),
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.theta_q.copy_(d["theta_q"])
+        self.theta_h.copy_(d["theta_h"])
+        self.traces.z_q.copy_(d["trace_q"])
+        self.traces.z_h.copy_(d["trace_h"])
+        self.traces.z_b.copy_(d["trace_h_value"])
+        kind = type(self.state)
+        self.state = cat_states(kind(*d["core_q"]), kind(*d["core_h"]))
+        self.obs_stats.load(d["obs_stats"])
+        self.rewards.stats.load(d["reward_stats"])
+        self.rewards.ret[...] = torch.as_tensor(d["reward_return"]).numpy()
+        self.x, self.reset, self.steps = d["x"], d["reset"], int(d["steps"])
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The agents' weights and normalisers by name (agent.pt): (K, ...) tensors."""
+        out = {f"q.{n}": v for n, v in self.q_net.layout.views(self.theta_q).items()}
+        out.update({f"h.{n}": v for n, v in self.h_net.layout.views(self.theta_h).items()})
+        out.update(
+            obs_mean=torch.from_numpy(self.obs_stats.mean),
+            obs_var=torch.from_numpy(self.obs_stats.var()),
+        )
+        return {k: v.contiguous().clone() for k, v in out.items()}
+
+
+def check_q_space(space: ActionSpace) -> None:
+    if space.kind != "discrete":
+        raise ConfigError(
+            f"stream-q (QRC(lambda)): action space {space.describe()} is not supported; "
+            "Discrete actions only (use stream-ac)"
+        )
