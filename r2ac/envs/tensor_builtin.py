@@ -200,7 +200,9 @@ class WatermazeParams(_Task):
 
     def empty_task(self, like: torch.Tensor) -> WatermazeArrays:
         zeros = torch.zeros_like(like)
-        return WatermazeArrays(zeros, zeros, zeros.to(torch.float32), torch.full_like(like, -1))
+        return WatermazeArrays(
+            zeros, zeros.clone(), zeros.to(torch.float32), torch.full_like(like, -1)
+        )
 
     def _cell_except(self, state: EnvState, purpose: int, avoid: torch.Tensor) -> torch.Tensor:
         """(K,) uniform cell != avoid (K,), the numpy env's `_random_cell_except`."""
@@ -380,6 +382,14 @@ def _with_code(params: _Task, obs: torch.Tensor, code: torch.Tensor | None) -> t
     return obs if code is None else torch.cat([obs, code], 1)  # (K, obs_size + n)
 
 
+def _blank_state(params: _Task, seeds: torch.Tensor) -> EnvState:
+    """Counters and task arrays at zero (the numpy env before its first reset). Each field
+    its own tensor: a compiled step specialises on inputs that alias one another."""
+    zeros = [torch.zeros_like(seeds) for _ in range(3)]
+    returns = torch.zeros_like(seeds, dtype=torch.float64)
+    return EnvState(seeds, *zeros[:2], returns, zeros[2], params.empty_task(seeds))
+
+
 def reset(
     params: _Task, seeds: torch.Tensor, episode: torch.Tensor | None = None
 ) -> tuple[EnvState, torch.Tensor]:
@@ -388,15 +398,9 @@ def reset(
     seeds: (K,) int64 (`agent_stream_seeds`, `batch_stream_seeds`); episode: (K,) int64
     episode index to begin, 0 by default (the numpy env's `reset(seed)`; its `reset()`
     without a seed begins episode + 1, the runtime's first episode is 1)."""
-    zeros = torch.zeros_like(seeds)
-    state = EnvState(
-        seeds=seeds,
-        episode=zeros if episode is None else episode,
-        t=zeros,
-        returns=zeros.to(torch.float64),
-        lengths=zeros,
-        task=params.empty_task(seeds),
-    )
+    state = _blank_state(params, seeds)
+    if episode is not None:
+        state = state._replace(episode=episode)
     state = params.begin(state, torch.ones_like(seeds, dtype=torch.bool))
     code = None
     if params.prev_action:
@@ -453,10 +457,7 @@ class TensorBuiltinEnv(BatchedEnv):
         self.params, self.num_envs = params, int(seeds.shape[0])
         self.num_actions = params.num_actions
         self.observation_spec = ArraySpec((obs_width(params),), np.dtype(np.float32))
-        zeros = torch.zeros_like(seeds)
-        self.state = EnvState(
-            seeds, zeros, zeros, zeros.to(torch.float64), zeros, params.empty_task(seeds)
-        )
+        self.state = _blank_state(params, seeds)
 
     @classmethod
     def make(cls, task: str, num_envs: int, seed: int = 0, prev_action=False, **options):

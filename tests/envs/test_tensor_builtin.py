@@ -173,15 +173,23 @@ def test_options_are_checked_as_the_numpy_env_checks_them():
 
 @pytest.mark.parametrize(
     ("task", "options"),
-    [
-        CASES[2],
-        *(pytest.param(*case, marks=pytest.mark.slow) for case in (CASES[5], CASES[8], CASES[10])),
-    ],
+    [CASES[1], *(pytest.param(*CASES[i], marks=pytest.mark.slow) for i in (2, 5, 8, 10))],
 )
 def test_compiled_step_equals_numpy_env(task, options):
+    """Compiled (inductor's C++), the same bits: among others the chains' time to live, a
+    float64 division by the length (7: no power of two, where a multiply by the reciprocal
+    would round differently)."""
     params = tensor_params(task, True, **options)
     compiled = torch.compile(step, fullgraph=True, dynamic=False)
+    calls = 0
+
+    def compiled_once(*args):  # compiled at the first call, never again
+        nonlocal calls
+        calls += 1
+        with torch._dynamo.config.patch(error_on_recompile=calls > 1):
+            return compiled(*args)
+
     seeds = [5, 6, 7, 8]
     env = numpy_agent_envs(task, options, seeds, prev_action=True)
     state, obs = reset(params, agent_stream_seeds(seeds), torch.ones(4, dtype=int))
-    assert_steps_equal(env, params, state, obs, 300, np.random.default_rng(4), compiled)
+    assert_steps_equal(env, params, state, obs, 300, np.random.default_rng(4), compiled_once)
