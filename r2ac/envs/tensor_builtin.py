@@ -404,7 +404,9 @@ def reset(
     state = params.begin(state, torch.ones_like(seeds, dtype=torch.bool))
     code = None
     if params.prev_action:
-        code = torch.zeros(seeds.shape[0], params.num_actions, device=seeds.device)
+        code = torch.zeros(
+            seeds.shape[0], params.num_actions, dtype=torch.float32, device=seeds.device
+        )
     return state, _with_code(params, params.observe(state), code)
 
 

@@ -21,7 +21,8 @@ from r2ac.envs.tensor_builtin import (
     tensor_params,
 )
 from r2ac.errors import ConfigError
-from r2ac.rl.runtimes.stream import PreviousActionInput
+from r2ac.rl.config import TrainConfig
+from r2ac.rl.runtimes.stream import PreviousActionInput, make_agent_envs
 
 CASES = [
     ("memory-chain", {"length": 2}),
@@ -39,11 +40,14 @@ CASES = [
 
 
 def numpy_agent_envs(task: str, options: dict, seeds: list[int], prev_action: bool):
-    """The streaming runtime's `make_agent_envs` for a built-in task: one batched env with
-    stream k seeded as `make(..., 1, seeds[k])`, behind `PreviousActionInput`."""
-    env = make(f"builtin/{task}", len(seeds), seeds[0], **options)
-    env.seeds[:] = agent_stream_seeds(seeds).numpy()
-    return PreviousActionInput(env) if prev_action else env
+    """The streaming runtime's own envs for agents seeded `seeds` (`make_agent_envs`: one
+    batched numpy env, stream k seeded as `make(..., 1, seeds[k])`, with --prev-action
+    behind `PreviousActionInput`)."""
+    text = tuple(f"{key}={str(value).lower()}" for key, value in options.items())
+    cfg = TrainConfig.make(env=f"builtin/{task}", env_options=text, prev_action=prev_action)
+    env = make_agent_envs(cfg, seeds)
+    assert isinstance(env, PreviousActionInput) == prev_action
+    return env
 
 
 def assert_steps_equal(env, params, state, obs, steps: int, rng, step_fn=step) -> None:
