@@ -4,7 +4,7 @@ K streams step in lockstep with no numpy, no Python branching on data and no hos
 that a step can run inside `torch.compile(fullgraph=True)` beside an agent's step:
 
     params = tensor_params("memory-chain", prev_action=True, length=32)
-    state, obs = reset(params, agent_stream_seeds([seed + k for k in range(K)]))
+    state, obs = agent_reset(params, [seed + k for k in range(K)])
     out = step(params, state, actions)      # a TensorStep; out.state is the next state
 
 Every draw, counter and auto-reset is the numpy env's (`_CounterRNGEnv._finish_step`), so
@@ -378,7 +378,7 @@ def batch_stream_seeds(seed: int, num_envs: int, device=None) -> torch.Tensor:
     return torch.from_numpy(values).to(device)
 
 
-def _with_code(params: _Task, obs: torch.Tensor, code: torch.Tensor | None) -> torch.Tensor:
+def _with_code(obs: torch.Tensor, code: torch.Tensor | None) -> torch.Tensor:
     return obs if code is None else torch.cat([obs, code], 1)  # (K, obs_size + n)
 
 
@@ -407,7 +407,14 @@ def reset(
         code = torch.zeros(
             seeds.shape[0], params.num_actions, dtype=torch.float32, device=seeds.device
         )
-    return state, _with_code(params, params.observe(state), code)
+    return state, _with_code(params.observe(state), code)
+
+
+def agent_reset(params: _Task, seeds: list[int], device=None) -> tuple[EnvState, torch.Tensor]:
+    """K agents' streams as the streaming runtime begins them (`make_agent_envs`, then
+    `reset()`: stream k seeded as `make_env(cfg, 1, seeds[k])`, in its episode 1)."""
+    hash_seeds = agent_stream_seeds(seeds, device)
+    return reset(params, hash_seeds, torch.ones_like(hash_seeds))
 
 
 def step(params: _Task, state: EnvState, actions: torch.Tensor) -> TensorStep:
@@ -436,11 +443,11 @@ def step(params: _Task, state: EnvState, actions: torch.Tensor) -> TensorStep:
         code = final_code.masked_fill(done.unsqueeze(1), 0.0)
     return TensorStep(
         state=nxt,
-        obs=_with_code(params, obs, code),
+        obs=_with_code(obs, code),
         reward=reward.to(torch.float32),
         terminated=terminated,
         truncated=truncated,
-        final_obs=_with_code(params, final_obs, final_code),
+        final_obs=_with_code(final_obs, final_code),
         episode_return=episode_return,
         episode_length=episode_length,
     )

@@ -14,6 +14,7 @@ from r2ac.envs import make
 from r2ac.envs.builtin import MemoryChain
 from r2ac.envs.tensor_builtin import (
     TensorBuiltinEnv,
+    agent_reset,
     agent_stream_seeds,
     obs_width,
     reset,
@@ -79,8 +80,7 @@ def test_tensor_env_equals_numpy_env_with_agent_seeds(task, options, prev_action
     env = numpy_agent_envs(task, options, seeds, prev_action)
     params = tensor_params(task, prev_action, **options)
     assert obs_width(params) == env.observation_spec.shape[0]
-    # the runtime's env.reset() without a seed begins episode 1
-    state, obs = reset(params, agent_stream_seeds(seeds), torch.ones(len(seeds), dtype=int))
+    state, obs = agent_reset(params, seeds)
     assert_steps_equal(env, params, state, obs, 1500, np.random.default_rng(len(options)))
 
 
@@ -88,7 +88,7 @@ def test_memory_chain_32_many_seeds_and_streams():
     seeds = list(range(100, 116))
     env = numpy_agent_envs("memory-chain", {"length": 32}, seeds, prev_action=True)
     params = tensor_params("memory-chain", True, length=32)
-    state, obs = reset(params, agent_stream_seeds(seeds), torch.ones(16, dtype=int))
+    state, obs = agent_reset(params, seeds)
     assert_steps_equal(env, params, state, obs, 4000, np.random.default_rng(1))
 
 
@@ -195,5 +195,5 @@ def test_compiled_step_equals_numpy_env(task, options):
 
     seeds = [5, 6, 7, 8]
     env = numpy_agent_envs(task, options, seeds, prev_action=True)
-    state, obs = reset(params, agent_stream_seeds(seeds), torch.ones(4, dtype=int))
+    state, obs = agent_reset(params, seeds)
     assert_steps_equal(env, params, state, obs, 300, np.random.default_rng(4), compiled_once)
