@@ -197,3 +197,18 @@ def test_compiled_step_equals_numpy_env(task, options):
     env = numpy_agent_envs(task, options, seeds, prev_action=True)
     state, obs = agent_reset(params, seeds)
     assert_steps_equal(env, params, state, obs, 300, np.random.default_rng(4), compiled_once)
+
+
+def test_dtypes_hold_under_a_float64_default():
+    params = tensor_params("watermaze", True, size=3, episode_steps=4, last_action=True)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        state, obs = agent_reset(params, [1, 2])
+        out = step(params, state, torch.tensor([0, 3]))
+    finally:
+        torch.set_default_dtype(default)
+    assert obs.dtype == out.obs.dtype == out.final_obs.dtype == out.reward.dtype == torch.float32
+    assert out.episode_return.dtype == out.state.returns.dtype == torch.float64
+    assert out.state.task.last_reward.dtype == torch.float32
+    assert out.episode_length.dtype == out.state.t.dtype == torch.int64
