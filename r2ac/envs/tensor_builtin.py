@@ -475,6 +475,12 @@ class TensorBuiltinEnv(BatchedEnv):
             raise ConfigError(f"num_envs must be >= 1, got {num_envs}")
         return cls(tensor_params(task, prev_action, **options), batch_stream_seeds(seed, num_envs))
 
+    @classmethod
+    def for_agents(cls, task: str, seeds: list[int], prev_action=False, **options):
+        """As the streaming runtime's `make_agent_envs` (with `PreviousActionInput` under
+        prev_action): stream k seeded as `make("builtin/<task>", 1, seeds[k])`."""
+        return cls(tensor_params(task, prev_action, **options), agent_stream_seeds(seeds))
+
     @property
     def action_space(self) -> ActionSpace:
         return ActionSpace.discrete(self.num_actions)

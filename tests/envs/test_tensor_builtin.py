@@ -212,3 +212,45 @@ def test_dtypes_hold_under_a_float64_default():
     assert out.episode_return.dtype == out.state.returns.dtype == torch.float64
     assert out.state.task.last_reward.dtype == torch.float32
     assert out.episode_length.dtype == out.state.t.dtype == torch.int64
+
+
+@pytest.mark.parametrize("prev_action", [True, False])
+def test_the_streaming_runtime_learns_the_same_on_the_adapter(monkeypatch, prev_action):
+    """The adapter in place of the runtime's numpy envs: K agents' weights after 150 steps
+    (episodes of 4: many auto-resets) are the same bits, and so are the env checkpoints."""
+    from r2ac.rl.presets import preset
+    from r2ac.rl.runtimes import stream
+    from r2ac.rl.runtimes.stream import StreamRuntime
+
+    cfg = preset("stream").updated(
+        env="builtin/memory-chain", env_options=("length=4",), hidden_size=8,
+        stream_mlp=(8,), progress=False, eval_at_end=False, num_agents=3, seed=2,
+        prev_action=prev_action,
+    )  # fmt: skip
+
+    def tensor_agent_envs(cfg, seeds):
+        task = cfg.env.id.removeprefix("builtin/")
+        return TensorBuiltinEnv.for_agents(task, seeds, cfg.model.prev_action, **cfg.env_kwargs())
+
+    class Counter:
+        update = 0
+
+        def record(self, *a, **k):
+            self.update += 1
+
+    runs = []
+    for make_envs in (stream.make_agent_envs, tensor_agent_envs):
+        monkeypatch.setattr(stream, "make_agent_envs", make_envs)
+        rt = StreamRuntime(cfg, dtype=torch.float64)
+        for _ in range(150):
+            rt._step(Counter())
+        runs.append(rt)
+    numpy_rt, tensor_rt = runs
+    assert isinstance(tensor_rt.env, TensorBuiltinEnv)
+    for name in ("theta_a", "theta_c"):
+        assert torch.equal(getattr(numpy_rt.agent, name), getattr(tensor_rt.agent, name))
+    saved, numpy_saved = tensor_rt.env.get_state(), numpy_rt.env.get_state()
+    for key in ("seeds", "episode", "t"):
+        np.testing.assert_array_equal(saved[key], numpy_saved[key])
+    for rt in runs:
+        rt.close()
