@@ -26,7 +26,7 @@ from r2ac.envs.tensor_builtin import (
     step,
     tensor_params,
 )
-from r2ac.rl.runtimes.stream import PreviousActionInput
+from r2ac.rl.stream.envs import PreviousActionInput
 
 
 def per_step_us(fn, actions, blocks: int, warmup: int) -> float:

@@ -13,7 +13,7 @@ the transition's reward, terminated and truncated; a finished stream's counters 
 (episode + 1, t = 0) and its new episode begins in the same call (`torch.where` per row);
 `obs` is the next episode's first observation where a stream finished and `final_obs` the
 observation the ended episode finished on. With `prev_action`, both end with the
-previous-action code of r2ac/rl/runtimes/stream.py's `PreviousActionInput` (one-hot of the
+previous-action code of r2ac/rl/stream/envs.py's `PreviousActionInput` (one-hot of the
 action just taken, zeros in `obs` at an episode's first step, present in `final_obs`).
 
 Not carried over: the first-episode cut (`--decorrelate-steps`), which only the batched

@@ -23,7 +23,7 @@ from r2ac.envs.tensor_builtin import (
 )
 from r2ac.errors import ConfigError
 from r2ac.rl.config import TrainConfig
-from r2ac.rl.runtimes.stream import PreviousActionInput, make_agent_envs
+from r2ac.rl.stream.envs import PreviousActionInput, make_agent_envs
 
 CASES = [
     ("memory-chain", {"length": 2}),
@@ -219,8 +219,8 @@ def test_the_streaming_runtime_learns_the_same_on_the_adapter(monkeypatch, prev_
     """The adapter in place of the runtime's numpy envs: K agents' weights after 150 steps
     (episodes of 4: many auto-resets) are the same bits, and so are the env checkpoints."""
     from r2ac.rl.presets import preset
-    from r2ac.rl.runtimes import stream
-    from r2ac.rl.runtimes.stream import StreamRuntime
+    from r2ac.rl.stream import runtime as stream
+    from r2ac.rl.stream.runtime import StreamRuntime
 
     cfg = preset("stream").updated(
         env="builtin/memory-chain", env_options=("length=4",), hidden_size=8,
@@ -243,7 +243,7 @@ def test_the_streaming_runtime_learns_the_same_on_the_adapter(monkeypatch, prev_
         monkeypatch.setattr(stream, "make_agent_envs", make_envs)
         rt = StreamRuntime(cfg, dtype=torch.float64)
         for _ in range(150):
-            rt._step(Counter())
+            rt.step(Counter())
         runs.append(rt)
     numpy_rt, tensor_rt = runs
     assert isinstance(tensor_rt.env, TensorBuiltinEnv)
