@@ -5,7 +5,8 @@ run's config and final weights (checkpoints/agent.pt; a streaming run: its last 
 the normalisers) and writes RUN_DIR/eval.json. Set k
 uses env seed `eval_seed(seed, k)` (disjoint from the training actors' seeds). Each of the
 min(E, 32) streams plays a fixed quota of consecutive episodes, so short episodes are not
-over-represented.
+over-represented. A module the run's config names (`gym/MODULE:ID`) is imported only with
+`--env gym/MODULE:ID` or `--trust-env-module` (a run directory is data; r2ac/envs/trust.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from r2ac.envs.trust import NO_TRUST, TRUST_FLAG, TrustRequest
 from r2ac.errors import ConfigError, MissingDependencyError, check_writable
 from r2ac.rl.config import MAX_EVAL_EPISODES, MAX_EVAL_SETS, TrainConfig, validate
 from r2ac.rl.harness.run_dir import RunDir, agent_weights
@@ -111,9 +113,11 @@ def evaluate_run(
     greedy: bool | None,
     seed: int | None,
     out: str | None = None,
+    env_trust: TrustRequest = NO_TRUST,
 ) -> tuple[dict, Path]:
     run = RunDir.open(path)
     cfg = validate(run.config())
+    env_trust.apply(cfg.env.id, "r2ac eval")  # before anything imports the env
     check_writable(out or run.eval_path, "--out", is_file=True)
     protocol = (
         sets or cfg.run.eval_sets,
@@ -132,10 +136,11 @@ def _saved_agent(run: RunDir, cfg: TrainConfig) -> Agent:
     """The batched agent with the run's final weights (checkpoints/agent.pt)."""
     if not os.path.lexists(run.agent_path):  # a FIFO or a link is named by the loader
         raise ConfigError(f"{run.path}: no weights at {run.agent_path}")
+    weights = agent_weights(run.agent_path)  # the file is checked before the env is built
     env = make_env(cfg, 1, 0)
     agent = agent_for_env(cfg, env, load_stem=False)
     env.close()
-    load_agent_weights(agent, agent_weights(run.agent_path), run.agent_path)
+    load_agent_weights(agent, weights, run.agent_path)
     return agent
 
 
@@ -151,9 +156,10 @@ def evaluate_stream_run(
         raise ConfigError(f"{run.path}: no checkpoint at {run.checkpoint_path}")
     if seed is not None:
         cfg = cfg.updated(seed=seed)
+    payload = run.load_checkpoint()  # the file is checked before the envs are built
     runtime = StreamRuntime(cfg)
     try:
-        runtime.restore(run.load_checkpoint())
+        runtime.restore(payload)
         return runtime.evaluate(sets, episodes, greedy)
     finally:
         runtime.close()
@@ -180,6 +186,18 @@ def main(argv: list[str]) -> int:
     mode.add_argument("--sampled", dest="greedy", action="store_false")
     parser.add_argument("--seed", type=int, help="evaluation seed (default: the run's seed)")
     parser.add_argument(
+        "--env",
+        dest="env_named",
+        metavar="ENV",
+        help="the run's env, confirming that its module (gym/MODULE:ID) may be imported",
+    )
+    parser.add_argument(
+        TRUST_FLAG,
+        dest="trust_env_module",
+        action="store_true",
+        help="import the module the run's config names (gym/MODULE:ID) without naming it",
+    )
+    parser.add_argument(
         "--out",
         help="result file (default RUN_DIR/eval.json; give another to "
         "keep the run's own evaluation, e.g. a --sampled check of a greedy run)",
@@ -187,8 +205,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         check_args(args)
+        env_trust = TrustRequest(args.env_named, args.trust_env_module)
         result, path = evaluate_run(
-            args.run_dir, args.sets, args.episodes, args.greedy, args.seed, args.out
+            args.run_dir, args.sets, args.episodes, args.greedy, args.seed, args.out, env_trust
         )
     except (ConfigError, MissingDependencyError) as exc:
         print(f"r2ac eval: error: {exc}", file=sys.stderr)

@@ -23,6 +23,7 @@ from typing import Annotated
 
 import tyro
 
+from r2ac.envs import trust
 from r2ac.errors import ConfigError, MissingDependencyError
 from r2ac.perf import keep_freed_memory
 from r2ac.rl.config import RUNTIMES, TrainConfig, validate
@@ -129,6 +130,7 @@ def _prepare(argv: list[str]):
     if resume is not None or restart is not None:
         return _prepare_existing(resume, restart, argv)
     cfg = validate(parse_config(argv))
+    trust.allow_env(cfg.env.id)  # named on the command line: its module may be imported
     cfg = cfg.updated(out_dir=cfg.run.out_dir or default_out_dir(cfg))
     RunDir.check_new(cfg.run.out_dir)
     check_resources(cfg)
@@ -153,11 +155,13 @@ def _prepare_existing(resume: str | None, restart: str | None, argv: list[str]):
     if resume is not None and restart is not None:
         raise ConfigError("give --resume or --restart, not both")
     flag, path = ("--resume", resume) if resume is not None else ("--restart", restart)
+    argv, env_trust = trust.pop_trust_options(argv)  # --env ID / --trust-env-module
     if argv:
         raise ConfigError(f"{flag} takes no other options, got {' '.join(argv)}")
     run = RunDir.open(path).acquire()
     try:
         cfg = validate(run.config())
+        env_trust.apply(cfg.env.id, f"r2ac train {flag}")  # before anything imports the env
         check_resources(cfg)
         if resume is not None:
             runtime = _resumed_runtime(cfg, run)
