@@ -17,7 +17,7 @@ _WRITE_FAILURES = {
     "ENOSPC": ("the disk is full", "free space"),
     "EDQUOT": ("the disk quota is used up", "free space"),
     "EFBIG": ("the file size limit (ulimit -f) was reached", "raise the limit (ulimit -f)"),
-    "EROFS": ("the file system is read-only", "write elsewhere"),
+    "EROFS": ("the file system is read-only", "make it writable"),
 }
 
 
@@ -43,6 +43,13 @@ def write_failure_line(exc: BaseException, then: str = "run it again") -> str | 
     what, remedy = said
     where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
     return f"cannot write{where}: {what}; {remedy}, then {then}"
+
+
+def naming_file(exc: ConfigError, path) -> ConfigError:
+    """`exc`'s message with the file it is about named first, unless it names it already
+    (a loader's value error must say which file holds the bad value)."""
+    text = str(exc)
+    return ConfigError(text if str(path) in text else f"{path}: {text}")
 
 
 def require(module: str, package: str, extra: str | None = None):

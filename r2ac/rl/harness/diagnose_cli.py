@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from r2ac.envs.trust import NO_TRUST, TRUST_FLAG, TrustRequest
-from r2ac.errors import ConfigError, MissingDependencyError
+from r2ac.errors import ConfigError, MissingDependencyError, naming_file
 from r2ac.rl.config import validate
 from r2ac.rl.harness.diagnostics import (
     LOSS_TERMS,
@@ -55,7 +55,7 @@ def load_runtime(run_dir: Path, env_trust: TrustRequest = NO_TRUST) -> SerialRun
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as exc:
         runtime.close()
         if isinstance(exc, ConfigError):
-            raise
+            raise naming_file(exc, run.checkpoint_path) from exc
         detail = (str(exc).strip().splitlines() or [""])[0][:160]
         raise ConfigError(
             f"{run.checkpoint_path}: malformed training checkpoint ({type(exc).__name__}: {detail})"

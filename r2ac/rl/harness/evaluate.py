@@ -21,7 +21,13 @@ import numpy as np
 import torch
 
 from r2ac.envs.trust import NO_TRUST, TRUST_FLAG, TrustRequest
-from r2ac.errors import ConfigError, MissingDependencyError, check_writable
+from r2ac.errors import (
+    ConfigError,
+    MissingDependencyError,
+    check_writable,
+    naming_file,
+    write_failure_line,
+)
 from r2ac.rl.config import MAX_EVAL_EPISODES, MAX_EVAL_SETS, TrainConfig, validate
 from r2ac.rl.harness.run_dir import RunDir, agent_weights
 from r2ac.rl.model.agent import Agent
@@ -159,10 +165,24 @@ def evaluate_stream_run(
     payload = run.load_checkpoint()  # the file is checked before the envs are built
     runtime = StreamRuntime(cfg)
     try:
-        runtime.restore(payload)
+        restore_or_name(runtime, payload, run.checkpoint_path)
         return runtime.evaluate(sets, episodes, greedy)
     finally:
         runtime.close()
+
+
+def restore_or_name(runtime, payload: dict, path: Path) -> None:
+    """runtime.restore(payload); a value that does not fit (a damaged RNG or env state) is
+    one ConfigError naming the file, as `r2ac train --resume` says it."""
+    try:
+        runtime.restore(payload)
+    except ConfigError as exc:
+        raise naming_file(exc, path) from exc
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as exc:
+        detail = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise ConfigError(
+            f"{path}: malformed training checkpoint ({type(exc).__name__}: {detail})"
+        ) from exc
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -212,6 +232,12 @@ def main(argv: list[str]) -> int:
     except (ConfigError, MissingDependencyError) as exc:
         print(f"r2ac eval: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a full disk (or file size limit) after the up-front probe
+        line = write_failure_line(exc)
+        if line is None:
+            raise
+        print(f"r2ac eval: error: {line} (the run directory is unchanged)", file=sys.stderr)
+        return 1
     print(
         f"{result['env']} {result['core']}: {result['mean']:.3f} +- {result['std']:.3f} "
         f"({result['sets']} x {result['episodes_per_set']} {result['actions']} episodes, "

@@ -24,7 +24,7 @@ from typing import Annotated
 import tyro
 
 from r2ac.envs import trust
-from r2ac.errors import ConfigError, MissingDependencyError
+from r2ac.errors import ConfigError, MissingDependencyError, naming_file, write_failure
 from r2ac.perf import keep_freed_memory
 from r2ac.rl.config import RUNTIMES, TrainConfig, validate
 from r2ac.rl.harness.resources import check_resources
@@ -192,7 +192,7 @@ def _resumed_runtime(cfg: TrainConfig, run: RunDir):
         runtime.restore(payload)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as exc:
         if isinstance(exc, ConfigError):
-            raise
+            raise naming_file(exc, run.checkpoint_path) from exc  # the file, named once
         detail = (str(exc).strip().splitlines() or [""])[0][:160]
         raise CheckpointError(
             f"{run.checkpoint_path}: malformed training checkpoint ({type(exc).__name__}: {detail})"
@@ -274,13 +274,14 @@ def _train(cfg: TrainConfig, run: RunDir, runtime) -> int:
     except OSError as exc:  # a full disk: the atomic writes left the last checkpoint whole
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG):
             raise
+        remedy = write_failure(exc)[1]  # what to do: EFBIG's is not the disk's
         if run.checkpoint_path.is_file():
             where = (
-                f"the last checkpoint is intact: free space, then `r2ac train --resume {run.path}`"
+                f"the last checkpoint is intact: {remedy}, then `r2ac train --resume {run.path}`"
             )
         else:
             where = (
-                f"no checkpoint was written yet: free space, then `r2ac train --restart {run.path}`"
+                f"no checkpoint was written yet: {remedy}, then `r2ac train --restart {run.path}`"
             )
         what = "the file size limit (ulimit -f)" if exc.errno == errno.EFBIG else "disk space"
         print(
