@@ -45,11 +45,13 @@ def write_failure_line(exc: BaseException, then: str = "run it again") -> str | 
     return f"cannot write{where}: {what}; {remedy}, then {then}"
 
 
-def naming_file(exc: ConfigError, path) -> ConfigError:
-    """`exc`'s message with the file it is about named first, unless it names it already
-    (a loader's value error must say which file holds the bad value)."""
+def naming_file(exc: ConfigError, path, *others) -> ConfigError:
+    """`exc`'s message with the file it is about named first, unless it names that file (or
+    one of `others`, e.g. the run's config.json) already: a loader's value error must say
+    which file holds the bad value."""
     text = str(exc)
-    return ConfigError(text if str(path) in text else f"{path}: {text}")
+    named = any(str(p) in text for p in (path, *others))
+    return ConfigError(text if named else f"{path}: {text}")
 
 
 def require(module: str, package: str, extra: str | None = None):

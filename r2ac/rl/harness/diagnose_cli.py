@@ -55,7 +55,7 @@ def load_runtime(run_dir: Path, env_trust: TrustRequest = NO_TRUST) -> SerialRun
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as exc:
         runtime.close()
         if isinstance(exc, ConfigError):
-            raise naming_file(exc, run.checkpoint_path) from exc
+            raise naming_file(exc, run.checkpoint_path, run.config_path) from exc
         detail = (str(exc).strip().splitlines() or [""])[0][:160]
         raise ConfigError(
             f"{run.checkpoint_path}: malformed training checkpoint ({type(exc).__name__}: {detail})"

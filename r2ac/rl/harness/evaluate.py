@@ -165,19 +165,20 @@ def evaluate_stream_run(
     payload = run.load_checkpoint()  # the file is checked before the envs are built
     runtime = StreamRuntime(cfg)
     try:
-        restore_or_name(runtime, payload, run.checkpoint_path)
+        restore_or_name(runtime, payload, run)
         return runtime.evaluate(sets, episodes, greedy)
     finally:
         runtime.close()
 
 
-def restore_or_name(runtime, payload: dict, path: Path) -> None:
+def restore_or_name(runtime, payload: dict, run: RunDir) -> None:
     """runtime.restore(payload); a value that does not fit (a damaged RNG or env state) is
     one ConfigError naming the file, as `r2ac train --resume` says it."""
+    path = run.checkpoint_path
     try:
         runtime.restore(payload)
     except ConfigError as exc:
-        raise naming_file(exc, path) from exc
+        raise naming_file(exc, path, run.config_path) from exc
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as exc:
         detail = (str(exc).strip().splitlines() or [""])[0][:160]
         raise ConfigError(

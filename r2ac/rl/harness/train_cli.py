@@ -192,7 +192,8 @@ def _resumed_runtime(cfg: TrainConfig, run: RunDir):
         runtime.restore(payload)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as exc:
         if isinstance(exc, ConfigError):
-            raise naming_file(exc, run.checkpoint_path) from exc  # the file, named once
+            named = naming_file(exc, run.checkpoint_path, run.config_path)  # the file, once
+            raise named from exc
         detail = (str(exc).strip().splitlines() or [""])[0][:160]
         raise CheckpointError(
             f"{run.checkpoint_path}: malformed training checkpoint ({type(exc).__name__}: {detail})"
