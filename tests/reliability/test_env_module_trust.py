@@ -160,3 +160,23 @@ def test_modules_not_allowed_are_not_imported(env_id, tmp_path, monkeypatch):
     with pytest.raises(ConfigError) as error:
         make(env_id, 1)
     assert "\n" not in str(error.value) and not (tmp_path / "marker").exists()
+
+
+@pytest.mark.parametrize(
+    "level", ["../../tmp/evil", "/tmp/evil", "levels/evil.lua", "contributed/../x", "a b"]
+)
+def test_dmlab_levels_outside_its_level_folder_are_refused(level):
+    """A DMLab level is a Lua script: config.json must not point at one of its own (refused
+    before deepmind_lab is imported, so this holds without it too)."""
+    with pytest.raises(ConfigError, match="expected a level name") as error:
+        make(f"dmlab/{level}", 1)
+    assert "\n" not in str(error.value)
+
+
+def test_dmlab_level_names_still_map_to_its_suite():
+    from r2ac.envs.dmlab import level_path
+
+    assert level_path("rooms_watermaze") == "contributed/dmlab30/rooms_watermaze"
+    assert level_path("contributed/dmlab30/explore_goal_locations_small") == (
+        "contributed/dmlab30/explore_goal_locations_small"
+    )
