@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from r2ac.errors import write_failure_line
 from r2ac.runs import checkpoint
@@ -182,3 +183,55 @@ def test_a_loader_value_error_names_the_file(run_copy, capsys):
     code, lines = r2ac_inline(capsys, "train", "--resume", str(run_copy))
     one_line(code, lines, f"{path}: ")
     assert "env state episode: -3" in lines[0], lines
+
+
+STREAM = ["--preset", "stream", "--env-options", "length=4", "--hidden-size", "8",
+          "--stream-mlp", "8", "--num-agents", "2", "--total-frames", "40",
+          "--checkpoint-every", "15", "--log-every", "10", "--no-progress",
+          "--eval-sets", "1", "--eval-episodes", "2"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def stream_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("stream") / "run"
+    proc = r2ac("train", *STREAM, "--out-dir", str(out))
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def _env_t(p):
+    p["env"]["t"][0] = 100
+
+
+def _env_seeds(p):
+    del p["env"]["seeds"]
+
+
+def _strided_rng(p):
+    p["rng"]["torch"] = torch.zeros(2 * p["rng"]["torch"].numel(), dtype=torch.uint8)[::2]
+
+
+STREAM_DAMAGE = {
+    "env t 100": (_env_t, "env state t: 100 at stream 0, expected 0..3"),
+    "env seeds missing": (_env_seeds, "env state seeds: missing"),
+    "strided rng": (_strided_rng, "RNG state must be contiguous"),
+}
+
+
+@pytest.mark.parametrize("case", STREAM_DAMAGE)
+def test_eval_of_a_damaged_streaming_run_is_one_line_naming_the_file(
+    case, stream_run, tmp_path, capsys
+):
+    edit, words = STREAM_DAMAGE[case]
+    run = tmp_path / "run"
+    shutil.copytree(stream_run, run)
+    (run / "eval.json").unlink()
+    path = run / "checkpoints" / "latest.pt"
+    payload = checkpoint.load(path)
+    edit(payload)
+    checkpoint.save_atomic(payload, path)
+    before = snapshot(run)
+    code, lines = r2ac_inline(capsys, "eval", str(run))
+    one_line(code, lines, words)
+    assert str(path) in lines[0], lines
+    assert snapshot(run) == before
