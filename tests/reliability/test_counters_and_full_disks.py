@@ -219,9 +219,7 @@ STREAM_DAMAGE = {
 
 
 @pytest.mark.parametrize("case", STREAM_DAMAGE)
-def test_eval_of_a_damaged_streaming_run_is_one_line_naming_the_file(
-    case, stream_run, tmp_path, capsys
-):
+def test_a_damaged_streaming_run_is_one_line_naming_the_file(case, stream_run, tmp_path, capsys):
     edit, words = STREAM_DAMAGE[case]
     run = tmp_path / "run"
     shutil.copytree(stream_run, run)
@@ -231,7 +229,8 @@ def test_eval_of_a_damaged_streaming_run_is_one_line_naming_the_file(
     edit(payload)
     checkpoint.save_atomic(payload, path)
     before = snapshot(run)
-    code, lines = r2ac_inline(capsys, "eval", str(run))
-    one_line(code, lines, words)
-    assert str(path) in lines[0], lines
-    assert snapshot(run) == before
+    for command in (("eval", str(run)), ("train", "--resume", str(run))):
+        code, lines = r2ac_inline(capsys, *command)
+        one_line(code, lines, words)
+        assert str(path) in lines[0], lines
+        assert snapshot(run) == before
