@@ -219,7 +219,10 @@ def check_adam_steps(saved: dict, updates: int) -> None:
         count = entry.get("step") if isinstance(entry, dict) else None
         if count is None:
             continue
-        value = float(count)
+        try:
+            value = float(count)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueMismatch(f"optimizer.state[{pid!r}].step: not a number") from None
         if value != updates:
             raise ValueMismatch(
                 f"optimizer.state[{pid!r}].step: {value:g}, expected {updates:,} (progress.updates)"
