@@ -12,6 +12,48 @@ class MissingDependencyError(ImportError):
     """An optional backend is not installed; the message names the package to install."""
 
 
+# errno -> (what happened, what to do): a write that fails for want of room or of a right
+_WRITE_FAILURES = {
+    "ENOSPC": ("the disk is full", "free space"),
+    "EDQUOT": ("the disk quota is used up", "free space"),
+    "EFBIG": ("the file size limit (ulimit -f) was reached", "raise the limit (ulimit -f)"),
+    "EROFS": ("the file system is read-only", "make it writable"),
+}
+
+
+def write_failure(exc: BaseException) -> tuple[str, str] | None:
+    """(what happened, what to do) for an OSError of a full disk, a quota, the file size
+    limit or a read-only file system; None for any other error."""
+    import errno
+
+    if not isinstance(exc, OSError):
+        return None
+    for name, said in _WRITE_FAILURES.items():
+        if exc.errno == getattr(errno, name, None):
+            return said
+    return None
+
+
+def write_failure_line(exc: BaseException, then: str = "run it again") -> str | None:
+    """One line for `write_failure`'s errors, naming the file: "cannot write F: the disk is
+    full; free space, then run it again"; None for any other error."""
+    said = write_failure(exc)
+    if said is None:
+        return None
+    what, remedy = said
+    where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
+    return f"cannot write{where}: {what}; {remedy}, then {then}"
+
+
+def naming_file(exc: ConfigError, path, *others) -> ConfigError:
+    """`exc`'s message with the file it is about named first, unless it names that file (or
+    one of `others`, e.g. the run's config.json) already: a loader's value error must say
+    which file holds the bad value."""
+    text = str(exc)
+    named = any(str(p) in text for p in (path, *others))
+    return ConfigError(text if named else f"{path}: {text}")
+
+
 def require(module: str, package: str, extra: str | None = None):
     """Import an optional module or raise MissingDependencyError saying what to install."""
     import importlib

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from r2ac.errors import ConfigError, write_failure_line
+
 BENCHES = {
     "core": ("r2ac.bench.core", "eLSTM bptt vs rtrl: time, memory, carry bandwidth"),
     "cores": ("r2ac.bench.cores", "every core and rule: time and memory per step against N"),
@@ -29,5 +31,17 @@ def main(argv: list[str]) -> int:
         lines = [f"  {k:<14} {h}" for k, (_, h) in BENCHES.items()]
         print("usage: r2ac bench <what> [options]\n\n" + "\n".join(lines), file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
+    prog = f"r2ac bench {argv[0]}"
     module = importlib.import_module(BENCHES[argv[0]][0])
-    return int(module.main(argv[1:]) or 0)
+    try:
+        return int(module.main(argv[1:]) or 0)
+    except ConfigError as exc:  # a bench's own check, raised rather than printed
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a full disk (or file size limit) after the up-front checks
+        line = write_failure_line(exc)
+        if line is None and exc.filename is None:
+            raise
+        line = line or f"cannot write {exc.filename}: {exc.strerror}"
+        print(f"{prog}: error: {line}", file=sys.stderr)
+        return 1

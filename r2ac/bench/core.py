@@ -27,6 +27,7 @@ import torch
 import tyro
 
 from r2ac.bench import bandwidth
+from r2ac.bench.options import MAX_COPY_MB, MAX_REPEATS, check_count
 from r2ac.bench.probe import run_fresh
 from r2ac.environ import environ
 from r2ac.errors import ConfigError, check_writable
@@ -331,6 +332,9 @@ def checked_shapes(cfg: BenchCoreConfig) -> list[tuple[int, int, int, int]]:
             f"need --repeats >= 1, --warmup >= 0 and --copy-mib >= 1, got {cfg.repeats},"
             f" {cfg.warmup}, {cfg.copy_mib}"
         )
+    check_count(cfg.repeats, "--repeats", 1, MAX_REPEATS)
+    check_count(cfg.warmup, "--warmup", 0, MAX_REPEATS)
+    check_count(cfg.copy_mib, "--copy-mib", 1, MAX_COPY_MB)
     if cfg.threads is not None and not 1 <= cfg.threads <= 4096:
         raise ConfigError(f"--threads must be in 1..4096, got {cfg.threads}")
     for path, option in ((cfg.json_out, "--json-out"), (cfg.table_out, "--table-out")):

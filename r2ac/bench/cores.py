@@ -30,6 +30,7 @@ import tyro
 from torch.utils import _pytree as pytree
 
 from r2ac.bench.core import DTYPES, machine_line, segment_fn, time_alternating
+from r2ac.bench.options import MAX_REPEATS, MAX_THREADS, check_count
 from r2ac.bench.probe import ProbeError, run_fresh_rows
 from r2ac.errors import ConfigError, check_writable
 from r2ac.perf import keep_freed_memory, peak_memory_mib, return_freed_memory_at_once
@@ -509,6 +510,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(
                 f"need --repeats >= 1 and --warmup >= 0, got {cfg.repeats}, {cfg.warmup}"
             )
+        check_count(cfg.repeats, "--repeats", 1, MAX_REPEATS)
+        check_count(cfg.warmup, "--warmup", 0, MAX_REPEATS)
+        check_count(cfg.threads, "--threads", 0, MAX_THREADS)
         for option, sizes in (("--sizes", cfg.sizes), ("--hybrid-sizes", cfg.hybrid_sizes)):
             if not sizes or not all(1 <= n <= MAX_SIZE for n in sizes):
                 raise ConfigError(f"{option} must be sizes in 1..{MAX_SIZE}, got {list(sizes)}")

@@ -49,8 +49,9 @@ from torch.utils import _pytree as pytree
 
 from r2ac.bench.core import machine_line, saved_for_backward_mb, time_alternating
 from r2ac.bench.cores import state_bytes
+from r2ac.bench.options import MAX_REPEATS, MAX_THREADS, check_count
 from r2ac.bench.probe import ProbeError, run_fresh
-from r2ac.errors import ConfigError
+from r2ac.errors import ConfigError, check_writable
 from r2ac.perf import check_memory, keep_freed_memory, peak_memory_mib
 from r2ac.rl.config import TrainConfig
 from r2ac.rl.config import validate as validate_train
@@ -126,6 +127,11 @@ def validate(cfg: CostConfig) -> CostConfig:
     bad = [f"{k}={getattr(cfg, k)} (< {m})" for k, m in minimum.items() if getattr(cfg, k) < m]
     if bad:
         raise ConfigError(f"bad sizes: {', '.join(bad)}")
+    check_count(cfg.repeats, "--repeats", 1, MAX_REPEATS)
+    check_count(cfg.warmup, "--warmup", 0, MAX_REPEATS)
+    check_count(cfg.threads, "--threads", 0, MAX_THREADS)
+    for kind in ("json", "md", "png"):  # the report's files, probed where they will go
+        check_writable(os.path.join(cfg.out, f"cost.{kind}"), "--out", is_file=True)
     if cfg.device != "cpu" and not cfg.device.startswith("cuda"):
         raise ConfigError(f"unknown device {cfg.device!r}; choose cpu or cuda")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():

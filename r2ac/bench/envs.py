@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from r2ac.envs import make
+from r2ac.envs import make, trust
 from r2ac.errors import ConfigError
 
 # One representative env per family.
@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|" + "---:|" * len(args.batch_sizes))
     for name in args.envs:
         try:
+            trust.allow_env(name)  # named on the command line: its module may be imported
             cells = [f"{steps_per_second(name, b, args.seconds):,.0f}" for b in args.batch_sizes]
         except (ImportError, ConfigError) as exc:
             print(f"| {name} | skipped: {str(exc).splitlines()[0][:100]} |")

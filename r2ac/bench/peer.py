@@ -66,6 +66,33 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+MAX_FRAMES = 10**10  # training frames of one run
+MAX_SEEDS = 1_000
+
+
+def check_args(args) -> None:
+    """ConfigError for a count or fraction out of range, seeds that do not parse, no envs, or
+    an output that cannot be written."""
+    from r2ac.bench.options import MAX_THREADS, check_count, check_output
+    from r2ac.errors import ConfigError, check_writable
+
+    check_count(args.frames, "--frames", 1, MAX_FRAMES)
+    check_count(args.peer_threads, "--peer-threads", 1, MAX_THREADS)
+    if not 0 < args.success <= 1:
+        raise ConfigError(f"--success must be in (0, 1], got {args.success}")
+    if not [e for e in args.envs.split(",") if e]:
+        raise ConfigError("--envs needs at least one env")
+    try:
+        seeds = parse_seeds(args.seeds)
+    except ValueError:
+        raise ConfigError(f"--seeds: '0-4', '0,3,7' or a count N, got {args.seeds!r}") from None
+    if not 1 <= len(seeds) <= MAX_SEEDS or min(seeds) < 0:
+        raise ConfigError(f"--seeds must name 1..{MAX_SEEDS} seeds >= 0, got {args.seeds!r}")
+    check_output(args.json_out, "--json-out")
+    if args.out_root is not None:
+        check_writable(args.out_root, "--out-root")
+
+
 def env_id(name: str) -> str:
     """'RepeatPreviousEasy' or 'popgym-RepeatPreviousEasy-v0' -> the Gymnasium id."""
     name = name.removeprefix("gym/")
@@ -243,6 +270,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--setup-only", action="store_true", help="create or check the venv, then stop")
     args = p.parse_args(argv)
     args.r2ac_args = r2ac_args
+    check_args(args)  # before the venv is made or any run starts (ConfigError: one line)
     args.peer_python = setup_peer(args.peer_venv.resolve())
     if args.setup_only:
         print(f"peer venv ready: {args.peer_venv}")

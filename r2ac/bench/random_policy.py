@@ -17,6 +17,10 @@ import sys
 
 import torch
 
+from r2ac.envs import trust
+from r2ac.errors import ConfigError, MissingDependencyError
+from r2ac.rl.config import validate
+from r2ac.rl.harness.evaluate import check_args
 from r2ac.rl.model.build import agent_for_env, make_env
 from r2ac.rl.presets import PRESETS
 from r2ac.rl.run.evaluation import evaluate
@@ -31,8 +35,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--episodes", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    cfg = PRESETS["popgym"].updated(env=args.env, core="feedforward", seed=args.seed)
-    env = make_env(cfg, 1, 0)
+    try:
+        check_args(args)  # r2ac eval's bounds
+        trust.allow_env(args.env)  # named on the command line: its module may be imported
+        cfg = validate(PRESETS["popgym"].updated(env=args.env, core="feedforward", seed=args.seed))
+        env = make_env(cfg, 1, 0)
+    except (ConfigError, MissingDependencyError) as exc:
+        print(f"r2ac bench random-policy: error: {exc}", file=sys.stderr)
+        return 2
     agent = agent_for_env(cfg, env)
     env.close()
     if agent.action_space.kind == "box":

@@ -8,6 +8,8 @@ Less noisy on a shared box than `r2ac bench runtime`'s separate processes: both 
 same moments of the box. Needs popgym (the popgym extra).
 
     r2ac bench rtrl-e2e ITERATIONS [extra `r2ac train` flags, e.g. --device cuda]
+
+ITERATIONS in 11..100,000; the flags are checked as `r2ac train` checks them, before any run.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import statistics
 import sys
 import time
 
+from r2ac.bench.options import check_count, check_train_options
 from r2ac.rl.config import validate
 from r2ac.rl.harness.train_cli import parse_config
 from r2ac.rl.harness.trainers import make_trainer
 
 CORES = ("elstm-bptt", "elstm-rtrl")
 WARMUP = 10
+MAX_ITERATIONS = 100_000
 RESAMPLES = 2000
 
 
@@ -41,9 +45,13 @@ def bootstrap_ratio(bptt: list[float], rtrl: list[float], seed: int = 0) -> tupl
     return ratios[int(0.025 * RESAMPLES)], ratios[int(0.975 * RESAMPLES) - 1]
 
 
-def build(core: str, extra: list[str]):
+def build_args(core: str, extra: list[str]) -> list[str]:
     argv = ["--preset", "popgym", "--env", "gym/popgym-RepeatPreviousEasy-v0", "--core", core]
-    runtime = make_trainer(validate(parse_config([*argv, "--num-threads", "1", *extra])), None)
+    return [*argv, "--num-threads", "1", *extra]
+
+
+def build(core: str, extra: list[str]):
+    runtime = make_trainer(validate(parse_config(build_args(core, extra))), None)
     runtime.start()
     return runtime
 
@@ -54,6 +62,9 @@ def main(argv: list[str]) -> int:
         print(f"ITERATIONS: more than the {WARMUP} warm-up iterations", file=sys.stderr)
         return 0 if argv[:1] in (["-h"], ["--help"]) else 2
     iterations, extra = int(argv[0]), argv[1:]
+    check_count(iterations, "ITERATIONS", WARMUP + 1, MAX_ITERATIONS)
+    for core in CORES:  # every option checked before any runtime starts
+        check_train_options(build_args(core, extra), f"{core} with {' '.join(extra) or 'defaults'}")
     runtimes = {core: build(core, extra) for core in CORES}
     ms = {core: {"collect": [], "update": [], "both": []} for core in CORES}
     for i in range(iterations):

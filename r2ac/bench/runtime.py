@@ -155,13 +155,34 @@ def _follow(proc: subprocess.Popen, metrics: Path, seconds: float | None) -> lis
     return samples
 
 
-def run_one(spec: str, options: list[str], out: Path, seconds: float | None = None) -> dict:
+def train_args(spec: str) -> list[str]:
+    """The `r2ac train` options a runtime spec stands for (module docstring)."""
     runtime, core = runtime_of(spec), spec.partition("@")[2]
     carry = spec.partition("@")[0].partition(":")[2]
-    cmd = [sys.executable, "-m", "r2ac.cli", "train", "--runtime", runtime, "--num-threads", "1"]
-    cmd += ["--sensitivity-carry", carry] if carry else []
-    cmd += ["--core", core] if core else []
-    cmd += ["--no-eval-at-end", "--no-progress", "--log-every", "5", "--out-dir", str(out)]
+    args = ["--runtime", runtime, "--num-threads", "1"]
+    args += ["--sensitivity-carry", carry] if carry else []
+    args += ["--core", core] if core else []
+    return [*args, "--no-eval-at-end", "--no-progress", "--log-every", "5"]
+
+
+def check_args(args: argparse.Namespace, options: list[str]) -> None:
+    """ConfigError for a count out of range, an unwritable --json-out or a runtime whose
+    `r2ac train` options (with those after `--`) that command would refuse; before any run."""
+    from r2ac.bench.options import MAX_REPEATS, check_count, check_output, check_train_options
+    from r2ac.errors import ConfigError
+
+    check_count(args.repeats, "--repeats", 1, MAX_REPEATS)
+    if args.seconds is not None and not 0 < args.seconds <= 86_400:
+        raise ConfigError(f"--seconds must be in (0, 86400], got {args.seconds}")
+    if not args.runtimes:
+        raise ConfigError("--runtimes needs at least one value")
+    check_output(args.json_out, "--json-out")
+    for spec in args.runtimes:
+        check_train_options([*train_args(spec), *options], f"--runtimes {spec}")
+
+
+def run_one(spec: str, options: list[str], out: Path, seconds: float | None = None) -> dict:
+    cmd = [sys.executable, "-m", "r2ac.cli", "train", *train_args(spec), "--out-dir", str(out)]
     # the repository first, then whatever the caller's PYTHONPATH holds (carried packages)
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
@@ -270,7 +291,14 @@ def print_summary(runtimes: list[str], results: dict[str, list[dict]]) -> None:
 
 
 def main(argv: list[str]) -> int:
+    from r2ac.errors import ConfigError
+
     args, options = _parse(argv)
+    try:
+        check_args(args, options)
+    except ConfigError as exc:
+        print(f"r2ac bench runtime: error: {exc}", file=sys.stderr)
+        return 2
     results = run_alternated(args, options)
     if args.json_out is not None:
         args.json_out.write_text(json.dumps({"options": options, "runs": results}, indent=1))

@@ -12,6 +12,10 @@ weight, every trace element and every sensitivity once (`min_traffic_bytes`; gra
 activations left in cache). That traffic at the measured agent-steps/s is set beside the
 copy bandwidth of one thread measured in the same run (`copy_bandwidth`: a buffer far beyond
 the caches, read and written).
+
+Options are checked before anything runs (r2ac/bench/options.py): --ks in 1..4,096,
+--steps in 1..10,000,000, --warmup in 0..10,000,000, --repeats in 1..1,000, --threads in
+1..4,096, --copy-mb in 1..65,536, --cores among CORES, a writable --json-out; the copy buffers must fit the memory available.
 """
 
 from __future__ import annotations
@@ -19,15 +23,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from r2ac.bench import options
+from r2ac.errors import ConfigError
+
 # each TBPTT(1) core before its exact-RTRL twin (the ratio column compares the two)
 CORES = ("rtu-bptt", "rtu-rtrl", "elstm-bptt", "elstm-rtrl", "lru-bptt", "lru-rtrl",
          "gru-bptt", "feedforward")  # fmt: skip
+MAX_K = 4_096  # agents in lockstep
 
 
 def _runtime(core: str, k: int, length: int):
@@ -136,6 +145,26 @@ def measure_k(cores: list[str], k: int, steps: int, warmup: int, repeats: int) -
     return rows
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """ConfigError for any option out of its range (module docstring), before any work."""
+    options.check_counts(args.ks, "--ks", 1, MAX_K)
+    options.check_names(args.cores, "--cores", CORES)
+    options.check_count(args.steps, "--steps", 1, options.MAX_STEPS)
+    options.check_count(args.warmup, "--warmup", 0, options.MAX_STEPS)
+    options.check_count(args.repeats, "--repeats", 1, options.MAX_REPEATS)
+    options.check_count(args.threads, "--threads", 1, options.MAX_THREADS)
+    options.check_count(args.copy_mb, "--copy-mb", 1, options.MAX_COPY_MB)
+    options.check_output(args.json_out, "--json-out")
+    _check_memory(args)
+
+
+def _check_memory(args: argparse.Namespace) -> None:
+    """The copy-bandwidth buffers (two of --copy-mb) must fit the memory available."""
+    from r2ac.perf import check_memory
+
+    check_memory({"copy buffers": (2 * args.copy_mb * 2**20, "--copy-mb")}, "r2ac bench stream")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="r2ac bench stream", description=__doc__.splitlines()[0])
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 16, 64])
@@ -147,6 +176,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json-out", help="write the rows here as JSON")
     parser.add_argument("--copy-mb", type=int, default=256, help="buffer of the copy bandwidth")
     args = parser.parse_args(argv)
+    try:
+        check_args(args)
+    except ConfigError as exc:
+        print(f"r2ac bench stream: error: {exc}", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     copy = copy_bandwidth(args.copy_mb)
     print(f"copy bandwidth, {args.threads} thread(s): {copy / 1e9:.1f} GB/s")

@@ -98,8 +98,18 @@ class FirstEpisodeCut:
         return {"left": self.left.copy(), "rng": self.rng.bit_generator.state}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self.left[:] = state["left"]
-        self.rng.bit_generator.state = state["rng"]
+        """Restore get_state(); ConfigError naming the field for a value out of range, before
+        anything changes."""
+        left = saved_array(state, "left", self.left, 0, self.max_steps, "first_cut.")
+        rng = np.random.default_rng()  # a throwaway generator of the same kind checks the form
+        try:
+            rng.bit_generator.state = _field(state, "rng", "first_cut.")
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ConfigError(
+                f"env state first_cut.rng: not a {type(rng.bit_generator).__name__} state ({exc})"
+            ) from None
+        self.left[:] = left
+        self.rng.bit_generator.state = rng.bit_generator.state
 
 
 class BatchedEnv(abc.ABC):
@@ -207,9 +217,51 @@ class EpisodeStats:
     def get_state(self) -> dict[str, np.ndarray]:
         return {"returns": self.returns.copy(), "lengths": self.lengths.copy()}
 
-    def set_state(self, state: dict[str, np.ndarray]) -> None:
-        self.returns[:] = state["returns"]
-        self.lengths[:] = state["lengths"]
+    def set_state(self, state: dict[str, np.ndarray], max_length: int | None = None) -> None:
+        """Restore get_state() (lengths at most `max_length`); ConfigError naming the field
+        for a value out of range, before anything changes."""
+        returns = saved_array(state, "returns", self.returns, prefix="stats.")
+        lengths = saved_array(state, "lengths", self.lengths, 0, max_length, "stats.")
+        self.returns[:], self.lengths[:] = returns, lengths
+
+
+def _field(state: Any, name: str, prefix: str = "") -> Any:
+    if not isinstance(state, dict) or name not in state:
+        raise ConfigError(f"env state {prefix}{name}: missing")
+    return state[name]
+
+
+def saved_array(
+    state: Any,
+    name: str,
+    like: np.ndarray,
+    low: int | None = None,
+    high: int | None = None,
+    prefix: str = "",
+) -> np.ndarray:
+    """state[name] as an array of like's shape and dtype, checked: integers (for an integer
+    `like`) in low..high, or finite floats; ConfigError naming the field otherwise. Saved env
+    states come from files, so every value is checked before an env takes it."""
+    field = f"env state {prefix}{name}"
+    try:
+        value = np.asarray(_field(state, name, prefix))
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ConfigError(f"{field}: not an array ({exc})") from None
+    if value.shape != like.shape:
+        raise ConfigError(f"{field}: shape {value.shape}, expected {like.shape}")
+    integer = like.dtype.kind in "iu"
+    if value.dtype.kind not in ("iu" if integer else "iuf"):
+        raise ConfigError(f"{field}: dtype {value.dtype}, expected {like.dtype}")
+    if not integer:
+        if not np.isfinite(value).all():
+            raise ConfigError(f"{field}: a non-finite value")
+        return value.astype(like.dtype)
+    for bound, bad in ((low, value < low), (high, value > high)):
+        if bound is not None and bad.any():
+            b = int(np.flatnonzero(bad)[0])
+            span = f"{'' if low is None else low}..{'' if high is None else high}"
+            raise ConfigError(f"{field}: {int(value[b])} at stream {b}, expected {span}")
+    return value.astype(like.dtype)
 
 
 def merge_final_obs(final_obs: np.ndarray, reset_obs: np.ndarray, done: np.ndarray):

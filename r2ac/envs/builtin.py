@@ -41,8 +41,10 @@ from r2ac.envs.base import (
     ArraySpec,
     BatchedEnv,
     EpisodeStats,
+    FirstEpisodeCut,
     StepResult,
     check_options,
+    saved_array,
     stream_seeds,
 )
 from r2ac.errors import ConfigError
@@ -91,11 +93,36 @@ class _CounterRNGEnv(BatchedEnv):
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
-        for name in ("seeds", "episode", "t", *self._task_arrays):
-            getattr(self, name)[:] = state[name]
-        self.stats.set_state(state["stats"])
+        """Restore get_state(). Every field is checked first (ConfigError naming it): a saved
+        state comes from a file, and e.g. a position past the episode's end never ends it."""
+        if not isinstance(state, dict):
+            raise ConfigError(f"env state: a {type(state).__name__}, expected a dict")
+        last = self.episode_steps - 1
+        arrays = {
+            "seeds": saved_array(state, "seeds", self.seeds, 0, 2**32 - 1),  # stream_seeds'
+            "episode": saved_array(state, "episode", self.episode, 0, 2**62),
+            "t": saved_array(state, "t", self.t, 0, last),
+        }
+        for name, (low, high) in self._task_bounds().items():
+            arrays[name] = saved_array(state, name, getattr(self, name), low, high)
+        self._check_task_state(arrays)
+        EpisodeStats(self.num_envs).set_state(state.get("stats"), max_length=last)  # a check
+        if self.first_cut is not None:
+            cut = FirstEpisodeCut(self.num_envs, self.first_cut.max_steps, 0)
+            cut.set_state(state.get("first_cut"))  # a check
+        # all checked: now change
+        for name, value in arrays.items():
+            getattr(self, name)[:] = value
+        self.stats.set_state(state["stats"], max_length=last)
         if self.first_cut is not None:
             self.first_cut.set_state(state["first_cut"])
+
+    def _task_bounds(self) -> dict[str, tuple[int | None, int | None]]:
+        """The task's own arrays -> their (low, high) (None: a float, only finite)."""
+        return {}
+
+    def _check_task_state(self, arrays: dict[str, np.ndarray]) -> None:
+        """ConfigError where the checked arrays disagree with each other."""
 
     def _finish_step(self, reward, terminated, truncated) -> StepResult:
         """Account the step, start new episodes where one ended, observe."""
@@ -142,6 +169,16 @@ class DelayedCue(_CounterRNGEnv):
     @property
     def episode_steps(self) -> int:
         return self.delay + 2
+
+    def _task_bounds(self) -> dict[str, tuple[int | None, int | None]]:
+        k = self.num_cues
+        return {"cue": (0, k - 1), "other": (0, k - 1), "novel_slot": (0, 1)}
+
+    def _check_task_state(self, arrays: dict[str, np.ndarray]) -> None:
+        same = np.flatnonzero(arrays["cue"] == arrays["other"])
+        if same.size:
+            b = int(same[0])
+            raise ConfigError(f"env state other: equals cue at stream {b}, expected another")
 
     def correct_action(self) -> np.ndarray:
         """The action that would be rewarded at the choice step (B,)."""
@@ -223,6 +260,19 @@ class Watermaze(_CounterRNGEnv):
     @property
     def num_cells(self) -> int:
         return self.size * self.size
+
+    def _task_bounds(self) -> dict[str, tuple[int | None, int | None]]:
+        cells = self.num_cells
+        return {"pos": (0, cells - 1), "goal": (0, cells - 1), "last_reward": (None, None)}
+
+    def _check_task_state(self, arrays: dict[str, np.ndarray]) -> None:
+        on_goal = np.flatnonzero(arrays["pos"] == arrays["goal"])  # a find teleports away
+        if on_goal.size:
+            b = int(on_goal[0])
+            raise ConfigError(f"env state pos: on the goal at stream {b}, expected another cell")
+        reward = arrays["last_reward"]
+        if not np.isin(reward, (0.0, 1.0)).all():
+            raise ConfigError("env state last_reward: expected 0 or 1")
 
     def _random_cell_except(self, purpose: int, avoid: np.ndarray, rows) -> np.ndarray:
         """Uniform cell != avoid (n,) for the selected streams."""

@@ -9,15 +9,19 @@ end, so `info["final_obs"]` holds the last observation before the final step.
 `get_state`/`set_state` are not supported.
 
 Short level names map to the DMLab-30 suite: `dmlab/rooms_watermaze` ->
-`contributed/dmlab30/rooms_watermaze`; names containing "/" are used as given.
+`contributed/dmlab30/rooms_watermaze`; names containing "/" are used as given, within
+DMLab's level folder (an absolute path, "..", or a `.lua` file is refused: a level is a Lua
+script, and a run directory's config.json names no code to run).
 """
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from r2ac.envs.base import ArraySpec, BatchedEnv, EpisodeStats, StepResult, stream_seeds
-from r2ac.errors import MissingDependencyError
+from r2ac.errors import ConfigError, MissingDependencyError
 
 MEMORY_LEVELS = ("rooms_select_nonmatching_object", "rooms_watermaze")
 REACTIVE_LEVELS = ("rooms_keys_doors_puzzle",)
@@ -57,7 +61,18 @@ def _deepmind_lab():
     return deepmind_lab
 
 
+# A level inside DMLab's own level folder: names, not a path of one's own (a level is a Lua
+# script, so a run directory's config.json must not point DMLab at a script beside it)
+_LEVEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*")
+
+
 def level_path(level: str) -> str:
+    """DMLab's name of a level (ConfigError for an absolute path, "..", or a file name)."""
+    if not _LEVEL.fullmatch(level) or ".." in level or level.endswith(".lua"):
+        raise ConfigError(
+            f"dmlab level {level!r}: expected a level name of DMLab's (e.g. rooms_watermaze, "
+            "contributed/dmlab30/rooms_watermaze), not a path or a script file"
+        )
     return level if "/" in level else f"contributed/dmlab30/{level}"
 
 
@@ -76,11 +91,12 @@ class DMLabEnv(BatchedEnv):
         height: int = 72,
         renderer: str = "software",
     ):
+        path = level_path(level)  # checked before DMLab is imported
         lab = _deepmind_lab()
         config = {"width": str(width), "height": str(height)}
         self.level, self.num_envs, self.action_repeat = level, num_envs, action_repeat
         self.envs = [
-            lab.Lab(level_path(level), ["RGB_INTERLEAVED"], config=config, renderer=renderer)
+            lab.Lab(path, ["RGB_INTERLEAVED"], config=config, renderer=renderer)
             for _ in range(num_envs)
         ]
         self.observation_spec = ArraySpec((3, height, width), np.dtype(np.uint8))

@@ -6,7 +6,8 @@ is done for ids starting with "popgym-", `import minigrid` for "MiniGrid-") or
 their ids when asked: `minatar.gym.register_envs()` is called for ids starting with
 "MinAtar/"). A user's own env, in gymnasium's `module:EnvId` form (`gym/myenvs:MyCue-v0`):
 the module (on PYTHONPATH) is imported first and registers EnvId when imported, as
-`gymnasium.make("myenvs:MyCue-v0")` does.
+`gymnasium.make("myenvs:MyCue-v0")` does, if this process was allowed to import it
+(r2ac/envs/trust.py: named on the command line, or trusted explicitly).
 
 Observations: a uint8 Box of rank 3 is an image and becomes (C, H, W) (Gymnasium images are
 (H, W, C)); any other space is flattened to a float32 vector (Discrete and MultiDiscrete
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from r2ac.envs import trust
 from r2ac.envs.base import (
     ArraySpec,
     BatchedEnv,
@@ -92,8 +94,9 @@ def _import_user_module(env_id: str) -> str:
     module, sep, bare_id = env_id.partition(":")
     if not sep:
         return env_id
-    if not module or not bare_id:
+    if not module or not bare_id or ":" in bare_id:
         raise ConfigError(f"gym env {env_id!r}: expected '<module>:<EnvId>'")
+    trust.check_may_import(f"gym/{env_id}")  # a run directory's config names no code to run
     try:
         importlib.import_module(module)
     except ModuleNotFoundError as exc:

@@ -21,7 +21,7 @@ from dataclasses import asdict
 import torch
 import tyro
 
-from r2ac.errors import ConfigError, check_writable
+from r2ac.errors import ConfigError, check_writable, write_failure_line
 from r2ac.perf import check_memory, keep_freed_memory
 from r2ac.runs.checkpoint import LOCK_NAME, special_kind
 from r2ac.runs.locked_dir import LockedDir, git_revision, machine, read_json, write_json
@@ -235,6 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # e.g. a checkpoint from before configs were stored in it
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a full disk (or file size limit) after the up-front probe
+        line = write_failure_line(exc, then=f"`{_continue_command(argv)}`")
+        if line is None:
+            raise
+        print(f"{PROG}: error: {line} (the last checkpoint, if any, is intact)", file=sys.stderr)
+        return 1
     except training.CopyDiverged as exc:  # nothing of the diverged batch was saved
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1

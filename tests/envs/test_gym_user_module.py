@@ -10,10 +10,20 @@ import numpy as np
 import pytest
 
 from r2ac.envs import make
+from r2ac.envs.trust import TRUST_VAR
 from r2ac.errors import ConfigError
 
 gym = pytest.importorskip("gymnasium")
 EXAMPLE = Path(__file__).parents[2] / "docs" / "examples" / "my_env.py"
+
+
+# the modules these tests name, allowed as the command line or allow_env_module would
+ALLOWED = "my_env,no_such_module_r2ac,no_such_pkg_r2ac.envs,needs_dep_r2ac"
+
+
+@pytest.fixture(autouse=True)
+def allowed_modules(monkeypatch):
+    monkeypatch.setenv(TRUST_VAR, ALLOWED)
 
 
 @pytest.fixture
@@ -61,15 +71,15 @@ def test_module_form_through_pythonpath(tmp_path):
     """As `PYTHONPATH=... r2ac train --env gym/my_env:MyCue-v0` finds it: a fresh process."""
     shutil.copy(EXAMPLE, tmp_path / "my_env.py")
     code = (
-        "import numpy as np; from r2ac.envs import make; "
-        "env = make('gym/my_env:MyCue-v0', 2, seed=0); env.reset(); "
+        "import numpy as np; from r2ac.envs import allow_env_module, make; "
+        "allow_env_module('my_env'); env = make('gym/my_env:MyCue-v0', 2, seed=0); env.reset(); "
         "print(env.step(np.zeros(2, np.int64)).obs.shape)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": f"{tmp_path}:{EXAMPLE.parents[2]}", "PATH": "/usr/bin:/bin"},
         cwd=tmp_path.parent,
         check=True,
     )

@@ -40,7 +40,8 @@ def test_readme_own_env_commands_train_and_evaluate(tmp_path):
     run_dir = str(tmp_path / "my-cue")
     train = with_value(with_value(train, "--total-frames", "2048"), "--out-dir", run_dir)
     train += ["--eval-sets", "1", "--eval-episodes", "10", "--no-progress"]
-    evaluate = [*evaluate[:2], run_dir, "--sets", "1", "--episodes", "10"]
+    assert evaluate[3:] == ["--env", "gym/my_env:MyCue-v0"]  # the run's module, trusted
+    evaluate = [*evaluate[:2], run_dir, *evaluate[3:], "--sets", "1", "--episodes", "10"]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "docs" / "examples")}
     for argv in (train, evaluate):
         done = subprocess.run(

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from r2ac.errors import ConfigError, MissingDependencyError
+from r2ac.envs.trust import NO_TRUST, TRUST_FLAG, TrustRequest
+from r2ac.errors import ConfigError, MissingDependencyError, naming_file
 from r2ac.rl.config import validate
 from r2ac.rl.harness.diagnostics import (
     LOSS_TERMS,
@@ -40,11 +41,12 @@ MAX_BATCHES = 100_000
 END_BINS = ((0, 0), (1, 1), (2, 4), (5, 15), (16, 50), (51, 10**9))
 
 
-def load_runtime(run_dir: Path) -> SerialRuntime:
+def load_runtime(run_dir: Path, env_trust: TrustRequest = NO_TRUST) -> SerialRuntime:
     """The serial runtime of the run's config.json with its checkpoint's state: the same
     checks as `r2ac train --resume` (structure, then every value), ConfigError otherwise."""
     run = RunDir.open(run_dir)
     cfg = validate(run.config())
+    env_trust.apply(cfg.env.id, "r2ac diagnose")  # before anything imports the env
     payload = run.load_checkpoint()
     check_same_config(run, cfg, payload)
     runtime = SerialRuntime(cfg)
@@ -53,7 +55,7 @@ def load_runtime(run_dir: Path) -> SerialRuntime:
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as exc:
         runtime.close()
         if isinstance(exc, ConfigError):
-            raise
+            raise naming_file(exc, run.checkpoint_path, run.config_path) from exc
         detail = (str(exc).strip().splitlines() or [""])[0][:160]
         raise ConfigError(
             f"{run.checkpoint_path}: malformed training checkpoint ({type(exc).__name__}: {detail})"
@@ -135,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--batches", type=int, default=52, help="batches for the critic")
     parser.add_argument("--grad-batches", type=int, default=20, help="batches for the split")
+    parser.add_argument("--env", dest="env_named", metavar="ENV", help="the run's env (trusts it)")
+    parser.add_argument(TRUST_FLAG, dest="trust_env_module", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     try:
@@ -143,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             if not 1 <= value <= MAX_BATCHES:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} must be in 1..{MAX_BATCHES:,}, got {value:,}")
-        runtime = load_runtime(args.run_dir)
+        env_trust = TrustRequest(args.env_named, args.trust_env_module)
+        runtime = load_runtime(args.run_dir, env_trust)
     except (ConfigError, MissingDependencyError) as exc:
         print(f"r2ac diagnose: error: {exc}", file=sys.stderr)
         return 2

@@ -20,7 +20,8 @@ import signal
 import sys
 from pathlib import Path
 
-from r2ac.errors import ConfigError, MissingDependencyError
+from r2ac.envs import trust
+from r2ac.errors import ConfigError, MissingDependencyError, naming_file, write_failure
 from r2ac.perf import keep_freed_memory
 from r2ac.rl.config import TrainConfig, validate
 from r2ac.rl.harness.resources import check_resources
@@ -136,6 +137,7 @@ def _prepare(argv: list[str]):
     if resume is not None or restart is not None:
         return _prepare_existing(resume, restart, argv)
     cfg = validate(parse_config(argv))
+    trust.allow_env(cfg.env.id)  # named on the command line: its module may be imported
     cfg = cfg.updated(out_dir=cfg.run.out_dir or default_out_dir(cfg))
     RunDir.check_new(cfg.run.out_dir)
     check_resources(cfg)
@@ -160,11 +162,13 @@ def _prepare_existing(resume: str | None, restart: str | None, argv: list[str]):
     if resume is not None and restart is not None:
         raise ConfigError("give --resume or --restart, not both")
     flag, path = ("--resume", resume) if resume is not None else ("--restart", restart)
+    argv, env_trust = trust.pop_trust_options(argv)  # --env ID / --trust-env-module
     if argv:
         raise ConfigError(f"{flag} takes no other options, got {' '.join(argv)}")
     run = RunDir.open(path).acquire()
     try:
         cfg = validate(run.config())
+        env_trust.apply(cfg.env.id, f"r2ac train {flag}")  # before anything imports the env
         check_resources(cfg)
         if resume is not None:
             runtime = _resumed_runtime(cfg, run)
@@ -195,7 +199,8 @@ def _resumed_runtime(cfg: TrainConfig, run: RunDir):
         runtime.restore(payload)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as exc:
         if isinstance(exc, ConfigError):
-            raise
+            named = naming_file(exc, run.checkpoint_path, run.config_path)  # the file, once
+            raise named from exc
         detail = (str(exc).strip().splitlines() or [""])[0][:160]
         raise CheckpointError(
             f"{run.checkpoint_path}: malformed training checkpoint ({type(exc).__name__}: {detail})"
@@ -266,13 +271,14 @@ def _train(cfg: TrainConfig, run: RunDir, runtime) -> int:
     except OSError as exc:  # a full disk: the atomic writes left the last checkpoint whole
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG):
             raise
+        remedy = write_failure(exc)[1]  # what to do: EFBIG's is not the disk's
         if run.checkpoint_path.is_file():
             where = (
-                f"the last checkpoint is intact: free space, then `r2ac train --resume {run.path}`"
+                f"the last checkpoint is intact: {remedy}, then `r2ac train --resume {run.path}`"
             )
         else:
             where = (
-                f"no checkpoint was written yet: free space, then `r2ac train --restart {run.path}`"
+                f"no checkpoint was written yet: {remedy}, then `r2ac train --restart {run.path}`"
             )
         what = "the file size limit (ulimit -f)" if exc.errno == errno.EFBIG else "disk space"
         print(

@@ -317,10 +317,11 @@ class Runtime(TrainingLoop):
 
         if not os.path.lexists(run.agent_path):  # a FIFO or a link is named by the loader
             raise ConfigError(f"{run.path}: no weights at {run.agent_path}")
+        weights = agent_weights(run.agent_path)  # the file is checked before the env is built
         env = make_env(cfg, 1, 0)
         agent = agent_for_env(cfg, env, load_stem=False)
         env.close()
-        load_agent_weights(agent, agent_weights(run.agent_path), run.agent_path)
+        load_agent_weights(agent, weights, run.agent_path)
         return evaluate(agent, cfg, sets, episodes, greedy, seed)
 
     def evaluate(self, sets: int, episodes: int, greedy: bool) -> dict:

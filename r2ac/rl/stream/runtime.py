@@ -177,9 +177,10 @@ class StreamRuntime(TrainingLoop):
             raise ConfigError(f"{run.path}: no checkpoint at {run.checkpoint_path}")
         if seed is not None:
             cfg = cfg.updated(seed=seed)
+        payload = run.load_checkpoint()  # the file is checked before the envs are built
         runtime = cls(cfg)
         try:
-            runtime.restore(run.load_checkpoint(), run.checkpoint_path)
+            runtime.restore(payload, run.checkpoint_path)
             return runtime.evaluate(sets, episodes, greedy)
         finally:
             runtime.close()

@@ -11,6 +11,7 @@ from r2ac.errors import ConfigError
 from r2ac.rtrl.registry import CORES
 
 RULES = ("bptt", "rtrl")
+MAX_TRAIN_STEPS = 10**9  # batches of one run (a checkpoint's counters are checked against it)
 MAX_LR = 10.0  # Adam moves each weight by up to lr a step: past this, any run diverges
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -82,6 +83,10 @@ class CopyConfig:
                 raise ConfigError(
                     f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
                 )
+        if self.train_steps > MAX_TRAIN_STEPS:
+            raise ConfigError(
+                f"--train-steps must be <= {MAX_TRAIN_STEPS:,}, got {self.train_steps:,}"
+            )
         for name in ("train_steps", "readout_hidden"):
             if getattr(self, name) < 0:
                 raise ConfigError(

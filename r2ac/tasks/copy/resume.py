@@ -22,7 +22,7 @@ from r2ac.runs.values import (
     check_optimizer,
     check_weights,
 )
-from r2ac.tasks.copy.config import CopyConfig
+from r2ac.tasks.copy.config import MAX_TRAIN_STEPS, CopyConfig
 from r2ac.tasks.copy.curve import CURVE_FIELDS
 from r2ac.tasks.copy.schedules import UpdateStats
 
@@ -147,8 +147,8 @@ def check_values(ck: dict, cfg: CopyConfig, model, optimizer, gen: torch.Generat
     check_optimizer(ck["optimizer"], optimizer, "optimizer")
     check_like(ck["generator"], gen.get_state(), "generator")
     p = ck["progress"]
-    step = check_count(p["step"], "progress.step", 0)
-    check_count(p["updates"], "progress.updates", 0)
+    step = check_count(p["step"], "progress.step", 0, MAX_TRAIN_STEPS)
+    check_count(p["updates"], "progress.updates", 0, MAX_TRAIN_STEPS * 2 * cfg.length)
     check_like(p["seconds"], 0.0, "progress.seconds")
     if p["seconds"] < 0:
         raise ValueMismatch(f"progress.seconds: {p['seconds']!r}, expected >= 0")
@@ -168,6 +168,64 @@ def check_values(ck: dict, cfg: CopyConfig, model, optimizer, gen: torch.Generat
         if len(stats) != len(UpdateStats._fields):
             raise ValueMismatch(
                 f"progress.window[{i}]: {len(stats)} values, expected {len(UpdateStats._fields)}"
+            )
+    check_counters(p, cfg)
+    check_adam_steps(ck["optimizer"], p["updates"])
+
+
+def check_counters(p: dict, cfg: CopyConfig) -> None:
+    """ValueMismatch unless the counters agree with each other: the curve's rows in order,
+    the batches since its last row (the window) bringing it to `step`, and the optimiser
+    steps a batch takes under the schedule (one per batch; online: 1..2 x length)."""
+    steps = [check_count(r["step"], f"progress.curve[{i}].step", 0, MAX_TRAIN_STEPS)
+             for i, r in enumerate(p["curve"])]  # fmt: skip
+    updates = [check_count(r["updates"], f"progress.curve[{i}].updates", 0)
+               for i, r in enumerate(p["curve"])]  # fmt: skip
+    for name, values in (("step", steps), ("updates", updates)):
+        back = [i for i in range(1, len(values)) if values[i] < values[i - 1]]
+        if back:
+            raise ValueMismatch(f"progress.curve[{back[0]}].{name}: below the row before it")
+    step, total = p["step"], p["updates"]
+    last_step, last_updates = (steps[-1], updates[-1]) if steps else (0, 0)
+    if "window" in p:  # the batches since the last row: exactly those after its step
+        window = p["window"]
+        if step != last_step + len(window):
+            raise ValueMismatch(
+                f"progress.step: {step:,}, expected {last_step + len(window):,} (the last curve "
+                f"row's step {last_step:,} and {len(window)} batches since)"
+            )
+        since = sum(
+            check_count(s[2], f"progress.window[{i}].updates", 0, 2 * cfg.length)
+            for i, s in enumerate(window)
+        )
+        if total != last_updates + since:
+            raise ValueMismatch(
+                f"progress.updates: {total:,}, expected {last_updates + since:,} (the last "
+                f"curve row's {last_updates:,} and {since:,} since)"
+            )
+    elif step < last_step or total < last_updates:
+        raise ValueMismatch(f"progress.step: {step:,} below the last curve row's {last_step:,}")
+    low, high = (step, step * 2 * cfg.length) if cfg.online else (step, step)
+    if not low <= total <= high:
+        expected = f"{low:,}..{high:,}" if cfg.online else f"{step:,}, one a batch"
+        raise ValueMismatch(
+            f"progress.updates: {total:,} after {step:,} batches, expected {expected}"
+        )
+
+
+def check_adam_steps(saved: dict, updates: int) -> None:
+    """ValueMismatch unless every parameter's Adam step count equals the run's updates."""
+    for pid, entry in saved["state"].items():
+        count = entry.get("step") if isinstance(entry, dict) else None
+        if count is None:
+            continue
+        try:
+            value = float(count)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueMismatch(f"optimizer.state[{pid!r}].step: not a number") from None
+        if value != updates:
+            raise ValueMismatch(
+                f"optimizer.state[{pid!r}].step: {value:g}, expected {updates:,} (progress.updates)"
             )
 
 
