@@ -23,10 +23,10 @@ _M64 = (1 << 64) - 1
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: a bijective, well-mixing hash of uint64 arrays."""
-    with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(MIX1)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(MIX2)
+    """splitmix64's finaliser: a bijective, well-mixing hash of uint64 arrays (array products
+    wrap silently; only scalar ones would warn)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(MIX1)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(MIX2)
     return x ^ (x >> np.uint64(31))
 
 
@@ -86,10 +86,9 @@ def hashed_ints(seeds, episodes, steps, purpose: int, high) -> np.ndarray:
     """Integers uniform in [0, high) (B,), one per stream, from (seed, episode, step, purpose).
 
     seeds, episodes, steps: (B,) integer arrays; high: int or (B,) array of positive ints."""
-    with np.errstate(over="ignore"):
-        key = mix64(seeds.astype(np.uint64) + episodes.astype(np.uint64) * np.uint64(GOLDEN))
-        purpose_key = np.uint64((purpose * MIX2) & _M64)
-        key = mix64(key + steps.astype(np.uint64) * np.uint64(MIX1) + purpose_key)
+    key = mix64(seeds.astype(np.uint64) + episodes.astype(np.uint64) * np.uint64(GOLDEN))
+    purpose_key = np.uint64((purpose * MIX2) & _M64)
+    key = mix64(key + steps.astype(np.uint64) * np.uint64(MIX1) + purpose_key)
     return (key % np.asarray(high, dtype=np.uint64)).astype(np.int64)
 
 
