@@ -302,3 +302,31 @@ def test_prev_action_run_end_to_end(tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     assert json.loads((out / "config.json").read_text())["config"]["model"]["prev_action"]
     assert len(json.loads((out / "eval.json").read_text())["agents"]) == 1
+
+
+@pytest.mark.parametrize("flags", [["--num-agents", "100000"], ["--num-agents", str(10**9)]])
+def test_a_run_too_large_for_memory_is_refused_up_front(flags, capsys, tmp_path, monkeypatch):
+    """The streaming trainer's memory estimate counts K, the hidden size and the widths: a
+    run that cannot fit is one line naming what to lower, before anything is built."""
+    import time
+
+    from r2ac.rl.stream import runtime
+
+    monkeypatch.delenv("R2AC_SKIP_MEMORY_CHECK", raising=False)
+    monkeypatch.setattr(runtime, "make_agent_envs", None)  # never reached
+    start = time.perf_counter()
+    code = _train(["stream-ac", "--out-dir", str(tmp_path / "x"), *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "GiB" in err and "--num-agents" in err and len(err.splitlines()) == 1
+    assert time.perf_counter() - start < 20 and not (tmp_path / "x").exists()
+
+
+def test_the_memory_estimate_grows_with_k_and_the_sizes():
+    from r2ac.rl.stream.runtime import StreamRuntime
+
+    def total(**kw):
+        return sum(b for b, _ in StreamRuntime.memory_estimate(small(**kw)).values())
+
+    one = total(num_agents=1)
+    assert total(num_agents=8) == pytest.approx(8 * one, rel=1e-9)
+    assert total(hidden_size=32) > total(hidden_size=8) and total(stream_mlp=(64,)) > one

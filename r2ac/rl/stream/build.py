@@ -93,34 +93,36 @@ def with_forget_bias(agent: StreamAgent, forget_bias: float | None) -> StreamAge
 def memory_estimate(
     cfg: TrainConfig, obs_size: int, action_size: int
 ) -> dict[str, tuple[int, str]]:
-    """Bytes the K agents hold, by part (what the check before a run compares with the memory
-    available): weights, gradients, traces and the ObGD scratch (4 x (2, K, P) floats), the
-    carried core states with their sensitivities (2K rows), the normalisers. From K, the hidden
-    size and the widths, on the meta device (nothing is allocated)."""
+    """Bytes the K agents hold, by part, each with the options that size it (what the check
+    before a run compares with the memory available): weights, gradients, traces and ObGD's
+    scratch (4 x (2, K, P) floats), the carried core states with their sensitivities (2K rows,
+    and as many again for a step's next state), the normalisers. From K, the hidden size and
+    the widths, the core on the meta device (nothing is allocated)."""
     from r2ac.rtrl.stacked import make_stacked_core
 
     k, s = cfg.stream.num_agents, cfg.stream
     feat = s.stream_mlp[-1] if s.stream_mlp else obs_size
+    core = make_stacked_core(
+        cfg.model.core, 1, feat, cfg.model.hidden_size, torch.float32, device="meta"
+    )
+
+    def layers(widths) -> int:
+        return sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
 
     def params(out: int) -> int:
-        widths = [obs_size, *s.stream_mlp]
-        below = sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
-        top = [0, *s.stream_top_mlp]
-        core = make_stacked_core(cfg.model.core, 1, feat, cfg.model.hidden_size, torch.float32)
-        top[0] = core.output_size
-        above = sum(a * b + b for a, b in zip(top[:-1], top[1:]))
-        return below + core.param_numbers() + above + top[-1] * out + out + out
+        top = [core.output_size, *s.stream_top_mlp]
+        return (
+            layers([obs_size, *s.stream_mlp])
+            + core.param_numbers()
+            + layers(top)
+            + (top[-1] + 2) * out
+        )
 
-    core = make_stacked_core(cfg.model.core, 1, feat, cfg.model.hidden_size, torch.float32)
     per_agent = max(params(action_size), params(1))
+    state = core.state_numbers()
+    sizes = "--num-agents, --hidden-size, --stream-mlp or --stream-top-mlp"
     return {
-        "weights, gradients, traces": (
-            4 * 2 * k * per_agent * 4,
-            f"4 x 2 x {k} x {per_agent:,} floats",
-        ),
-        "core states": (
-            2 * k * core.state_numbers() * 4,
-            f"2 x {k} x {core.state_numbers():,} floats",
-        ),
-        "normalisers": (3 * k * obs_size * 8, f"3 x {k} x {obs_size} doubles"),
+        "weights, gradients, traces": (4 * 2 * k * per_agent * 4, sizes),
+        "core states": (2 * 2 * k * state * 4, "--num-agents or --hidden-size"),
+        "normalisers": (3 * k * obs_size * 8, "--num-agents"),
     }
