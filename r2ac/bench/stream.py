@@ -1,10 +1,12 @@
 """`r2ac bench stream`: agent-steps/s of the streaming agent (stream AC(lambda), the preset's
-networks) for K agents in lockstep and each core: with env stepping (MemoryChain) and the
-learner alone (act + learn on a fixed observation), exact RTRL beside TBPTT(1) of the same core.
+networks unless --hidden-size, --stream-mlp, --prev-action say otherwise) for K agents in
+lockstep and each core: with env stepping (MemoryChain, --length) and the learner alone (act +
+learn on a fixed observation), exact RTRL beside TBPTT(1) of the same core.
 
 Each (K, core) is timed `--repeats` times over `--steps` lockstep steps after `--warmup`
 untimed ones, the cores' repeats interleaved; the median is reported (agent-steps/s = K x
-steps / s), and exact RTRL over TBPTT(1) as the median of the repeats' ratios. One torch
+steps / s of wall time, and per CPU-second of the process, which holds under load where wall
+time does not), and exact RTRL over TBPTT(1) as the median of the repeats' ratios. One torch
 thread (`--threads`), as the preset runs.
 
 How close to the memory bound: per agent-step the update must at least read and write every
@@ -39,13 +41,17 @@ CORES = ("rtu-bptt", "rtu-rtrl", "elstm-bptt", "elstm-rtrl", "lru-bptt", "lru-rt
 MAX_K = 4_096  # agents in lockstep
 
 
-def _runtime(core: str, k: int, length: int):
+def _runtime(core: str, k: int, net: dict):
+    """The streaming runtime of `core` at K agents; net: length, and hidden_size, stream_mlp,
+    prev_action where given (the preset's otherwise)."""
     from r2ac.rl.presets import preset
     from r2ac.rl.stream.runtime import StreamRuntime
 
+    sizes = {n: v for n, v in net.items() if n != "length" and v is not None}
     cfg = preset("stream").updated(
-        core=core, num_agents=k, env_options=(f"length={length}",), progress=False
-    )
+        core=core, num_agents=k, env_options=(f"length={net['length']}",), progress=False,
+        **sizes,
+    )  # fmt: skip
     return StreamRuntime(cfg)
 
 
@@ -57,10 +63,15 @@ class _Count:
 
 
 def _seconds(fn, steps: int) -> float:
-    start = time.perf_counter()
+    return _times(fn, steps)[0]
+
+
+def _times(fn, steps: int) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) of `steps` calls of fn."""
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         fn()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
 def sensitivities(agent) -> int:
@@ -88,9 +99,9 @@ class _Subject:
     """One (core, K): its runtime, the two timed steps (with the env; the learner alone on a
     fixed observation) and the seconds of each repeat."""
 
-    def __init__(self, core: str, k: int, length: int = 32):
+    def __init__(self, core: str, k: int, net: dict | None = None):
         self.core, self.k = core, k
-        self.runtime = _runtime(core, k, length)
+        self.runtime = _runtime(core, k, net or {"length": 32})
         agent, counter = self.runtime.agent, _Count()
         obs = np.zeros((k, agent.obs_size), dtype=np.float32)
         zeros, no = np.zeros(k, dtype=np.float32), np.zeros(k, dtype=bool)
@@ -101,12 +112,15 @@ class _Subject:
 
         self.steps = {"with_env": lambda: self.runtime.step(counter), "alone": learner}
         self.seconds = {"with_env": [], "alone": []}
+        self.cpu_seconds: list[float] = []  # with the env
 
     def time(self, steps: int, record: bool = True) -> None:
         for kind, fn in self.steps.items():
-            t = _seconds(fn, steps)
+            wall, cpu = _times(fn, steps)
             if record:
-                self.seconds[kind].append(t)
+                self.seconds[kind].append(wall)
+                if kind == "with_env":
+                    self.cpu_seconds.append(cpu)
 
     def row(self, steps: int) -> dict:
         agent = self.runtime.agent
@@ -115,17 +129,20 @@ class _Subject:
             "core": self.core,
             "K": self.k,
             "agent_steps_per_s": per_s["with_env"],
+            "agent_steps_per_cpu_s": self.k * steps / statistics.median(self.cpu_seconds),
             "learner_agent_steps_per_s": per_s["alone"],
             "sensitivities_per_agent": sensitivities(agent),
             "min_traffic_bytes": min_traffic_bytes(agent),
         }
 
 
-def measure_k(cores: list[str], k: int, steps: int, warmup: int, repeats: int) -> list[dict]:
+def measure_k(
+    cores: list[str], k: int, steps: int, warmup: int, repeats: int, net: dict | None = None
+) -> list[dict]:
     """Rows for every core at K agents, the cores' repeats interleaved (core after core, then
     again), so that a load that comes and goes falls on all of them alike. An exact-RTRL row's
     `rtrl_over_bptt` is the median over repeats of its TBPTT(1) twin's seconds over its own."""
-    subjects = [_Subject(core, k) for core in cores]
+    subjects = [_Subject(core, k, net) for core in cores]
     for subject in subjects:
         subject.time(warmup, record=False)
     for _ in range(repeats):
@@ -155,6 +172,11 @@ def check_args(args: argparse.Namespace) -> None:
     options.check_count(args.threads, "--threads", 1, options.MAX_THREADS)
     options.check_count(args.copy_mb, "--copy-mb", 1, options.MAX_COPY_MB)
     options.check_output(args.json_out, "--json-out")
+    options.check_count(args.length, "--length", 2, 100_000)
+    if args.hidden_size is not None:
+        options.check_count(args.hidden_size, "--hidden-size", 1, 65_536)
+    for width in args.stream_mlp or ():
+        options.check_count(width, "--stream-mlp", 1, 65_536)
     _check_memory(args)
 
 
@@ -175,6 +197,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json-out", help="write the rows here as JSON")
     parser.add_argument("--copy-mb", type=int, default=256, help="buffer of the copy bandwidth")
+    parser.add_argument("--length", type=int, default=32, help="MemoryChain's length")
+    parser.add_argument("--hidden-size", type=int, help="the core's size (default: the preset's)")
+    parser.add_argument(
+        "--stream-mlp", type=int, nargs="*", help="widths below the core (none: the observation)"
+    )
+    parser.add_argument(
+        "--prev-action", action="store_true", help="the previous action in the observation"
+    )
     args = parser.parse_args(argv)
     try:
         check_args(args)
@@ -185,20 +215,25 @@ def main(argv: list[str]) -> int:
     copy = copy_bandwidth(args.copy_mb)
     print(f"copy bandwidth, {args.threads} thread(s): {copy / 1e9:.1f} GB/s")
     rows = []
-    print(f"{'core':<12} {'K':>4} {'agent-steps/s':>14} {'learner alone':>14} {'vs bptt':>8} "
-          f"{'min MB/step':>12} {'of copy':>8}")  # fmt: skip
+    print(f"{'core':<12} {'K':>4} {'agent-steps/s':>14} {'per CPU-s':>10} {'learner alone':>14} "
+          f"{'vs bptt':>8} {'min MB/step':>12} {'of copy':>8}")  # fmt: skip
+    net = {"length": args.length, "hidden_size": args.hidden_size}
+    net["stream_mlp"] = None if args.stream_mlp is None else tuple(args.stream_mlp)
+    net["prev_action"] = args.prev_action or None
     for k in args.ks:
-        for row in measure_k(args.cores, k, args.steps, args.warmup, args.repeats):
+        for row in measure_k(args.cores, k, args.steps, args.warmup, args.repeats, net):
             row["of_copy_bandwidth"] = row["agent_steps_per_s"] * row["min_traffic_bytes"] / copy
             rows.append(row)
             ratio = row["rtrl_over_bptt"]
             print(f"{row['core']:<12} {k:>4} {row['agent_steps_per_s']:>14.0f} "
+                  f"{row['agent_steps_per_cpu_s']:>10.0f} "
                   f"{row['learner_agent_steps_per_s']:>14.0f} "
                   f"{'' if ratio is None else f'{ratio:.2f}x':>8} "
                   f"{row['min_traffic_bytes'] / 1e6:>12.2f} {row['of_copy_bandwidth']:>8.0%}",
                   flush=True)  # fmt: skip
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(
-            {"threads": args.threads, "copy_bytes_per_s": copy, "rows": rows}, indent=1
+            {"threads": args.threads, "copy_bytes_per_s": copy, "network": net, "rows": rows},
+            indent=1,
         ))  # fmt: skip
     return 0
