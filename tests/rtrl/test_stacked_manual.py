@@ -53,7 +53,7 @@ def test_peek_manual_equals_peek(name):
     agent.observe_first(rng.normal(size=(2, 3)))
     for t in range(5):
         agent.act()
-        state, core_saved = agent._pending[4], agent._pending[6]
+        state, core_saved = agent._pending[4], agent._pending[5][1]
         body = agent.params.second_parts
         core_p = body.core
         feat, _ = N.mlp_forward(body.ws, body.bs, torch.as_tensor(rng.normal(size=(2, 3))))

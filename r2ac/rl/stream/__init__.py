@@ -3,6 +3,7 @@ lockstep, one env stream each, an update after every step, recurrent cores train
 RTRL. By role:
 
 protocol.py     what a streaming agent is to the runtime (StreamAgent)
+pair_agent.py   what stream AC and QRC share: two networks as one 2K-row body, normalisers
 ac.py           stream AC(lambda) (Elsayed et al. 2024)
 qrc.py          QRC(lambda) (Farr et al. 2026's value-based agent)
 obgd.py         ObGD, the step-size-bounded optimiser

@@ -34,18 +34,9 @@ from r2ac.counter_hash import uniforms
 from r2ac.envs.spaces import ActionSpace
 from r2ac.errors import ConfigError
 from r2ac.rl.model.distributions import distribution
-from r2ac.rl.running_stats import RewardScale, RunningStats
-from r2ac.rl.stream.nets import (
-    PairBuffers,
-    StackedNet,
-    cat_states,
-    head_backward,
-    head_forward,
-    mlp_backward,
-    mlp_forward,
-    state_rows,
-)
+from r2ac.rl.stream.nets import PairBuffers, StackedNet, head_forward, mlp_forward, state_rows
 from r2ac.rl.stream.obgd import ObGD
+from r2ac.rl.stream.pair_agent import PairAgent
 from r2ac.rl.stream.sampling import sample_actions, sample_draws
 
 
@@ -104,7 +95,7 @@ class StepInfo(NamedTuple):
     step_critic: torch.Tensor
 
 
-class StreamAC:
+class StreamAC(PairAgent):
     """K stream AC(lambda) agents in lockstep: networks, traces, normalisers, core states.
 
     Use: `agent.observe_first(raw_obs)`; then per step `action = agent.act()`, the env step,
@@ -127,60 +118,21 @@ class StreamAC:
         """make_core(num_agents, input_size) -> a stacked core; `top`: the widths of the
         layers between the core and the heads."""
         check_ac_space(space)
-        self.space, self.settings, self.dtype = space, settings, dtype
-        self.k, self.obs_size = len(seeds), obs_size
-        self.seeds = np.asarray(seeds, dtype=np.uint64)
-        feat = mlp[-1] if mlp else obs_size
+        self.space, self.settings = space, settings
+        k, feat = len(seeds), mlp[-1] if mlp else obs_size
         self.actor = StackedNet(
-            make_core(self.k, feat), obs_size, mlp, space.head_size,
+            make_core(k, feat), obs_size, mlp, space.head_size,
             log_std=space.dims if space.kind == "box" else 0, top=top,
         )  # fmt: skip
-        self.critic = StackedNet(make_core(self.k, feat), obs_size, mlp, 1, top=top)
-        self.body_core = make_core(2 * self.k, feat)  # both bodies' cores, 2K rows
-        self.params = PairBuffers(self._init_flat(seeds, dtype), self.actor, self.critic)
-        self.grads = PairBuffers(torch.zeros_like(self.params.flat), self.actor, self.critic)
+        self.critic = StackedNet(make_core(k, feat), obs_size, mlp, 1, top=top)
+        super().__init__(self.actor, self.critic, make_core(2 * k, feat), seeds, obs_size, dtype)
         kappas = (settings.kappa_actor, settings.kappa_critic)
         decay = settings.discount * settings.trace_lambda
         self.optimizer = ObGD(self.params.flat, settings.lr, kappas, decay)
         self.traces = PairBuffers(self.optimizer.traces, self.actor, self.critic)
-        self._ones = torch.ones(self.k, 1, dtype=dtype)  # dV/dV, the critic head's dL/dout
-        # the core's bounded parameters (the RTU's / LRU's phase), both nets' (2K, ...) views
-        self._bounded = [
-            (self.params.body[f"core.{name}"], bound)
-            for name, bound in self.body_core.upper_bounds().items()
-        ]
+        self._ones = torch.ones(k, 1, dtype=dtype)  # dV/dV, the critic head's dL/dout
         self.theta_a, self.theta_c = self.params.first, self.params.second
         self.z_a, self.z_c = self.traces.first, self.traces.second
-        self.state = self.body_core.initial_state()  # (2K, ...): actor's, then critic's
-        self.obs_stats = RunningStats(self.k, (obs_size,))
-        self.rewards = RewardScale(self.k)
-        self._np_dtype = torch.empty((), dtype=dtype).numpy().dtype
-        self.x = torch.zeros(self.k, obs_size, dtype=dtype)  # normalised current observation
-        self.reset = torch.ones(self.k, dtype=torch.bool)
-        self.steps = 0  # lockstep steps taken (the sampler's counter)
-        self.frozen = False
-        self._pending: tuple | None = None
-        self.last_grads: tuple | None = None
-
-    def _init_flat(self, seeds, dtype) -> torch.Tensor:
-        """(2, K, P): the actor's and the critic's initial weights, agent k's from seed k."""
-        generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
-        theta_a = self.actor.init(generators, dtype)
-        theta_c = self.critic.init(generators, dtype)
-        flat = torch.zeros(2, self.k, max(theta_a.shape[1], theta_c.shape[1]), dtype=dtype)
-        flat[0, :, : theta_a.shape[1]] = theta_a
-        flat[1, :, : theta_c.shape[1]] = theta_c
-        return flat
-
-    # -- each network's core state (K, ...), views of the stacked one
-
-    @property
-    def state_a(self):
-        return state_rows(self.state, 0, self.k)
-
-    @property
-    def state_c(self):
-        return state_rows(self.state, self.k, 2 * self.k)
 
     # -- the agent protocol's views (r2ac/rl/stream/protocol.py)
 
@@ -204,27 +156,8 @@ class StreamAC:
         reaches across."""
         self.traces.flat.zero_()
 
-    def finite(self) -> bool:
-        return bool(torch.isfinite(self.params.flat).all())
-
     def constant_metrics(self) -> dict[str, float]:
         return {"lr": self.settings.lr, "entropy_cost": self.settings.entropy_cost}
-
-    # -- observations and rewards
-
-    def _normalised(self, obs) -> torch.Tensor:
-        """The normalised observation (K, obs) at the agent's dtype (the stats as they are)."""
-        obs = np.asarray(obs, dtype=np.float64).reshape(self.k, -1)
-        return torch.from_numpy(self.obs_stats.normalise(obs).astype(self._np_dtype))
-
-    def _observe(self, obs) -> torch.Tensor:
-        if not self.frozen:
-            self.obs_stats.update(np.asarray(obs, dtype=np.float64).reshape(self.k, -1))
-        return self._normalised(obs)
-
-    def observe_first(self, obs) -> None:
-        self.x = self._observe(obs)
-        self.reset = torch.ones(self.k, dtype=torch.bool)
 
     # -- acting and learning
 
@@ -232,26 +165,17 @@ class StreamAC:
     def act(self, greedy: bool = False) -> torch.Tensor:
         """The actions (K, *action_shape) at the current observation; keeps what `learn`
         needs (both networks' forward intermediates)."""
-        k, p = self.k, self.params
-        body = p.parts
-        x2 = torch.cat([self.x, self.x])  # (2K, obs): both networks see the same observation
-        feat, mlp_saved = mlp_forward(body.ws, body.bs, x2)  # (2K, F)
-        h, state, core_saved = self.body_core.forward_manual(
-            body.core, feat, self.state, torch.cat([self.reset, self.reset])
-        )  # (2K, H)
-        h, top_saved = mlp_forward(body.top_ws, body.top_bs, h)  # (2K, H'): H' = H if no layers
-        h = h.unsqueeze(1)  # (2K, 1, H') rows
-        params = head_forward(p.heads[0], h[:k])  # (K, head out)
-        value = head_forward(p.heads[1], h[k:]).squeeze(-1)  # (K,)
+        (params, value), hid, state, saved = self.forward_bodies()
+        value = value.squeeze(-1)  # (K,)
         u = None if greedy else torch.from_numpy(uniforms(self.seeds, self.steps, self.draws()))
         action = self.choose(params, u, greedy)
-        self._pending = (params, action, value, h, state, mlp_saved, core_saved, top_saved)
+        self._pending = (params, action, value, hid, state, saved)
         return action
 
     @torch.no_grad()
     def learn(self, reward, obs, final_obs, terminated, truncated) -> StepInfo:
         """One update from this step's TD error; then the next observation becomes current."""
-        params, action, value, h, state, mlp_saved, core_saved, top_saved = self._pending
+        params, action, value, hid, state, saved = self._pending
         self._pending = None
         s, k = self.settings, self.k
         terminated = np.asarray(terminated, dtype=bool).reshape(k)
@@ -260,40 +184,24 @@ class StreamAC:
         same = final_obs is obs or np.array_equal(final_obs, obs)
         x_final = x_next if same else self._normalised(final_obs)
         scaled = self.rewards.scale(reward, done, s.discount)
-        v_next = self._peek_value(x_final, state, core_saved)
+        v_next = self._peek_value(x_final, state, saved[1])
         # delta = r + gamma (1 - terminated) V(s') - V(s) (a truncated step bootstraps)
         bootstrap = torch.from_numpy((s.discount * ~terminated).astype(self._np_dtype))
         delta = torch.from_numpy(scaled.astype(self._np_dtype)).addcmul_(bootstrap, v_next)
         delta -= value
-        entropy = self._backward(params, action, h, delta, mlp_saved, core_saved, top_saved)
+        # gradients: actor of log pi(a) + c_H sign(delta) H, critic of V
+        entropy, g_logp, g_ent = policy_grads(self.space, params, action)
+        g_params = g_logp + (s.entropy_cost * torch.sign(delta)).unsqueeze(1) * g_ent
+        self.backward_bodies(hid, g_params, self._ones, saved)
+        self.last_grads = (self.grads.first, self.grads.second)  # (K, P) each (tests read them)
         step = self.optimizer.step(self.grads.flat, delta, self.frozen)
         if not self.frozen:
-            for view, bound in self._bounded:
-                view.clamp_(max=bound)
+            self.clamp_bounded()
         self.optimizer.reset_traces(done)
         self.state = state
         self.x, self.reset = x_next, torch.from_numpy(done)
         self.steps += 1
         return StepInfo(delta, value, entropy, step[0], step[1])
-
-    def _backward(self, params, action, h, delta, mlp_saved, core_saved, top_saved):
-        """Both networks' gradients into self.grads (actor: of log pi(a) + c_H sign(delta) H;
-        critic: of V); returns the policy's entropy (K,)."""
-        k, p, g = self.k, self.params, self.grads
-        entropy, g_logp, g_ent = policy_grads(self.space, params, action)
-        g_params = g_logp + (self.settings.entropy_cost * torch.sign(delta)).unsqueeze(1) * g_ent
-        g_h = torch.cat(
-            [
-                head_backward(p.heads[0], g.heads[0], h[:k], g_params),
-                head_backward(p.heads[1], g.heads[1], h[k:], self._ones),
-            ]
-        ).squeeze(1)  # (2K, H')
-        body, g_body = p.parts, g.parts
-        g_h = mlp_backward(body.top_ws, top_saved, g_h, g_body.top_ws, g_body.top_bs, True)
-        g_feat = self.body_core.backward_manual(core_saved, g_h, g_body.core)
-        mlp_backward(body.ws, mlp_saved, g_feat, g_body.ws, g_body.bs)
-        self.last_grads = (g.first, g.second)  # this step's gradients (K, P) (tests read them)
-        return entropy
 
     def _peek_value(self, x: torch.Tensor, state, core_saved) -> torch.Tensor:
         """V(x) (K,) from the critic's next core state (no grad, no sensitivity update; the
@@ -311,19 +219,15 @@ class StreamAC:
     # -- checkpoints
 
     def state_dict(self) -> dict[str, Any]:
+        core_actor, core_critic = self.core_states()
         return {
             "theta_actor": self.theta_a.clone(),
             "theta_critic": self.theta_c.clone(),
             "trace_actor": self.z_a.clone(),
             "trace_critic": self.z_c.clone(),
-            "core_actor": [t.clone() for t in self.state_a],
-            "core_critic": [t.clone() for t in self.state_c],
-            "obs_stats": [t.clone() for t in self.obs_stats.moments()],
-            "reward_stats": [t.clone() for t in self.rewards.stats.moments()],
-            "reward_return": torch.from_numpy(self.rewards.ret.copy()),
-            "x": self.x.clone(),
-            "reset": self.reset.clone(),
-            "steps": self.steps,
+            "core_actor": core_actor,
+            "core_critic": core_critic,
+            **self.shared_state(),
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
@@ -331,19 +235,18 @@ class StreamAC:
         self.theta_c.copy_(d["theta_critic"])
         self.z_a.copy_(d["trace_actor"])
         self.z_c.copy_(d["trace_critic"])
-        kind = type(self.state)
-        self.state = cat_states(kind(*d["core_actor"]), kind(*d["core_critic"]))
-        self.obs_stats.load(d["obs_stats"])
-        self.rewards.stats.load(d["reward_stats"])
-        self.rewards.ret[...] = torch.as_tensor(d["reward_return"]).numpy()
-        self.x, self.reset, self.steps = d["x"], d["reset"], int(d["steps"])
+        self.load_shared_state(d, ("core_actor", "core_critic"))
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The agents' weights and normalisers by name (agent.pt): (K, ...) tensors."""
-        out = {f"actor.{n}": v for n, v in self.actor.layout.views(self.theta_a).items()}
-        out.update({f"critic.{n}": v for n, v in self.critic.layout.views(self.theta_c).items()})
-        out.update(
-            obs_mean=torch.from_numpy(self.obs_stats.mean),
-            obs_var=torch.from_numpy(self.obs_stats.var()),
-        )
-        return {k: v.contiguous().clone() for k, v in out.items()}
+        """The agents' weights and normaliser by name (agent.pt): (K, ...) tensors."""
+        return self.pair_weights(("actor", "critic"), (self.actor, self.critic))
+
+    # -- each network's core state (K, ...), views of the stacked one
+
+    @property
+    def state_a(self):
+        return state_rows(self.state, 0, self.k)
+
+    @property
+    def state_c(self):
+        return state_rows(self.state, self.k, 2 * self.k)

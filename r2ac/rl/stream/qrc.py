@@ -53,11 +53,9 @@ import torch
 from r2ac.counter_hash import uniforms
 from r2ac.envs.spaces import ActionSpace
 from r2ac.errors import ConfigError
-from r2ac.rl.running_stats import RewardScale, RunningStats
 from r2ac.rl.stream.nets import (
     PairBuffers,
     StackedNet,
-    cat_states,
     head_backward,
     head_forward,
     mlp_backward,
@@ -65,6 +63,7 @@ from r2ac.rl.stream.nets import (
     net_parts,
     state_rows,
 )
+from r2ac.rl.stream.pair_agent import PairAgent
 
 # ---------------------------------------------------------------- pure functions
 
@@ -172,7 +171,7 @@ def from_older_keys(saved: dict) -> dict:
     return {OLDER_KEYS.get(k, k): v for k, v in saved.items()}
 
 
-class StreamQRC:
+class StreamQRC(PairAgent):
     """K QRC(lambda) agents in lockstep: Q and h networks, traces, normalisers, core states.
 
     Use as StreamAC: `agent.observe_first(raw_obs)`; then per step `action = agent.act()`,
@@ -194,48 +193,19 @@ class StreamQRC:
         """make_core(num_agents, input_size) -> a stacked core; `top`: the widths of the
         layers between the core and the heads."""
         check_q_space(space)
-        self.space, self.settings, self.dtype = space, settings, dtype
-        self.k, self.obs_size = len(seeds), obs_size
+        self.space, self.settings = space, settings
+        k, feat = len(seeds), mlp[-1] if mlp else obs_size
         self.num_actions = int(space.nvec[0])
-        self.seeds = np.asarray(seeds, dtype=np.uint64)
-        feat = mlp[-1] if mlp else obs_size
-        self.q_net = StackedNet(make_core(self.k, feat), obs_size, mlp, self.num_actions, top=top)
-        self.h_net = StackedNet(make_core(self.k, feat), obs_size, mlp, self.num_actions, top=top)
-        self.body_core = make_core(2 * self.k, feat)  # both bodies' cores, 2K rows: Q's, h's
-        generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
-        theta_q = self.q_net.init(generators, dtype)
-        theta_h = self.h_net.init(generators, dtype)
-        self.params = PairBuffers(torch.stack([theta_q, theta_h]), self.q_net, self.h_net)
-        self.grads = PairBuffers(torch.zeros_like(self.params.flat), self.q_net, self.h_net)
+        self.q_net = StackedNet(make_core(k, feat), obs_size, mlp, self.num_actions, top=top)
+        self.h_net = StackedNet(make_core(k, feat), obs_size, mlp, self.num_actions, top=top)
+        super().__init__(self.q_net, self.h_net, make_core(2 * k, feat), seeds, obs_size, dtype)
         self.traces_flat = PairBuffers(torch.zeros_like(self.params.flat), self.q_net, self.h_net)
-        self.g_next = torch.zeros_like(theta_q)  # grad Q(s', a*) (K, Pq)
-        self._g_next_parts = net_parts(self.q_net, self.g_next)
         self.theta_q, self.theta_h = self.params.first, self.params.second
+        self.g_next = torch.zeros_like(self.theta_q)  # grad Q(s', a*) (K, Pq)
+        self._g_next_parts = net_parts(self.q_net, self.g_next)
         self.traces = QRCTraces(
-            self.traces_flat.first, self.traces_flat.second, torch.zeros(self.k, dtype=dtype)
+            self.traces_flat.first, self.traces_flat.second, torch.zeros(k, dtype=dtype)
         )
-        self._bounded = [
-            (self.params.body[f"core.{name}"], bound)
-            for name, bound in self.body_core.upper_bounds().items()
-        ]
-        self.state = self.body_core.initial_state()  # (2K, ...): Q's, then h's
-        self.obs_stats = RunningStats(self.k, (obs_size,))
-        self.rewards = RewardScale(self.k)
-        self._np_dtype = torch.empty((), dtype=dtype).numpy().dtype
-        self.x = torch.zeros(self.k, obs_size, dtype=dtype)  # normalised current observation
-        self.reset = torch.ones(self.k, dtype=torch.bool)
-        self.steps = 0  # lockstep steps taken (the sampler's and epsilon's counter)
-        self.frozen = False
-        self._pending: tuple | None = None
-        self.last_grads: tuple | None = None
-
-    @property
-    def state_q(self):
-        return state_rows(self.state, 0, self.k)
-
-    @property
-    def state_h(self):
-        return state_rows(self.state, self.k, 2 * self.k)
 
     @property
     def z_q(self) -> torch.Tensor:
@@ -274,26 +244,8 @@ class StreamQRC:
         self.traces_flat.flat.zero_()
         self.traces.z_b.zero_()
 
-    def finite(self) -> bool:
-        return bool(torch.isfinite(self.params.flat).all())
-
     def constant_metrics(self) -> dict[str, float]:
         return {"lr": self.settings.lr}
-
-    # -- observations
-
-    def _normalised(self, obs) -> torch.Tensor:
-        obs = np.asarray(obs, dtype=np.float64).reshape(self.k, -1)
-        return torch.from_numpy(self.obs_stats.normalise(obs).astype(self._np_dtype))
-
-    def _observe(self, obs) -> torch.Tensor:
-        if not self.frozen:
-            self.obs_stats.update(np.asarray(obs, dtype=np.float64).reshape(self.k, -1))
-        return self._normalised(obs)
-
-    def observe_first(self, obs) -> None:
-        self.x = self._observe(obs)
-        self.reset = torch.ones(self.k, dtype=torch.bool)
 
     # -- acting and learning
 
@@ -301,38 +253,17 @@ class StreamQRC:
     def act(self, greedy: bool = False) -> torch.Tensor:
         """Actions (K,): epsilon-greedy in Q (argmax with greedy); keeps what `learn` needs
         (both networks' forward intermediates, the cores' next states)."""
-        k, p = self.k, self.params
-        body = p.parts
-        x2 = torch.cat([self.x, self.x])  # (2K, obs): both networks see the same observation
-        feat, mlp_saved = mlp_forward(body.ws, body.bs, x2)  # (2K, F)
-        hid, state, core_saved = self.body_core.forward_manual(
-            body.core, feat, self.state, torch.cat([self.reset, self.reset])
-        )
-        hid, top_saved = mlp_forward(body.top_ws, body.top_bs, hid)
-        hid = hid.unsqueeze(1)  # (2K, 1, H') rows
-        q = head_forward(p.heads[0], hid[:k])  # (K, A)
-        h = head_forward(p.heads[1], hid[k:])  # (K, A)
+        (q, h), hid, state, saved = self.forward_bodies()  # (K, A) each
         eps = 0.0 if greedy else self.epsilon()
         u = torch.from_numpy(uniforms(self.seeds, self.steps, 2))
         action, non_greedy = epsilon_greedy(q, u, eps)
-        self._pending = (
-            q,
-            h,
-            action,
-            non_greedy,
-            eps,
-            hid,
-            state,
-            mlp_saved,
-            core_saved,
-            top_saved,
-        )
+        self._pending = (q, h, action, non_greedy, eps, hid, state, saved)
         return action
 
     @torch.no_grad()
     def learn(self, reward, obs, final_obs, terminated, truncated) -> QStepInfo:
         """One QRC(lambda) update from this step; then the next observation becomes current."""
-        q, h, action, non_greedy, eps, hid, state, *saved = self._pending
+        q, h, action, non_greedy, eps, hid, state, saved = self._pending
         self._pending = None
         s, k = self.settings, self.k
         terminated = torch.as_tensor(np.asarray(terminated, dtype=bool).reshape(k))
@@ -342,7 +273,7 @@ class StreamQRC:
         scaled = torch.from_numpy(self.rewards.scale(reward, done.numpy(), s.discount))
         onehot = torch.zeros_like(q).scatter_(1, action.view(-1, 1), 1.0)  # dQ(s,a)/dQ(s,.)
         q_sa, h_sa = (q * onehot).sum(1), (h * onehot).sum(1)  # (K,)
-        self._backward(hid, onehot, saved)
+        self.backward_bodies(hid, onehot, onehot, saved)  # grad Q(s, a), grad h(s, a)
         q_next = self._q_next(x_final, state_rows(state, 0, k))  # (K,) grad into g_next
         g_q, g_h = self.grads.first, self.grads.second
         self.last_grads = (g_q, g_h, self.g_next)  # this step's gradients (tests read them)
@@ -355,29 +286,13 @@ class StreamQRC:
         if not self.frozen:
             self.theta_q.add_(d_q, alpha=s.lr)
             self.theta_h.add_(d_h, alpha=s.h_lr)
-            for view, bound in self._bounded:
-                view.clamp_(max=bound)
+            self.clamp_bounded()
         cut_traces(self.traces, done | non_greedy)
         self.state = state
         self.x, self.reset = x_next, done
         self.steps += 1
         eps_t = torch.full((k,), eps, dtype=self.dtype)
         return QStepInfo(delta, q_sa, eps_t, h_sa, non_greedy.to(self.dtype))
-
-    def _backward(self, hid, onehot, saved) -> None:
-        """grad Q(s, a) and grad h(s, a) into self.grads (both bodies as 2K rows)."""
-        mlp_saved, core_saved, top_saved = saved
-        k, p, g = self.k, self.params, self.grads
-        g_hid = torch.cat(
-            [
-                head_backward(p.heads[0], g.heads[0], hid[:k], onehot),
-                head_backward(p.heads[1], g.heads[1], hid[k:], onehot),
-            ]
-        ).squeeze(1)  # (2K, H')
-        body, g_body = p.parts, g.parts
-        g_hid = mlp_backward(body.top_ws, top_saved, g_hid, g_body.top_ws, g_body.top_bs, True)
-        g_feat = self.body_core.backward_manual(core_saved, g_hid, g_body.core)
-        mlp_backward(body.ws, mlp_saved, g_feat, g_body.ws, g_body.bs)
 
     def _q_next(self, x: torch.Tensor, state) -> torch.Tensor:
         """Q(s', a*) (K,), a* = argmax Q(s', .), one step of the Q network from the core state
@@ -400,20 +315,16 @@ class StreamQRC:
     # -- checkpoints
 
     def state_dict(self) -> dict[str, Any]:
+        core_q, core_h = self.core_states()
         return {
             "theta_q": self.theta_q.clone(),
             "theta_h": self.theta_h.clone(),
             "trace_q": self.traces.z_q.clone(),
             "trace_h": self.traces.z_h.clone(),
             "trace_h_value": self.traces.z_b.clone(),
-            "core_q": [t.clone() for t in self.state_q],
-            "core_h": [t.clone() for t in self.state_h],
-            "obs_stats": [t.clone() for t in self.obs_stats.moments()],
-            "reward_stats": [t.clone() for t in self.rewards.stats.moments()],
-            "reward_return": torch.from_numpy(self.rewards.ret.copy()),
-            "x": self.x.clone(),
-            "reset": self.reset.clone(),
-            "steps": self.steps,
+            "core_q": core_q,
+            "core_h": core_h,
+            **self.shared_state(),
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
@@ -422,22 +333,19 @@ class StreamQRC:
         self.traces.z_q.copy_(d["trace_q"])
         self.traces.z_h.copy_(d["trace_h"])
         self.traces.z_b.copy_(d["trace_h_value"])
-        kind = type(self.state)
-        self.state = cat_states(kind(*d["core_q"]), kind(*d["core_h"]))
-        self.obs_stats.load(d["obs_stats"])
-        self.rewards.stats.load(d["reward_stats"])
-        self.rewards.ret[...] = torch.as_tensor(d["reward_return"]).numpy()
-        self.x, self.reset, self.steps = d["x"], d["reset"], int(d["steps"])
+        self.load_shared_state(d, ("core_q", "core_h"))
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The agents' weights and normalisers by name (agent.pt): (K, ...) tensors."""
-        out = {f"q.{n}": v for n, v in self.q_net.layout.views(self.theta_q).items()}
-        out.update({f"h.{n}": v for n, v in self.h_net.layout.views(self.theta_h).items()})
-        out.update(
-            obs_mean=torch.from_numpy(self.obs_stats.mean),
-            obs_var=torch.from_numpy(self.obs_stats.var()),
-        )
-        return {k: v.contiguous().clone() for k, v in out.items()}
+        """The agents' weights and normaliser by name (agent.pt): (K, ...) tensors."""
+        return self.pair_weights(("q", "h"), (self.q_net, self.h_net))
+
+    @property
+    def state_q(self):
+        return state_rows(self.state, 0, self.k)
+
+    @property
+    def state_h(self):
+        return state_rows(self.state, self.k, 2 * self.k)
 
 
 def check_q_space(space: ActionSpace) -> None:
