@@ -271,6 +271,10 @@ class StreamConfig:
     """stream-q: SGD step of QRC's secondary estimate h."""
     qrc_beta: float = 1.0
     """stream-q: QRC's regulariser of h (beta theta_h in h's update)."""
+    compile_step: bool = False
+    """stream-ac: run each step as one compiled function (torch.compile, inductor's C++ on
+    the CPU; r2ac/rl/stream/compiled.py): Discrete actions and the RTU / LRU cores; its
+    compile time is printed. Off: the eager step, the reference."""
 
 
 @dataclass(frozen=True)
@@ -605,7 +609,7 @@ RUN_OPTIONS = (
 _STREAM_MODEL = ("core", "hidden_size", "forget_bias", "prev_action", "stream_mlp",
                  "stream_top_mlp", "num_agents", "trace_lambda", "learning_rate", "discount")  # fmt: skip
 STREAM_OPTIONS = {
-    "stream-ac": (*_STREAM_MODEL, "kappa_actor", "kappa_critic", "entropy_cost"),
+    "stream-ac": (*_STREAM_MODEL, "kappa_actor", "kappa_critic", "entropy_cost", "compile_step"),
     "stream-q": (*_STREAM_MODEL, "h_learning_rate", "qrc_beta", "epsilon_start", "epsilon_end",
                  "epsilon_fraction"),
 }  # fmt: skip
@@ -640,6 +644,12 @@ def check_stream_config(cfg: TrainConfig) -> None:
     k = cfg.stream.num_agents
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ConfigError(f"--num-agents must be a positive integer, got {k!r}")
+    compiled = ("rtu-rtrl", "rtu-bptt", "lru-rtrl", "lru-bptt")
+    if cfg.stream.compile_step and cfg.model.core not in compiled:
+        raise ConfigError(
+            f"--compile-step: the compiled step has the {', '.join(compiled)} cores, not "
+            f"{cfg.model.core} (give --no-compile-step)"
+        )
     _check_stream_core(cfg)
     _check_numbers(cfg)
 

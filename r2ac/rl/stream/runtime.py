@@ -91,11 +91,30 @@ class StreamRuntime(TrainingLoop):
         try:
             self.agent = make_stream_agent(cfg, self.env, self.seeds, dtype)
             self.agent.observe_first(self.env.reset())
+            self.fused = self._compiled() if cfg.stream.compile_step else None
         except BaseException:
             self.env.close()
             raise
+        self.stepper = self.fused or self.agent  # what acts and learns each step
         self._sums = torch.zeros(len(self.agent.metric_names), dtype=torch.float64)
         self._count = 0
+
+    def _compiled(self):
+        """The agents' step as one compiled function (r2ac/rl/stream/compiled.py), compiled
+        now: its time is printed."""
+        from r2ac.rl.stream.compiled import FusedStreamAC
+        from r2ac.rl.stream.compiled_spec import check_supported
+
+        check_supported(self.agent)
+        fused = FusedStreamAC(self.agent)
+        seconds = fused.warm_up()
+        log.info("compiled the streaming step in %.1f s", seconds)
+        return fused
+
+    def _sync(self) -> None:
+        """The compiled step's state written back into the agents (before they are read)."""
+        if self.fused is not None:
+            self.fused.sync_to(self.agent)
 
     # -- what every trainer answers
 
@@ -116,6 +135,7 @@ class StreamRuntime(TrainingLoop):
     def checkpoint(self, tracker: Tracker) -> None:
         if self.run is None:
             return
+        self._sync()
         tracker.flush()  # the rows up to this step are on disk before the checkpoint is
         self.run.save_checkpoint(self._payload(tracker))
 
@@ -154,6 +174,10 @@ class StreamRuntime(TrainingLoop):
             log.warning("env %s has no get_state: resumed runs restart episodes", self.cfg.env.id)
             self.agent.observe_first(self.env.reset())
             self.agent.restart_episodes()
+        if self.fused is not None:  # the compiled step goes on from the restored agents
+            from r2ac.rl.stream.compiled_spec import state_of
+
+            self.fused.load(state_of(self.agent))
 
     def _set_env_state(self, state, source) -> None:
         """The envs' saved state, or one line naming the file when it does not fit them."""
@@ -166,6 +190,7 @@ class StreamRuntime(TrainingLoop):
             ) from exc
 
     def evaluate(self, sets: int, episodes: int, greedy: bool) -> dict:
+        self._sync()
         return evaluate_agents(self.agent, self.cfg, self.seeds, sets, episodes, greedy)
 
     @classmethod
@@ -191,7 +216,7 @@ class StreamRuntime(TrainingLoop):
     # -- one step
 
     def step(self, tracker: Tracker) -> None:
-        agent = self.agent
+        agent = self.stepper
         action = agent.act()
         res = self.env.step(action.numpy())
         info = agent.learn(
@@ -213,6 +238,7 @@ class StreamRuntime(TrainingLoop):
         tracker.record(self.k, [episodes], metrics)
 
     def _metrics(self, update: int) -> dict[str, float]:
+        self._sync()
         if not self.agent.finite():
             raise TrainingDiverged(f"training diverged at step {update}: weights not finite")
         mean = (self._sums / max(self._count, 1)).tolist()
