@@ -116,8 +116,9 @@ def test_checkpoint_of_the_older_sensitivity_layout_resumes_bit_exact(tmp_path, 
             StreamRuntime(cfg).restore(marked)
 
 
-@pytest.mark.slow
 def test_stop_and_resume_is_bit_exact(tmp_path, monkeypatch):
+    """SIGTERM at step 25 (between the rows of steps 20 and 30) and --resume: the weights, and
+    metrics.csv row for row (but for wall times), as the uninterrupted run's."""
     flags = ["--preset", "stream", "--env-options", "length=4", "--hidden-size", "8",
              "--stream-mlp", "8", "--num-agents", "2", "--total-frames", "40",
              "--checkpoint-every", "15", "--log-every", "10", "--no-progress",
@@ -146,6 +147,12 @@ def test_stop_and_resume_is_bit_exact(tmp_path, monkeypatch):
         assert torch.equal(sa[key], sb[key]), key
     for ta, tb in zip(sa["core_actor"], sb["core_actor"], strict=True):
         assert torch.equal(ta, tb)
+    rows = [list(csv.DictReader((d / "metrics.csv").open())) for d in (full, part)]
+    assert len(rows[0]) == len(rows[1]) == 4
+    for ra, rb in zip(*rows, strict=True):
+        assert {k: v for k, v in ra.items() if k not in ("time_s", "fps")} == {
+            k: v for k, v in rb.items() if k not in ("time_s", "fps")
+        }
 
 
 @pytest.mark.parametrize(

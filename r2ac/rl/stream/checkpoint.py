@@ -1,7 +1,11 @@
 """The streaming agents' section of a training checkpoint, and its checks.
 
     payload["stream"] = {"algorithm": "stream-ac" | "stream-q", "state": agent.state_dict(),
-                         "sensitivity_layout": "planes"}
+                         "sensitivity_layout": "planes",
+                         "metric_sums": (M,) float64, "metric_count": int}
+
+The metric sums are those of the steps since the last metrics.csv row: a run stopped between two
+rows and resumed writes the row that closes the interval as the uninterrupted run does.
 
 Older checkpoints are converted on reading: the state under learner.optimizer.state (stream
 AC's and QRC's alike, with a top-level sensitivity_layout), QRC's state under stream AC's keys,
@@ -14,7 +18,7 @@ import torch
 
 from r2ac.rl.config import TrainConfig
 from r2ac.rl.stream.qrc import from_older_keys
-from r2ac.runs.values import ValueMismatch, check_count
+from r2ac.runs.values import ValueMismatch, check_count, check_like
 
 # The RTU's and LRU's d s / d W1 in a checkpoint: "planes" (K, 2, U, D), the real parts then
 # the imaginary ones; checkpoints without the mark hold (K, U, D, 2) pairs.
@@ -22,8 +26,25 @@ SENSITIVITY_LAYOUT = "planes"
 CORE_KEYS = ("core_actor", "core_critic", "core_q", "core_h")
 
 
-def section(algorithm: str, state: dict) -> dict:
-    return {"algorithm": algorithm, "state": state, "sensitivity_layout": SENSITIVITY_LAYOUT}
+def section(algorithm: str, state: dict, sums: torch.Tensor, count: int) -> dict:
+    return {
+        "algorithm": algorithm,
+        "state": state,
+        "sensitivity_layout": SENSITIVITY_LAYOUT,
+        "metric_sums": sums.clone(),
+        "metric_count": count,
+    }
+
+
+def metric_sums(payload: dict, like: torch.Tensor, log_every: int) -> tuple[torch.Tensor, int]:
+    """The metric sums and their count since the last row (zeros for a checkpoint without
+    them); ValueMismatch naming the field for values that do not fit."""
+    sec = payload.get("stream") or {}
+    if "metric_sums" not in sec:
+        return torch.zeros_like(like), 0
+    check_like(sec["metric_sums"], like, "stream.metric_sums")
+    count = check_count(sec.get("metric_count"), "stream.metric_count", 0, log_every)
+    return sec["metric_sums"].clone(), count
 
 
 def _is_pairs(state) -> bool:

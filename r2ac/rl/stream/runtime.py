@@ -146,7 +146,9 @@ class StreamRuntime(TrainingLoop):
             env_state = None
         return {
             "agent": self.agent.weights(),
-            "stream": ckpt.section(self.cfg.loss.algorithm, self.agent.state_dict()),
+            "stream": ckpt.section(
+                self.cfg.loss.algorithm, self.agent.state_dict(), self._sums, self._count
+            ),
             "rng": rng_state(),
             "counters": tracker.state(),
             "config": to_dict(self.cfg),
@@ -163,9 +165,11 @@ class StreamRuntime(TrainingLoop):
             check_like(saved, self.agent.state_dict(), "stream.state")
             ckpt.check_counters(payload["counters"], saved["steps"], self.cfg, self.k)
             check_like(payload["rng"], rng_state(), "rng")
+            sums, count = ckpt.metric_sums(payload, self._sums, self.cfg.run.log_every)
         except ValueMismatch as exc:
             raise ConfigError(f"{source}: does not fit the run's config: {exc}") from exc
         self.agent.load_state_dict(saved)
+        self._sums, self._count = sums, count
         self.saved_counters = payload["counters"]
         set_rng_state(payload["rng"])
         if payload.get("env") is not None:
