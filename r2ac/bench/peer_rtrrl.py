@@ -1,7 +1,8 @@
 """r2ac's streaming agent beside RTRRL (AAAI-25, JAX) on one CPU: steps/s wall and per CPU-second.
 
-    r2ac bench peer-rtrrl [--pairs 3] [--long-steps 102000] [--short-steps 2000] [--length 32]
-        [--cpu 0] [--peer-src DIR] [--json-out F] [-- more r2ac train flags]
+    r2ac bench peer-rtrrl [--pairs 3] [--long-steps 102000] [--short-steps 2000]
+        [--peer-long-steps N] [--length 32] [--cpu 0] [--peer-src DIR] [--json-out F]
+        [-- more r2ac train flags]
     r2ac bench peer-rtrrl --setup-only    # create or check the peer's venv and source only
 
 RTRRL is no dependency of r2ac. Its code comes from `--peer-src DIR` (a checkout of
@@ -23,7 +24,9 @@ Each run is pinned to one CPU (`taskset -c CPU`) with one thread: OMP/MKL thread
 `XLA_FLAGS=--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1`. After
 `--warmup` discarded short runs of each, `--pairs` rounds alternate the systems (r2ac, RTRRL,
 r2ac, RTRRL, ...), each system's round a short run then a long one. A round's figure is
-the difference of the two runs, so that start-up and compilation cancel:
+the difference of the two runs, so that start-up and compilation cancel (RTRRL's long run
+may be made longer with `--peer-long-steps`, so that its difference stands well above the
+noise of its ~10 s start-up):
 
     steps/s wall           = (N_long - N_short) / (wall_long - wall_short)
     steps per CPU-second   = (N_long - N_short) / (cpu_long - cpu_short)
@@ -88,9 +91,12 @@ def check_args(args) -> None:
     check_count(args.warmup, "--warmup", 0, MAX_REPEATS)
     check_count(args.long_steps, "--long-steps", 2 * SCAN_STEPS + 1, MAX_STEPS)
     check_count(args.short_steps, "--short-steps", 2 * SCAN_STEPS, args.long_steps - 1)
+    check_count(args.peer_long_steps, "--peer-long-steps", args.short_steps + 1, MAX_STEPS)
     check_count(args.length, "--length", 1, MAX_LENGTH)
     check_count(args.seed, "--seed", 1, 2**31 - 1)  # RTRRL draws a random seed for 0
-    for option, steps in (("--long-steps", args.long_steps), ("--short-steps", args.short_steps)):
+    long_short = (("--long-steps", args.long_steps), ("--short-steps", args.short_steps),
+                  ("--peer-long-steps", args.peer_long_steps))  # fmt: skip
+    for option, steps in long_short:
         if steps % SCAN_STEPS:
             raise ConfigError(f"{option} must be a multiple of {SCAN_STEPS:,} (RTRRL's scan "
                               f"length), got {steps:,}")  # fmt: skip
@@ -305,13 +311,20 @@ def schedule(pairs: int, warmup: int) -> list[tuple[str, str, str]]:
                    for kind in ("short", "long")]  # fmt: skip
 
 
+def run_steps(args, system: str, kind: str) -> int:
+    """Env steps of a short or long run of a system."""
+    if kind == "short":
+        return args.short_steps
+    return args.peer_long_steps if system == "rtrrl" else args.long_steps
+
+
 def run_all(args, root: Path) -> tuple[list[dict], list[dict]]:
     """Every run in schedule order; the records and each round's differences."""
-    steps = {"short": args.short_steps, "long": args.long_steps}
     records, rounds = [], {}
     for tag, system, kind in schedule(args.pairs, args.warmup):
-        print(f"[peer-rtrrl] {tag} {system} {steps[kind]:,} steps", file=sys.stderr, flush=True)
-        rec = run_system(args, system, steps[kind], tag, root)
+        steps = run_steps(args, system, kind)
+        print(f"[peer-rtrrl] {tag} {system} {steps:,} steps", file=sys.stderr, flush=True)
+        rec = run_system(args, system, steps, tag, root)
         records.append(rec)
         print(f"[peer-rtrrl]   rc {rec['rc']} wall {rec['wall_s']:.1f} s cpu {rec['cpu_s']:.1f} s",
               file=sys.stderr, flush=True)  # fmt: skip
@@ -320,6 +333,13 @@ def run_all(args, root: Path) -> tuple[list[dict], list[dict]]:
             ok = rec["rc"] == 0 and short["rc"] == 0
             rounds.setdefault(tag, {"round": tag})[system] = difference(rec, short) if ok else None
     return records, list(rounds.values())
+
+
+def steps_text(args) -> str:
+    text = f"{args.long_steps:,} - {args.short_steps:,} steps"
+    if args.peer_long_steps != args.long_steps:
+        text += f" (RTRRL: {args.peer_long_steps:,} - {args.short_steps:,})"
+    return text
 
 
 def labels(args) -> dict[str, str]:
@@ -340,6 +360,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--long-steps", type=int, default=102_000, help="env steps of a long run")
     p.add_argument("--short-steps", type=int, default=2_000,
                    help="env steps of a short run (>= 2 RTRRL scans: it compiles twice)")  # fmt: skip
+    p.add_argument("--peer-long-steps", type=int,
+                   help="env steps of RTRRL's long run (default: --long-steps)")  # fmt: skip
     p.add_argument("--length", type=int, default=32, help="MemoryChain's memory length")
     p.add_argument("--seed", type=int, default=1, help="both systems' seed (>= 1)")
     p.add_argument("--cpu", type=int, default=0, help="the CPU every run is pinned to")
@@ -353,6 +375,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--setup-only", action="store_true", help="set up venv and source, then stop")
     args = p.parse_args(argv)
     args.r2ac_args = r2ac_args
+    if args.peer_long_steps is None:
+        args.peer_long_steps = args.long_steps
     return args
 
 
@@ -379,7 +403,7 @@ def main(argv: list[str]) -> int:
     print(text)
     print(
         f"one thread each on CPU {args.cpu}; medians of {args.pairs} alternated rounds of "
-        f"{args.long_steps:,} - {args.short_steps:,} steps; load average {load_text}"
+        f"{steps_text(args)}; load average {load_text}"
     )
     if args.json_out:
         doc = {"created": datetime.now().isoformat(timespec="seconds"), "argv": argv,

@@ -27,6 +27,7 @@ def args_of(*argv: str):
 def test_defaults_parse_and_pass_the_checks():
     args = args_of("--", "--seed", "3")
     assert (args.pairs, args.warmup, args.long_steps, args.short_steps) == (3, 1, 102_000, 2_000)
+    assert args.peer_long_steps == 102_000  # RTRRL's long run: as long as r2ac's
     assert args.r2ac_args == ["--seed", "3"]
     peer_rtrrl.check_args(args)
 
@@ -41,6 +42,8 @@ def test_defaults_parse_and_pass_the_checks():
         (["--short-steps", "102000"], "--short-steps must be in 2,000..101,999"),
         (["--short-steps", "2500"], "--short-steps must be a multiple of 1,000"),
         (["--long-steps", "50500"], "--long-steps must be a multiple of 1,000"),
+        (["--peer-long-steps", "2000"], "--peer-long-steps must be in 2,001.."),
+        (["--peer-long-steps", "1002500"], "--peer-long-steps must be a multiple of 1,000"),
         (["--length", "0"], "--length must be in 1.."),
         (["--seed", "0"], "--seed must be in 1.."),
         (["--cpu", "100000"], "--cpu 100000 is not one of this process's CPUs"),
@@ -162,13 +165,16 @@ def test_the_command_discards_the_warm_up_and_writes_its_json(tmp_path, monkeypa
     src.mkdir()
     out = tmp_path / "peer.json"
     argv = ["--cpu", str(CPU), "--pairs", "3", "--peer-src", str(src), "--out-root",
-            str(tmp_path / "runs"), "--json-out", str(out)]  # fmt: skip
+            str(tmp_path / "runs"), "--json-out", str(out), "--peer-long-steps", "1002000"]  # fmt: skip
     assert peer_rtrrl.main(argv) == 0
     assert len(calls) == 2 + 3 * 4 and calls[0] == ("warmup0", "r2ac", 2000)
+    assert calls[2:6] == [("round0", "r2ac", 2000), ("round0", "r2ac", 102_000),
+                          ("round0", "rtrrl", 2000), ("round0", "rtrrl", 1_002_000)]  # fmt: skip
     printed = capsys.readouterr().out
     assert "| 1,000 | 1,250 | 800 us | 3 |" in printed  # r2ac
     assert "| 20,000 | 33,333 | 30 us | 3 |" in printed  # RTRRL
     assert "| ratio r2ac / RTRRL | 0.050 | 0.037 | | |" in printed and "load average" in printed
+    assert "102,000 - 2,000 steps (RTRRL: 1,002,000 - 2,000)" in printed
     doc = json.loads(out.read_text())
     assert doc["ratio"]["steps_per_s"] == pytest.approx(0.05) and len(doc["runs"]) == 14
     assert doc["peer_packages"] == {"jax": "0.5.0"} and doc["rtrrl_commit"] is None
