@@ -1,7 +1,7 @@
 """r2ac's streaming agent beside RTRRL (AAAI-25, JAX) on one CPU: steps/s wall and per CPU-second.
 
     r2ac bench peer-rtrrl [--pairs 3] [--long-steps 102000] [--short-steps 2000]
-        [--peer-long-steps N] [--length 32] [--cpu 0] [--peer-src DIR] [--json-out F]
+        [--peer-long-steps 1002000] [--length 32] [--cpu 0] [--peer-src DIR] [--json-out F]
         [-- more r2ac train flags]
     r2ac bench peer-rtrrl --setup-only    # create or check the peer's venv and source only
 
@@ -9,7 +9,7 @@ RTRRL is no dependency of r2ac. Its code comes from `--peer-src DIR` (a checkout
 github.com/le2333/RTRRL; its code in DIR/rtrrl/) or, without it, is cloned once at the
 pinned commit RTRRL_COMMIT into `--peer-cache`. Its packages live in their own venv outside
 the project's (`--peer-venv`, created on first use with the pins of PEER_PACKAGES: JAX on
-CPU; a minute and ~1.5 GB), where r2ac/bench/peer_rtrrl_side.py runs it.
+CPU; a minute and ~1.4 GB), where r2ac/bench/peer_rtrrl_side.py runs it.
 
 The two systems, on MemoryChain with memory length `--length`:
 - r2ac: `r2ac train stream-ac --core lru-rtrl --hidden-size 32 --stream-mlp --prev-action
@@ -19,14 +19,17 @@ The two systems, on MemoryChain with memory length `--length`:
   linear actor and critic, TD(lambda) with Adam, the env stepped in a compiled `lax.scan` of
   1,000 steps) on gymnax `MemoryChain-bsuite` (memory_length L), no evaluation, N / 1,000
   scans (peer_rtrrl_side.py says exactly what is set).
+The networks are close, not equal: r2ac's actor and critic each have their own core (two
+LRUs of 32 reading the observation, linear heads) and learn by ObGD with normalised inputs
+and rewards; RTRRL's share one LRU and learn by Adam (lr 1e-4) on accumulating traces.
 
 Each run is pinned to one CPU (`taskset -c CPU`) with one thread: OMP/MKL threads 1, for JAX
 `XLA_FLAGS=--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1`. After
 `--warmup` discarded short runs of each, `--pairs` rounds alternate the systems (r2ac, RTRRL,
 r2ac, RTRRL, ...), each system's round a short run then a long one. A round's figure is
-the difference of the two runs, so that start-up and compilation cancel (RTRRL's long run
-may be made longer with `--peer-long-steps`, so that its difference stands well above the
-noise of its ~10 s start-up):
+the difference of the two runs, so that start-up and compilation cancel (RTRRL's long run is
+longer, `--peer-long-steps`: its 100,000 steps take ~4 s beside a ~12 s start-up that varies
+by a second, its 1,000,000 ~40 s):
 
     steps/s wall           = (N_long - N_short) / (wall_long - wall_short)
     steps per CPU-second   = (N_long - N_short) / (cpu_long - cpu_short)
@@ -360,8 +363,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--long-steps", type=int, default=102_000, help="env steps of a long run")
     p.add_argument("--short-steps", type=int, default=2_000,
                    help="env steps of a short run (>= 2 RTRRL scans: it compiles twice)")  # fmt: skip
-    p.add_argument("--peer-long-steps", type=int,
-                   help="env steps of RTRRL's long run (default: --long-steps)")  # fmt: skip
+    p.add_argument("--peer-long-steps", type=int, default=1_002_000,
+                   help="env steps of RTRRL's long run (default 1,002,000)")  # fmt: skip
     p.add_argument("--length", type=int, default=32, help="MemoryChain's memory length")
     p.add_argument("--seed", type=int, default=1, help="both systems' seed (>= 1)")
     p.add_argument("--cpu", type=int, default=0, help="the CPU every run is pinned to")
@@ -375,8 +378,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--setup-only", action="store_true", help="set up venv and source, then stop")
     args = p.parse_args(argv)
     args.r2ac_args = r2ac_args
-    if args.peer_long_steps is None:
-        args.peer_long_steps = args.long_steps
     return args
 
 

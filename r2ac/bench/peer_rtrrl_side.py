@@ -17,7 +17,9 @@ itself. The agent is `rtrrl.py`'s `RTRRLParams()` as it stands, with only these 
 RTRRL imports popjym at module level, a package installed from its repository and not on
 PyPI; where it is missing an empty stand-in is registered (popjym's envs are then unknown to
 `make_env`, which reaches gymnax's first for MemoryChain anyway). The result file says how
-many env steps ran and how long `train_rtrrl` took inside the process.
+many env steps ran and how long `train_rtrrl` took inside the process. (rtrrl.py turns on
+JAX's persistent compilation cache in /tmp/jax_cache: runs after the first read their
+compiled scan from there.)
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ def args_of(*argv: str):
 def test_defaults_parse_and_pass_the_checks():
     args = args_of("--", "--seed", "3")
     assert (args.pairs, args.warmup, args.long_steps, args.short_steps) == (3, 1, 102_000, 2_000)
-    assert args.peer_long_steps == 102_000  # RTRRL's long run: as long as r2ac's
+    assert args.peer_long_steps == 1_002_000  # RTRRL's: ~40 s, well above its start-up's noise
     assert args.r2ac_args == ["--seed", "3"]
     peer_rtrrl.check_args(args)
 
@@ -165,7 +165,7 @@ def test_the_command_discards_the_warm_up_and_writes_its_json(tmp_path, monkeypa
     src.mkdir()
     out = tmp_path / "peer.json"
     argv = ["--cpu", str(CPU), "--pairs", "3", "--peer-src", str(src), "--out-root",
-            str(tmp_path / "runs"), "--json-out", str(out), "--peer-long-steps", "1002000"]  # fmt: skip
+            str(tmp_path / "runs"), "--json-out", str(out)]  # fmt: skip
     assert peer_rtrrl.main(argv) == 0
     assert len(calls) == 2 + 3 * 4 and calls[0] == ("warmup0", "r2ac", 2000)
     assert calls[2:6] == [("round0", "r2ac", 2000), ("round0", "r2ac", 102_000),
