@@ -23,6 +23,10 @@ BENCHES = {
     ),
     "random-policy": ("r2ac.bench.random_policy", "the uniform random policy's score on an env"),
     "peer": ("r2ac.bench.peer", "r2ac beside Sample Factory 2.1.1 over seeds: success, frames/s"),
+    "peer-rtrrl": (
+        "r2ac.bench.peer_rtrrl",
+        "streaming agent beside RTRRL (JAX) on one CPU: steps/s wall and per CPU-second",
+    ),
 }
 
 
