@@ -614,6 +614,8 @@ STREAM_OPTIONS = {
                  "epsilon_fraction"),
 }  # fmt: skip
 STREAM_ALGORITHMS = tuple(STREAM_OPTIONS)
+# The cores the compiled streaming step has (r2ac/rl/stream/compiled_math.py)
+COMPILED_STEP_CORES = ("rtu-rtrl", "rtu-bptt", "lru-rtrl", "lru-bptt")
 # set by the streaming algorithms themselves (the agents see the observation only)
 _STREAM_FIXED = {"last_reward": False}
 
@@ -631,23 +633,28 @@ def algorithm_options(algorithm: str) -> tuple[str, ...]:
     return tuple(n for n in FLAT_FIELDS if n not in skip)
 
 
+def _unread(cfg: TrainConfig, defaults: TrainConfig, also: set[str]) -> str:
+    """The flags of the options `cfg` sets away from `defaults` that its algorithm does not
+    read (besides those in `also`, checked elsewhere), comma-joined; '' if none."""
+    used = set(algorithm_options(cfg.loss.algorithm)) | also | {"algorithm"}
+    values, base = cfg.flat(), defaults.flat()
+    unread = [n for n in FLAT_FIELDS if n not in used and values[n] != base[n]]
+    return ", ".join(f"--{n.replace('_', '-')}" for n in unread)
+
+
 def check_stream_config(cfg: TrainConfig) -> None:
     """One-line ConfigErrors for the streaming agents' settings (called by validate)."""
-    defaults, values = TrainConfig().updated(**_STREAM_FIXED).flat(), cfg.flat()
-    used = set(algorithm_options(cfg.loss.algorithm)) | {"algorithm"}
-    unread = [n for n in FLAT_FIELDS if n not in used and values[n] != defaults[n]]
-    if unread:
-        flags = ", ".join(f"--{n.replace('_', '-')}" for n in unread)
+    flags = _unread(cfg, TrainConfig().updated(**_STREAM_FIXED), set())
+    if flags:
         raise ConfigError(
             f"{flags}: not options of {cfg.loss.algorithm} (its agents would not read them)"
         )
     k = cfg.stream.num_agents
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ConfigError(f"--num-agents must be a positive integer, got {k!r}")
-    compiled = ("rtu-rtrl", "rtu-bptt", "lru-rtrl", "lru-bptt")
-    if cfg.stream.compile_step and cfg.model.core not in compiled:
+    if cfg.stream.compile_step and cfg.model.core not in COMPILED_STEP_CORES:
         raise ConfigError(
-            f"--compile-step: the compiled step has the {', '.join(compiled)} cores, not "
+            f"--compile-step: the compiled step has the {', '.join(COMPILED_STEP_CORES)} cores, not "
             f"{cfg.model.core} (give --no-compile-step)"
         )
     _check_stream_core(cfg)
@@ -655,14 +662,10 @@ def check_stream_config(cfg: TrainConfig) -> None:
 
 
 def check_batched_config(cfg: TrainConfig) -> None:
-    """A batched config leaves the streaming agents' own options at their defaults."""
-    defaults, values = TrainConfig().flat(), cfg.flat()
-    used = set(algorithm_options(cfg.loss.algorithm))
-    unread = [n for n in FLAT_FIELDS if n not in used and n not in _PPO_OPTIONS
-              and n not in _IMPALA_ADVANTAGE_OPTIONS and n != "algorithm"
-              and values[n] != defaults[n]]  # fmt: skip
-    if unread:
-        flags = ", ".join(f"--{n.replace('_', '-')}" for n in unread)
+    """A batched config leaves the streaming agents' own options at their defaults (IMPALA's
+    and PPO's own are checked by check_learner_options)."""
+    flags = _unread(cfg, TrainConfig(), {*_PPO_OPTIONS, *_IMPALA_ADVANTAGE_OPTIONS})
+    if flags:
         raise ConfigError(
             f"{flags}: options of the streaming agents (r2ac train stream-ac | stream-q), "
             f"not of {cfg.loss.algorithm}"

@@ -91,12 +91,6 @@ class RewardScale:
         self.ret[...] = np.where(done, 0.0, ret)
         return reward / np.sqrt(self.stats.var() + REWARD_EPS)
 
-    def state(self) -> dict:
-        return {
-            "stats": [t.clone() for t in self.stats.moments()],
-            "ret": torch.from_numpy(self.ret.copy()),
-        }
-
 
 def merge_moments_(count: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, x: torch.Tensor):
     """Add the samples x (n, size) to one row's running (count (), mean (size,), var (size,)),

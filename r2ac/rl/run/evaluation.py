@@ -74,6 +74,18 @@ def evaluate(
     agent.train(was_training)
     means = [float(np.mean(r)) for r in set_returns]
     return {
+        **protocol(cfg, sets, episodes, greedy, seed, means),
+        "set_means": means,
+        "returns": set_returns,
+        "frames": steps,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def protocol(cfg: TrainConfig, sets: int, episodes: int, greedy: bool, seed: int, means) -> dict:
+    """eval.json's head: what was evaluated, how, and the mean and std of `means` (the set
+    means; a streaming run: the agents' means)."""
+    return {
         "env": cfg.env.id,
         "core": cfg.model.core,
         "sets": sets,
@@ -82,10 +94,6 @@ def evaluate(
         "seed": seed,
         "mean": float(np.mean(means)),
         "std": float(np.std(means)),
-        "set_means": means,
-        "returns": set_returns,
-        "frames": steps,
-        "seconds": time.perf_counter() - start,
     }
 
 

@@ -240,13 +240,3 @@ class StreamAC(PairAgent):
     def weights(self) -> dict[str, torch.Tensor]:
         """The agents' weights and normaliser by name (agent.pt): (K, ...) tensors."""
         return self.pair_weights(("actor", "critic"), (self.actor, self.critic))
-
-    # -- each network's core state (K, ...), views of the stacked one
-
-    @property
-    def state_a(self):
-        return state_rows(self.state, 0, self.k)
-
-    @property
-    def state_c(self):
-        return state_rows(self.state, self.k, 2 * self.k)

@@ -12,11 +12,10 @@ import numpy as np
 import torch
 
 from r2ac.errors import ConfigError
+from r2ac.rl.config import COMPILED_STEP_CORES
 from r2ac.rl.stream.ac import StreamAC
 from r2ac.rl.stream.nets import Slot
 from r2ac.rtrl import pair_math as pm
-
-PAIR_CORES = ("rtu-rtrl", "rtu-bptt", "lru-rtrl", "lru-bptt")
 
 # ---------------------------------------------------------------- the static description
 
@@ -70,9 +69,9 @@ def check_supported(agent: StreamAC) -> None:
             f"compiled stream step: action space {agent.space.describe()} is not covered "
             "(Discrete only; other spaces run on the eager StreamAC)"
         )
-    if core not in PAIR_CORES:
+    if core not in COMPILED_STEP_CORES:
         raise ConfigError(
-            f"compiled stream step: core {core} is not covered ({', '.join(PAIR_CORES)}; "
+            f"compiled stream step: core {core} is not covered ({', '.join(COMPILED_STEP_CORES)}; "
             "other cores run on the eager StreamAC)"
         )
     if agent.frozen:

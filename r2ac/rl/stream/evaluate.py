@@ -13,6 +13,7 @@ import torch
 from r2ac.counter_hash import uniforms
 from r2ac.rl.config import TrainConfig
 from r2ac.rl.model.build import eval_seed
+from r2ac.rl.run.evaluation import protocol
 from r2ac.rl.stream.envs import stream_env
 from r2ac.rl.stream.nets import detach_state
 from r2ac.rl.stream.protocol import StreamAgent
@@ -39,14 +40,7 @@ def evaluate_agents(
         per_agent.append({"seed": agent_seed, "mean": float(np.mean(means)), "set_means": means})
     agent_means = [a["mean"] for a in per_agent]
     return {
-        "env": cfg.env.id,
-        "core": cfg.model.core,
-        "sets": sets,
-        "episodes_per_set": episodes,
-        "actions": "greedy" if greedy else "sampled",
-        "seed": cfg.run.seed,
-        "mean": float(np.mean(agent_means)),
-        "std": float(np.std(agent_means)),
+        **protocol(cfg, sets, episodes, greedy, cfg.run.seed, agent_means),
         "num_agents": len(seeds),
         "agents": per_agent,
         "frames": steps,

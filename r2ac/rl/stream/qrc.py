@@ -202,6 +202,8 @@ class StreamQRC(PairAgent):
         self.traces_flat = PairBuffers(torch.zeros_like(self.params.flat), self.q_net, self.h_net)
         self.theta_q, self.theta_h = self.params.first, self.params.second
         self.g_next = torch.zeros_like(self.theta_q)  # grad Q(s', a*) (K, Pq)
+        # the Q network alone, views taken once (in-place updates are seen through them)
+        self._q_parts = net_parts(self.q_net, self.theta_q)
         self._g_next_parts = net_parts(self.q_net, self.g_next)
         self.traces = QRCTraces(
             self.traces_flat.first, self.traces_flat.second, torch.zeros(k, dtype=dtype)
@@ -297,8 +299,7 @@ class StreamQRC(PairAgent):
     def _q_next(self, x: torch.Tensor, state) -> torch.Tensor:
         """Q(s', a*) (K,), a* = argmax Q(s', .), one step of the Q network from the core state
         after s_t (its sensitivities included, no reset); its gradient into self.g_next."""
-        body, head = net_parts(self.q_net, self.theta_q)
-        g_body, g_head = self._g_next_parts
+        (body, head), (g_body, g_head) = self._q_parts, self._g_next_parts
         feat, mlp_saved = mlp_forward(body.ws, body.bs, x)
         no_reset = torch.zeros(self.k, dtype=torch.bool)
         hid, _, core_saved = self.q_net.core.forward_manual(body.core, feat, state, no_reset)
@@ -338,14 +339,6 @@ class StreamQRC(PairAgent):
     def weights(self) -> dict[str, torch.Tensor]:
         """The agents' weights and normaliser by name (agent.pt): (K, ...) tensors."""
         return self.pair_weights(("q", "h"), (self.q_net, self.h_net))
-
-    @property
-    def state_q(self):
-        return state_rows(self.state, 0, self.k)
-
-    @property
-    def state_h(self):
-        return state_rows(self.state, self.k, 2 * self.k)
 
 
 def check_q_space(space: ActionSpace) -> None:
