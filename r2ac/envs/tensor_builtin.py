@@ -462,11 +462,21 @@ class TensorBuiltinEnv(BatchedEnv):
     checkpoint of either resumes in the other). With `prev_action` its observations carry
     the previous-action code (it stands for `PreviousActionInput(numpy env)`)."""
 
-    def __init__(self, params: _Task, seeds: torch.Tensor):
+    def __init__(self, params: _Task, seeds: torch.Tensor, checker=None):
         self.params, self.num_envs = params, int(seeds.shape[0])
         self.num_actions = params.num_actions
         self.observation_spec = ArraySpec((obs_width(params),), np.dtype(np.float32))
         self.state = _blank_state(params, seeds)
+        self.checker = checker  # a numpy env of these options: set_state's checks
+
+    @classmethod
+    def like(cls, env: builtin._CounterRNGEnv, prev_action: bool = False) -> TensorBuiltinEnv:
+        """The tensor form of the numpy env `env` (its options and stream seeds, before its
+        first reset); `env` stays as the checker of saved states."""
+        if env.first_cut is not None:
+            raise ConfigError("the tensor form of a built-in env has no first-episode cut")
+        seeds = torch.from_numpy(np.asarray(env.seeds, dtype=np.uint64).view(np.int64).copy())
+        return cls(params_of(env, prev_action), seeds, checker=env)
 
     @classmethod
     def make(cls, task: str, num_envs: int, seed: int = 0, prev_action=False, **options):
@@ -521,6 +531,9 @@ class TensorBuiltinEnv(BatchedEnv):
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
+        if self.checker is not None:  # every field checked as the numpy env checks it
+            self.checker.set_state(state)
+
         def tensor(name: str, source=state, dtype=torch.int64) -> torch.Tensor:
             return torch.as_tensor(np.asarray(source[name]).astype(np.int64), dtype=dtype)
 

@@ -88,7 +88,9 @@ def run_side_by_side(core, k, mlp, top=(), steps=300, compiled=False, resync=Tru
         ends += int((term | trunc).sum())
         i_ref = agent.learn(reward, obs, final, term, trunc)
         i_new = fused.learn(reward, obs, final, term, trunc)
-        gap = max(worst_gap(agent, fused), (i_ref.delta - i_new.delta).abs().max().item())
+        # every StepInfo field (the value V(s_t) too, read before the step's buffers change)
+        info_gap = max((a - b).abs().max().item() for a, b in zip(i_ref, i_new, strict=True))
+        gap = max(worst_gap(agent, fused), info_gap)
         worst = max(worst, gap)
     assert ends >= 5  # episode ends of both kinds inside the stream
     return worst
@@ -166,7 +168,8 @@ def _runtime_cfg(**kw):
     from r2ac.rl.presets import preset
 
     base = dict(env_options=("length=4",), core="lru-rtrl", hidden_size=8, stream_mlp=(),
-                prev_action=True, progress=False, eval_at_end=False, num_agents=2, seed=3)  # fmt: skip
+                prev_action=True, progress=False, eval_at_end=False, num_agents=2, seed=3,
+                log_every=10)  # fmt: skip
     return validate(preset("stream").updated(**{**base, **kw}))
 
 
@@ -180,10 +183,12 @@ def test_compile_step_needs_a_core_it_has():
 
 
 @pytest.mark.slow
-def test_the_compiled_runtime_follows_the_eager_one_and_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("env", ["builtin/memory-chain", "gym/CartPole-v1"])
+def test_the_compiled_runtime_follows_the_eager_one_and_resumes_exactly(tmp_path, env):
     """--compile-step through the runtime (float64): 120 steps equal the eager runtime's within
-    rounding, with the same actions; a checkpoint at step 70 restored into a fresh compiled
-    runtime continues bit for bit as the uninterrupted compiled run."""
+    rounding, with the same actions. memory-chain runs inside the compiled loop, CartPole
+    (gymnasium) beside the per-step compiled function. memory-chain: a checkpoint at step 70
+    restored into a fresh compiled runtime continues bit for bit as the uninterrupted run."""
     from r2ac.rl.run.tracker import Tracker
     from r2ac.rl.stream.runtime import StreamRuntime
     from r2ac.runs import checkpoint
@@ -192,23 +197,29 @@ def test_the_compiled_runtime_follows_the_eager_one_and_resumes_exactly(tmp_path
         rt = rt or StreamRuntime(cfg, dtype=torch.float64)
         tracker = getattr(rt, "tracker_", None) or Tracker(cfg, None)
         rt.tracker_ = tracker
-        for _ in range(n):
+        while tracker.update < n:  # the compiled loop runs up to the next multiple of 10
             rt.step(tracker)
+        assert tracker.update == n
         rt._sync()
         return rt
 
-    eager = run(_runtime_cfg(), 120)
-    compiled = run(_runtime_cfg(compile_step=True), 120)
+    options = {} if env.startswith("builtin/") else {"env": env, "env_options": ()}
+    eager = run(_runtime_cfg(**options), 120)
+    compiled = run(_runtime_cfg(compile_step=True, **options), 120)
+    assert (compiled.loop is not None) == env.startswith("builtin/")
+    assert (compiled.fused is not None) == (not env.startswith("builtin/"))
     a, b = eager.agent.state_dict(), compiled.agent.state_dict()
     assert a["steps"] == b["steps"] == 120
     for key in ("theta_actor", "theta_critic", "trace_actor", "trace_critic"):
         assert (a[key] - b[key]).abs().max() < 1e-9, key
-    part = run(_runtime_cfg(compile_step=True), 70)
+    if options:  # gymnasium's envs have no get_state: a resumed run restarts its episodes
+        return
+    part = run(_runtime_cfg(compile_step=True, **options), 70)
     path = checkpoint.save_atomic(part._payload(part.tracker_), tmp_path / "latest.pt")
-    resumed = StreamRuntime(_runtime_cfg(compile_step=True), dtype=torch.float64)
+    resumed = StreamRuntime(_runtime_cfg(compile_step=True, **options), dtype=torch.float64)
     resumed.restore(checkpoint.load(path))
     resumed.tracker_ = Tracker(resumed.cfg, None, resumed.saved_counters)
-    run(None, 50, resumed)
+    run(None, 120, resumed)
     c = resumed.agent.state_dict()
     for key in ("theta_actor", "theta_critic", "trace_actor", "trace_critic", "x"):
         assert torch.equal(b[key], c[key]), key

@@ -111,8 +111,11 @@ class Tracker:
         logs: list[EpisodeLog],
         metrics: dict[str, float],
         policy_lag: float | None = None,
+        updates: int = 1,
     ) -> None:
-        self.update += 1
+        """`updates` updates (a trainer that runs several between records: their frames and
+        episodes together, in order; a row is written where the last one ends an interval)."""
+        self.update += updates
         self.frames += frames
         for log in logs:
             self.episodes += len(log.returns)

@@ -36,6 +36,7 @@ interface (compiled or not) and writes the state back (`sync_to`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
@@ -160,11 +161,12 @@ def packed_step(spec: StepSpec, packing: Packing, n: int, env: torch.Tensor, *bu
     reward, terminated, truncated = env[:, 0], env[:, 1] != 0, env[:, 2] != 0
     obs, final_obs = env[:, 3 : 3 + o], env[:, 3 + o :]
     st, pend, action, info = step(spec, st, pend, reward, obs, final_obs, terminated, truncated)
+    info = torch.stack(list(info))  # before the buffers it reads (the pending value) change
     for buf, new in zip(free, pend.core, strict=True):
         buf.copy_(new)
     for buf, new in zip(rest, packing.pack(_without_core(st, pend)), strict=True):
         buf.copy_(new)
-    return action, torch.stack(list(info))
+    return action, info
 
 
 # ---------------------------------------------------------------- compilation
@@ -182,20 +184,35 @@ INDUCTOR_OPTIONS = {
 }
 
 
-def compile_options(mode: str | None = None) -> dict:
+def compile_options(mode: str | None = None, **overrides) -> dict:
     """torch.compile's arguments for the step: one graph, static shapes; `mode` (e.g.
-    "max-autotune-no-cudagraphs") instead of INDUCTOR_OPTIONS."""
+    "max-autotune-no-cudagraphs") instead of INDUCTOR_OPTIONS; `overrides` of those."""
     out = {"fullgraph": True, "dynamic": False}
     if mode:
         out["mode"] = mode
     else:
-        out["options"] = dict(INDUCTOR_OPTIONS)
+        out["options"] = {**INDUCTOR_OPTIONS, **overrides}
     return out
 
 
 # torch.compiler.set_stance(skip_guard_eval_unsafe=True) as a context costs ~50 us a call
 # (it builds its objects each time); its two underlying calls cost ~1 us
 _SKIP_GUARDS = DynamoStance("default", skip_guard_eval_unsafe=True)
+
+
+@contextlib.contextmanager
+def skip_guards(active: bool = True):
+    """Compiled functions called inside run without dynamo's guard checks (callers whose
+    inputs always have the shapes the graph was compiled for: nothing to guard; the checks
+    cost as much as the kernels at K = 1)."""
+    if not active:
+        yield
+        return
+    prior = _set_stance(_SKIP_GUARDS)
+    try:
+        yield
+    finally:
+        _set_stance(prior)
 
 
 class FusedStreamAC:
@@ -232,15 +249,9 @@ class FusedStreamAC:
 
     def _call(self, fn, *args):
         """fn(*args); compiled, without dynamo's guard checks once both graphs exist (the
-        inputs are always buffers of these shapes and an env array of one shape: nothing to
-        guard; the checks cost as much as the kernels at K = 1)."""
-        if self.compile_seconds is None:
+        inputs are always buffers of these shapes and an env array of one shape)."""
+        with skip_guards(self.compile_seconds is not None):
             return fn(*args)
-        prior = _set_stance(_SKIP_GUARDS)
-        try:
-            return fn(*args)
-        finally:
-            _set_stance(prior)
 
     @property
     def state(self) -> StepState:

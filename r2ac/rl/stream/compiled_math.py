@@ -344,10 +344,12 @@ def learn(
     z = torch.add(g, st.traces, alpha=spec.discount * spec.trace_lambda)
     delta_bar = delta.abs().clamp(min=1.0)
     l1 = z.abs().sum(2)  # (2, K)
-    lr_kappa = torch.tensor(
-        [[spec.lr * spec.kappa_actor], [spec.lr * spec.kappa_critic]], dtype=dt
-    )  # (2, 1)
-    step_size = spec.lr / (lr_kappa * delta_bar * l1).clamp(min=1.0)  # (2, K)
+    # each network's lr kappa as a Python number (no tensor constant: inductor's C++ loop
+    # does not declare constants inside a while_loop's body)
+    bound = torch.stack(
+        [spec.lr * spec.kappa_actor * delta_bar * l1[0], spec.lr * spec.kappa_critic * delta_bar * l1[1]]
+    )  # (2, K)
+    step_size = spec.lr / bound.clamp(min=1.0)  # (2, K)
     params = torch.addcmul(st.params, (step_size * delta).unsqueeze(2), z)
     params = _clamp_phase(spec, params)
     z = torch.where(done.view(1, k, 1), torch.zeros_like(z), z)  # traces reset at an end

@@ -131,3 +131,19 @@ def make_agent_envs(cfg: TrainConfig, seeds: list[int]) -> BatchedEnv:
         return with_inputs(cfg, env)
     env.close()
     return ConcatEnvs([stream_env(cfg, 1, s) for s in seeds])
+
+
+def tensor_form(env: BatchedEnv):
+    """The `TensorBuiltinEnv` equal to `env` (a built-in env, maybe behind the previous-action
+    input, before its first reset), or None where there is none (other backends, tasks
+    without a tensor form, a first-episode cut)."""
+    from r2ac.envs.tensor_builtin import TensorBuiltinEnv
+
+    prev = isinstance(env, PreviousActionInput)
+    inner = env.env if prev else env
+    if not isinstance(inner, _CounterRNGEnv) or inner.first_cut is not None:
+        return None
+    try:
+        return TensorBuiltinEnv.like(inner, prev)
+    except ConfigError:  # no tensor form of this task
+        return None

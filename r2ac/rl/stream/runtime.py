@@ -36,7 +36,7 @@ from r2ac.rl.run.run_dir import RunDir
 from r2ac.rl.run.tracker import ProgressLines, Tracker
 from r2ac.rl.stream import checkpoint as ckpt
 from r2ac.rl.stream.build import make_stream_agent, memory_estimate
-from r2ac.rl.stream.envs import agent_seeds, make_agent_envs, stream_env
+from r2ac.rl.stream.envs import agent_seeds, make_agent_envs, stream_env, tensor_form
 from r2ac.rl.stream.evaluate import evaluate_agents
 from r2ac.runs.values import ValueMismatch, check_like
 
@@ -88,10 +88,14 @@ class StreamRuntime(TrainingLoop):
         self.k = cfg.stream.num_agents
         self.seeds = agent_seeds(cfg.run.seed, self.k)
         self.env = make_agent_envs(cfg, self.seeds)
+        # the compiled step runs a built-in env with a tensor form inside its graph
+        self.env = (cfg.stream.compile_step and tensor_form(self.env)) or self.env
+        self.fused = self.loop = None
         try:
             self.agent = make_stream_agent(cfg, self.env, self.seeds, dtype)
             self.agent.observe_first(self.env.reset())
-            self.fused = self._compiled() if cfg.stream.compile_step else None
+            if cfg.stream.compile_step:
+                self._compile()
         except BaseException:
             self.env.close()
             raise
@@ -99,22 +103,28 @@ class StreamRuntime(TrainingLoop):
         self._sums = torch.zeros(len(self.agent.metric_names), dtype=torch.float64)
         self._count = 0
 
-    def _compiled(self):
-        """The agents' step as one compiled function (r2ac/rl/stream/compiled.py), compiled
-        now: its time is printed."""
+    def _compile(self) -> None:
+        """The agents' step compiled (r2ac/rl/stream/compiled*.py), now: its time is printed.
+        On a tensor env, n steps with the env's a call (`loop`); else one step a call
+        (`fused`) beside the env's own step."""
+        from r2ac.envs.tensor_builtin import TensorBuiltinEnv
         from r2ac.rl.stream.compiled import FusedStreamAC
+        from r2ac.rl.stream.compiled_loop import FusedStreamLoop
         from r2ac.rl.stream.compiled_spec import check_supported
 
         check_supported(self.agent)
-        fused = FusedStreamAC(self.agent)
-        seconds = fused.warm_up()
+        if isinstance(self.env, TensorBuiltinEnv):
+            self.loop = compiled = FusedStreamLoop(self.agent, self.env)
+        else:
+            self.fused = compiled = FusedStreamAC(self.agent)
+        seconds = compiled.warm_up()
         log.info("compiled the streaming step in %.1f s", seconds)
-        return fused
 
     def _sync(self) -> None:
         """The compiled step's state written back into the agents (before they are read)."""
-        if self.fused is not None:
-            self.fused.sync_to(self.agent)
+        for compiled in (self.fused, self.loop):
+            if compiled is not None:
+                compiled.sync_to(self.agent)
 
     # -- what every trainer answers
 
@@ -178,10 +188,11 @@ class StreamRuntime(TrainingLoop):
             log.warning("env %s has no get_state: resumed runs restart episodes", self.cfg.env.id)
             self.agent.observe_first(self.env.reset())
             self.agent.restart_episodes()
-        if self.fused is not None:  # the compiled step goes on from the restored agents
-            from r2ac.rl.stream.compiled_spec import state_of
+        for compiled in (self.fused, self.loop):  # it goes on from the restored agents
+            if compiled is not None:
+                from r2ac.rl.stream.compiled_spec import state_of
 
-            self.fused.load(state_of(self.agent))
+                compiled.load(state_of(self.agent))
 
     def _set_env_state(self, state, source) -> None:
         """The envs' saved state, or one line naming the file when it does not fit them."""
@@ -220,6 +231,9 @@ class StreamRuntime(TrainingLoop):
     # -- one step
 
     def step(self, tracker: Tracker) -> None:
+        if self.loop is not None:
+            self._step_chunk(tracker)
+            return
         agent = self.stepper
         action = agent.act()
         res = self.env.step(action.numpy())
@@ -234,12 +248,22 @@ class StreamRuntime(TrainingLoop):
             [float(res.info["episode_return"][i]) for i in ended],
             [int(res.info["episode_length"][i]) for i in ended],
         )
-        metrics = {}
-        if (
-            tracker.update + 1
-        ) % self.cfg.run.log_every == 0 or tracker.update + 1 >= self.cfg.updates_total:
-            metrics = self._metrics(tracker.update + 1)
+        metrics = self._metrics(tracker.update + 1) if self._logs_at(tracker.update + 1) else {}
         tracker.record(self.k, [episodes], metrics)
+
+    def _step_chunk(self, tracker: Tracker) -> None:
+        """Steps up to the next log, checkpoint or chunk boundary in one compiled call (the
+        boundaries fixed by the update counter: a resumed run cuts where this one did)."""
+        n = chunk_length(tracker.update, self.cfg, self.loop.nmax)
+        sums, episodes = self.loop.run(n)
+        self._sums += sums
+        self._count += n
+        update = tracker.update + n
+        metrics = self._metrics(update) if self._logs_at(update) else {}
+        tracker.record(self.k * n, [episodes], metrics, updates=n)
+
+    def _logs_at(self, update: int) -> bool:
+        return update % self.cfg.run.log_every == 0 or update >= self.cfg.updates_total
 
     def _metrics(self, update: int) -> dict[str, float]:
         self._sync()
@@ -252,3 +276,10 @@ class StreamRuntime(TrainingLoop):
             **dict(zip(self.agent.metric_names, mean, strict=True)),
             **self.agent.constant_metrics(),
         }
+
+
+def chunk_length(update: int, cfg: TrainConfig, nmax: int) -> int:
+    """Steps from `update` to the next multiple of nmax, log_every or checkpoint_every, or
+    to the end of training, whichever comes first."""
+    n = min(every - update % every for every in (nmax, cfg.run.log_every, cfg.run.checkpoint_every))
+    return min(n, cfg.updates_total - update)
