@@ -1,7 +1,9 @@
 """`r2ac bench stream`: agent-steps/s of the streaming agent (stream AC(lambda), the preset's
 networks unless --hidden-size, --stream-mlp, --prev-action say otherwise) for K agents in
 lockstep and each core: with env stepping (MemoryChain, --length) and the learner alone (act +
-learn on a fixed observation), exact RTRL beside TBPTT(1) of the same core.
+learn on a fixed observation), exact RTRL beside TBPTT(1) of the same core. `--compile-step`:
+the compiled loop (r2ac/rl/stream/compiled_loop.py), its env inside (no learner-alone column;
+each core's compile before its warm-up, untimed; --cores among the rtu and lru ones).
 
 Each (K, core) is timed `--repeats` times over `--steps` lockstep steps after `--warmup`
 untimed ones, the cores' repeats interleaved; the median is reported (agent-steps/s = K x
@@ -50,16 +52,16 @@ def _runtime(core: str, k: int, net: dict):
     sizes = {n: v for n, v in net.items() if n != "length" and v is not None}
     cfg = preset("stream").updated(
         core=core, num_agents=k, env_options=(f"length={net['length']}",), progress=False,
-        **sizes,
-    )  # fmt: skip
+        total_frames=k * 10**12, **sizes,
+    )  # fmt: skip  (no end in sight: a compiled chunk stops only at log / checkpoint cadences)
     return StreamRuntime(cfg)
 
 
 class _Count:
     update = 0
 
-    def record(self, *args, **kwargs):
-        self.update += 1
+    def record(self, *args, updates: int = 1, **kwargs):
+        self.update += updates
 
 
 def _seconds(fn, steps: int) -> float:
@@ -110,13 +112,20 @@ class _Subject:
             agent.act()
             agent.learn(zeros, obs, obs, no, no)
 
-        self.steps = {"with_env": lambda: self.runtime.step(counter), "alone": learner}
-        self.seconds = {"with_env": [], "alone": []}
+        def with_env(steps: int):  # the compiled loop runs many steps a call
+            end = counter.update + steps
+            while counter.update < end:
+                self.runtime.step(counter)
+
+        self.steps = {"with_env": with_env}
+        if self.runtime.loop is None:  # compiled, the learner is the loop with its env
+            self.steps["alone"] = lambda steps: [learner() for _ in range(steps)]
+        self.seconds = {kind: [] for kind in self.steps}
         self.cpu_seconds: list[float] = []  # with the env
 
     def time(self, steps: int, record: bool = True) -> None:
         for kind, fn in self.steps.items():
-            wall, cpu = _times(fn, steps)
+            wall, cpu = _times(lambda: fn(steps), 1)
             if record:
                 self.seconds[kind].append(wall)
                 if kind == "with_env":
@@ -125,12 +134,14 @@ class _Subject:
     def row(self, steps: int) -> dict:
         agent = self.runtime.agent
         per_s = {kind: self.k * steps / statistics.median(t) for kind, t in self.seconds.items()}
+        compiled = self.runtime.loop or self.runtime.fused
         return {
             "core": self.core,
             "K": self.k,
             "agent_steps_per_s": per_s["with_env"],
             "agent_steps_per_cpu_s": self.k * steps / statistics.median(self.cpu_seconds),
-            "learner_agent_steps_per_s": per_s["alone"],
+            "learner_agent_steps_per_s": per_s.get("alone"),
+            "compile_s": compiled and compiled.compile_seconds,
             "sensitivities_per_agent": sensitivities(agent),
             "min_traffic_bytes": min_traffic_bytes(agent),
         }
@@ -162,10 +173,18 @@ def measure_k(
     return rows
 
 
+def _blank(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
 def check_args(args: argparse.Namespace) -> None:
     """ConfigError for any option out of its range (module docstring), before any work."""
     options.check_counts(args.ks, "--ks", 1, MAX_K)
     options.check_names(args.cores, "--cores", CORES)
+    if args.compile_step:
+        from r2ac.rl.config import COMPILED_STEP_CORES
+
+        options.check_names(args.cores, "--cores with --compile-step", COMPILED_STEP_CORES)
     options.check_count(args.steps, "--steps", 1, options.MAX_STEPS)
     options.check_count(args.warmup, "--warmup", 0, options.MAX_STEPS)
     options.check_count(args.repeats, "--repeats", 1, options.MAX_REPEATS)
@@ -205,6 +224,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--prev-action", action="store_true", help="the previous action in the observation"
     )
+    parser.add_argument(
+        "--compile-step", action="store_true",
+        help="the compiled step (rtu and lru cores): the env inside its loop",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
         check_args(args)
@@ -220,6 +243,7 @@ def main(argv: list[str]) -> int:
     net = {"length": args.length, "hidden_size": args.hidden_size}
     net["stream_mlp"] = None if args.stream_mlp is None else tuple(args.stream_mlp)
     net["prev_action"] = args.prev_action or None
+    net["compile_step"] = args.compile_step or None
     for k in args.ks:
         for row in measure_k(args.cores, k, args.steps, args.warmup, args.repeats, net):
             row["of_copy_bandwidth"] = row["agent_steps_per_s"] * row["min_traffic_bytes"] / copy
@@ -227,7 +251,7 @@ def main(argv: list[str]) -> int:
             ratio = row["rtrl_over_bptt"]
             print(f"{row['core']:<12} {k:>4} {row['agent_steps_per_s']:>14.0f} "
                   f"{row['agent_steps_per_cpu_s']:>10.0f} "
-                  f"{row['learner_agent_steps_per_s']:>14.0f} "
+                  f"{_blank(row['learner_agent_steps_per_s']):>14} "
                   f"{'' if ratio is None else f'{ratio:.2f}x':>8} "
                   f"{row['min_traffic_bytes'] / 1e6:>12.2f} {row['of_copy_bandwidth']:>8.0%}",
                   flush=True)  # fmt: skip

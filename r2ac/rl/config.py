@@ -274,7 +274,8 @@ class StreamConfig:
     compile_step: bool = False
     """stream-ac: run each step as one compiled function (torch.compile, inductor's C++ on
     the CPU; r2ac/rl/stream/compiled.py): Discrete actions and the RTU / LRU cores; its
-    compile time is printed. Off: the eager step, the reference."""
+    compile time is printed. A built-in env runs inside it, up to 64 steps a call
+    (compiled_loop.py). Off: the eager step, the reference."""
 
 
 @dataclass(frozen=True)

@@ -16,4 +16,5 @@ runtime.py      the trainer on the shared loop (r2ac/rl/run/loop.py)
 evaluate.py     each agent's frozen policy on seeded sets of episodes
 compiled.py     stream AC's step as one compiled function (--compile-step); its description
                 and state in compiled_spec.py, its math in compiled_math.py
+compiled_loop.py  up to 64 compiled steps a call, a built-in env's step inside
 """

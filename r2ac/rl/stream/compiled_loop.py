@@ -45,6 +45,32 @@ from r2ac.rl.stream.compiled_spec import StepSpec, StepState, spec_of, state_of,
 # spread over 64 steps is ~1-2 us a step
 CHUNK = 64
 
+# glibc's malloc: blocks up to this size from the heap, and the heap kept up to this much
+# free (bytes). The loop's body allocates its intermediates every step (inductor's memory
+# planning does not cover a loop body); above glibc's default thresholds (128 KB) each would
+# be a fresh mmap, its pages faulted in and zeroed every step: at K = 16 on the preset's
+# network, 430 k page faults in 5 s and a sixth of the time.
+HEAP_BLOCKS = 32 << 20  # glibc's largest on 64-bit
+HEAP_KEPT = 1 << 30  # (a C int)
+
+
+def keep_allocations_on_the_heap() -> bool:
+    """glibc's mmap and trim thresholds raised (HEAP_BLOCKS, HEAP_KEPT) for this process;
+    False where the C library is not glibc (nothing changed)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
+    blocks = mallopt(m_mmap_threshold, HEAP_BLOCKS)
+    kept = mallopt(m_trim_threshold, HEAP_KEPT)
+    return bool(blocks and kept)
+
 
 def _step_means(info) -> torch.Tensor:
     """(5,) float64: mean |delta| and the other fields' means over the K agents (what the
@@ -59,12 +85,14 @@ def first_of(leaves) -> tuple[int, ...]:
     return tuple(first.setdefault(id(t), i) for i, t in enumerate(leaves))
 
 
-def _carry(tree, first: tuple[int, ...]) -> list[torch.Tensor]:
-    """The loop's carried tensors: `tree`'s leaves once each, as fresh tensors (a loop's
-    carried values may neither alias its inputs nor each other: seeds pass through a step
-    unchanged; the compiler would merge two copies of one tensor into one buffer)."""
+def _carry(tree, first: tuple[int, ...], copy: tuple[bool, ...] | None = None) -> list:
+    """The loop's carried tensors: `tree`'s leaves once each (the compiler would merge two
+    copies of one tensor into one buffer), copied where `copy` says (default: all). A loop's
+    carried values may alias neither each other nor its inputs: its first inputs are copies,
+    and a step's outputs are copied where they are its inputs unchanged (the seeds)."""
     leaves = tree_flatten(tree)[0]
-    return [t.clone() for i, t in enumerate(leaves) if first[i] == i]
+    copy = copy or (True,) * len(leaves)
+    return [t.clone() if copy[i] else t for i, t in enumerate(leaves) if first[i] == i]
 
 
 def _uncarry(carried, first: tuple[int, ...], treedef):
@@ -72,11 +100,13 @@ def _uncarry(carried, first: tuple[int, ...], treedef):
     return tree_unflatten([carried[slot[j]] for j in first], treedef)
 
 
-def run_chunk(spec: StepSpec, params: tb._Task, nmax: int, first, n: torch.Tensor, st, env_state):
+def run_chunk(spec: StepSpec, params: tb._Task, nmax: int, aliases, n: torch.Tensor, st, env_state):
     """n (a () int64 tensor, 1 <= n <= nmax) steps of the K agents on their envs: (state,
     env_state, metric sums (5,) float64, episode returns (nmax, K) float64 with NaN where no
     episode ended, episode lengths (nmax, K) int64). Pure: nothing given is changed.
-    first: `first_of` the loop's carried leaves (`chunk_aliases`)."""
+    aliases: (`first_of` the carried leaves, which of a step's outputs are its inputs), from
+    `chunk_aliases`."""
+    first, passed = aliases
     k = spec.k
     action, pend = act(spec, st)
     returns = torch.full((nmax, k), math.nan, dtype=torch.float64)
@@ -100,7 +130,7 @@ def run_chunk(spec: StepSpec, params: tb._Task, nmax: int, first, n: torch.Tenso
         returns = returns.index_copy(0, row, out.episode_return.view(1, k))
         lengths = lengths.index_copy(0, row, out.episode_length.view(1, k))
         new = (st, pend, action, out.state, returns, lengths, sums + _step_means(info))
-        return (i + 1, *_carry(new, first))
+        return (i + 1, *_carry(new, first, passed))
 
     start = torch.zeros((), dtype=torch.int64)
     _, *carried = while_loop(cond, body, (start, *_carry(tree, first)))
@@ -108,22 +138,34 @@ def run_chunk(spec: StepSpec, params: tb._Task, nmax: int, first, n: torch.Tenso
     return st, env_state, sums, returns, lengths
 
 
-def chunk_aliases(spec: StepSpec, params: tb._Task, st, env_state) -> tuple[int, ...]:
-    """`first_of` the loop's carried leaves, from one eager act (the step ends with the same
-    act, so its leaves repeat the same way; checked)."""
+def chunk_aliases(spec: StepSpec, params: tb._Task, st, env_state):
+    """(`first_of` the loop's carried leaves, per leaf whether the loop must copy a step's
+    output),
+    from one eager act and step (the step ends with the same act, so its leaves repeat the
+    same way; checked)."""
     action, pend = act(spec, st)
     logs = [torch.zeros(0) for _ in range(3)]  # stand-ins for the logs and sums
-    tree = (st, pend, action, env_state, *logs)
-    first = first_of(tree_flatten(tree)[0])
+    leaves = tree_flatten((st, pend, action, env_state, *logs))[0]
+    first = first_of(leaves)
     out = tb.step(params, env_state, action)
     f64 = torch.float64
     st, pend, action, _ = step(
         spec, st, pend, out.reward.to(f64), out.obs.to(f64), out.final_obs.to(f64),
         out.terminated, out.truncated,
     )  # fmt: skip
-    if first_of(tree_flatten((st, pend, action, out.state, *logs))[0]) != first:
+    outs = tree_flatten((st, pend, action, out.state, *logs))[0]
+    if first_of(outs) != first:
         raise RuntimeError("compiled stream loop: a step's outputs repeat unlike act's")
-    return first
+    # copied: an output that shares memory with an input (passed on, or a view of one) or
+    # with an earlier output other than itself (a view of it)
+    given = {t.untyped_storage().data_ptr() for t in leaves}
+    seen: dict[int, int] = {}
+    copy = []
+    for i, t in enumerate(outs):
+        ptr = t.untyped_storage().data_ptr()
+        copy.append(ptr in given or seen.setdefault(ptr, first[i]) != first[i])
+    copy[-len(logs) :] = [False] * len(logs)  # the logs and sums: fresh every step
+    return first, tuple(copy)
 
 
 class FusedStreamLoop:
@@ -139,16 +181,18 @@ class FusedStreamLoop:
         self.state: StepState = state_of(agent)
         params = env.params
         with torch.no_grad():
-            first = chunk_aliases(spec, params, self.state, env.state)
+            aliases = chunk_aliases(spec, params, self.state, env.state)
 
         def chunk(n, st, env_state):
-            return run_chunk(spec, params, nmax, first, n, st, env_state)
+            return run_chunk(spec, params, nmax, aliases, n, st, env_state)
 
         # inductor's memory planning does not cover a while_loop's body (its C++ then names
         # buffers it never declared): off here
         opts = compile_options(mode, memory_planning=False)
         self._chunk = torch.compile(chunk, **opts) if compiled else chunk
         self.compiled = compiled
+        if compiled:
+            keep_allocations_on_the_heap()
         self.compile_seconds: float | None = None
 
     @torch.no_grad()

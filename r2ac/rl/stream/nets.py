@@ -80,15 +80,16 @@ LN_EPS = 1e-5  # F.layer_norm's default
 LEAK = 0.01  # F.leaky_relu's default
 
 
-def mlp_forward(ws, bs, x: torch.Tensor) -> tuple[torch.Tensor, list[tuple]]:
+def mlp_forward(ws, bs, x: torch.Tensor, matmul=None) -> tuple[torch.Tensor, list[tuple]]:
     """x (R, I) through the layers (w (R, I, O), b (R, 1, O)): linear, LayerNorm, leaky ReLU,
     as (R, 1, width) rows (no reshapes between the ops). Returns the features (R, F) and per
-    layer what `mlp_backward` needs."""
+    layer what `mlp_backward` needs. matmul: a per-row product in place of bmm (the compiled
+    step's)."""
     if not ws:  # no layers (e.g. none above the core): nothing to run or keep
         return x, []
     saved, x = [], x.unsqueeze(1)
     for w, b in zip(ws, bs, strict=True):
-        pre = torch.baddbmm(b, x, w)  # (R, 1, O)
+        pre = torch.baddbmm(b, x, w) if matmul is None else b + matmul(x, w)  # (R, 1, O)
         normed, mean, rstd = torch.native_layer_norm(pre, pre.shape[-1:], None, None, LN_EPS)
         saved.append((x, pre, mean, rstd, normed))
         x = F.leaky_relu(normed, LEAK)
@@ -115,10 +116,11 @@ def mlp_backward(ws, saved, g: torch.Tensor, g_ws, g_bs, input_grad: bool = Fals
     return g.squeeze(1) if input_grad else None
 
 
-def head_forward(p: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+def head_forward(p: dict[str, torch.Tensor], h: torch.Tensor, matmul=None) -> torch.Tensor:
     """h (K, 1, H) rows @ head.w (K, H, O) + head.b (K, 1, O), then log_std appended where
     there is one: (K, out)."""
-    y = torch.baddbmm(p["head.b"], h, p["head.w"]).squeeze(1)
+    w, b = p["head.w"], p["head.b"]
+    y = (torch.baddbmm(b, h, w) if matmul is None else b + matmul(h, w)).squeeze(1)
     return torch.cat([y, p["log_std"]], -1) if "log_std" in p else y
 
 
