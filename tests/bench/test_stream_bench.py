@@ -36,7 +36,7 @@ def test_bench_stream_takes_the_matched_network_and_reports_cpu_seconds(tmp_path
     report = json.loads(out.read_text())
     (row,) = report["rows"]
     assert report["network"] == {"length": 32, "hidden_size": 32, "stream_mlp": [],
-                                 "prev_action": True}  # fmt: skip
+                                 "prev_action": True, "compile_step": None}  # fmt: skip
     assert row["agent_steps_per_cpu_s"] > 0 and row["agent_steps_per_s"] > 0
     # LRU of 32 on 3 + 2 inputs: sensitivities of B (2 x 32 x 5 x 2 planes) and the vectors
     assert 0 < row["sensitivities_per_agent"] < 2 * 2 * (2 * 32 * 5 + 3 * 32 * 2)
