@@ -1,0 +1,180 @@
+"""minGRU: exact RTRL and truncated BPTT against the step-by-step reference, the carry, checks.
+
+The contract suite (test_contract.py) runs the registry's mingru-rtrl / mingru-bptt; here the
+variants (plain candidate, no tanh), long histories, the carry's closed form and the init."""
+
+import functools
+
+import pytest
+import torch
+
+from r2ac.errors import ConfigError
+from r2ac.rtrl import MinGRU, MinGRUState, make_core
+from r2ac.rtrl.gradcheck import check_gradients
+from r2ac.rtrl.mingru import (
+    MinGRUSensitivity,
+    candidate,
+    candidate_derivative,
+    local_derivatives,
+    mingru_carry,
+)
+from r2ac.rtrl.reference import mingru_reference
+
+from .common import F64, PATTERNS
+
+VARIANTS = [("g", "tanh"), ("g", "identity"), ("linear", "tanh"), ("linear", "identity")]
+PARAMS = {"W_z", "W_h", "b_z", "b_h"}
+
+
+def make_layer(rule, cand="g", output="tanh", D=5, N=4, seed=0, b_z=0.0):
+    """The layer with its biases drawn too (they start at zero), b_z shifted by `b_z`."""
+    torch.manual_seed(seed)
+    layer = MinGRU(D, N, rule, candidate=cand, output=output, dtype=F64)
+    with torch.no_grad():
+        layer.b_z.normal_().add_(b_z)
+        layer.b_h.normal_()
+    return layer
+
+
+def reference(cand, output):
+    return functools.partial(mingru_reference, candidate=cand, output=output)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("cand, output", VARIANTS)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_rtrl_equals_full_bptt_through_history(pattern, cand, output, batch):
+    result = check_gradients(
+        make_layer("rtrl", cand, output), reference(cand, output), pattern, batch, seed=1
+    )
+    assert set(result.rel_error) == PARAMS
+    assert result.max_rel_error < 1e-10, str(result)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("cand, output", VARIANTS)
+def test_bptt_equals_truncated_bptt(pattern, cand, output):
+    layer = make_layer("bptt", cand, output)
+    result = check_gradients(layer, reference(cand, output), pattern, 3, truncated=True, seed=2)
+    assert result.max_rel_error < 1e-10, str(result)
+
+
+def test_long_history_with_slow_forgetting():
+    """80 steps in segments of 5 with z ~ 0.05 (b_z ~ -3: the state kept ~20 steps): the
+    carried term dominates, and is exact."""
+    layer = make_layer("rtrl", b_z=-3.0)
+    result = check_gradients(layer, reference("g", "tanh"), (5,) * 16, 2, reset_prob=0.02, seed=3)
+    assert result.max_rel_error < 1e-10, str(result)
+    truncated = check_gradients(
+        make_layer("bptt", b_z=-3.0), reference("g", "tanh"), (5,) * 16, 2, reset_prob=0.02, seed=3
+    )
+    assert truncated.max_rel_error > 1e-2, str(truncated)  # the history matters here
+
+
+def test_the_check_can_fail():
+    """Truncated BPTT is far from the full gradient: the harness sees the difference."""
+    err = check_gradients(
+        make_layer("bptt"), reference("g", "tanh"), PATTERNS[0], 3, reset_prob=0.0, seed=3
+    )
+    assert min(err.rel_error.values()) > 1e-3, str(err)
+
+
+@pytest.mark.parametrize("with_reset", [False, True])
+def test_carry_equals_the_step_by_step_recursion(with_reset):
+    """`mingru_carry` (suffix products, one GEMM) against S <- a S + e x^T step by step."""
+    gen = torch.Generator().manual_seed(4)
+    T, B, N, D = 7, 3, 4, 5
+    x = torch.randn(T, B, D, dtype=F64, generator=gen)
+    a = torch.rand(T, B, N, dtype=F64, generator=gen)
+    if with_reset:
+        a[2, 1] = 0.0  # a stream restarts at step 2 (keep = 0)
+        a[6, 0] = 0.0  # and one at the last step
+    e = torch.randn(T, B, 2, N, dtype=F64, generator=gen)
+    start = MinGRUSensitivity(
+        torch.randn(B, 2, N, D, dtype=F64, generator=gen),
+        torch.randn(B, 2, N, dtype=F64, generator=gen),
+    )
+    W, b = start
+    for t in range(T):
+        W = a[t][:, None, :, None] * W + e[t].unsqueeze(-1) * x[t][:, None, None, :]
+        b = a[t].unsqueeze(1) * b + e[t]
+    got = mingru_carry(start, x, a, e)
+    torch.testing.assert_close(got.W, W, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(got.b, b, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("kind", ["g", "linear"])
+def test_candidate_derivative_is_autograds(kind):
+    pre = torch.tensor([-3.0, -0.5, 0.0, 0.25, 2.0], dtype=F64, requires_grad=True)
+    c = candidate(pre, kind)
+    (want,) = torch.autograd.grad(c.sum(), pre)
+    got = candidate_derivative(pre.detach(), c.detach(), kind)
+    torch.testing.assert_close(got, want, rtol=1e-15, atol=1e-15)
+    if kind == "g":  # continuous at 0, positive everywhere
+        c = c.detach()
+        assert float(c[2]) == 0.5 and bool((c > 0).all())
+
+
+def test_local_derivatives_are_the_steps_jacobians():
+    """a = d h / d hp and e = d h / d (pre_z, pre_h) of one step, by autograd."""
+    gen = torch.Generator().manual_seed(5)
+    pre = torch.randn(2, 3, 4, dtype=F64, generator=gen).requires_grad_()
+    hp = torch.randn(3, 4, dtype=F64, generator=gen).requires_grad_()
+    z, c = torch.sigmoid(pre[0]), candidate(pre[1], "g")
+    h = (1 - z) * hp + z * c
+    g_pre, g_hp = torch.autograd.grad(h.sum(), [pre, hp])  # diagonal: the sums are the entries
+    with torch.no_grad():
+        a, e = local_derivatives(z, c, candidate_derivative(pre[1], c, "g"), hp, None)
+    torch.testing.assert_close(a, g_hp, rtol=1e-15, atol=1e-15)
+    torch.testing.assert_close(e, g_pre.transpose(0, 1), rtol=1e-15, atol=1e-15)
+
+
+def test_state_sizes_and_the_light_state():
+    layer = make_core("mingru-rtrl", 5, 4, dtype=F64)
+    state = layer.initial_state(3)
+    assert isinstance(state, MinGRUState)
+    assert state.h.shape == (3, 4) and state.sens.W.shape == (3, 2, 4, 5)
+    assert state.sens.b.shape == (3, 2, 4)
+    numbers = sum(t[0].numel() for t in (state.h, *state.sens))
+    assert numbers == 4 + 2 * 4 * (5 + 1)  # N + 2 N (D + 1): O(parameters)
+    assert layer.light_state(state).sens is None
+    assert make_core("mingru-bptt", 5, 4).initial_state(2).sens is None
+
+
+def test_initialisation_is_the_anchors():
+    """W_z, W_h: lecun-normal (variance 1/D, truncated at 2 standard deviations); zero biases."""
+    torch.manual_seed(0)
+    layer = MinGRU(400, 300, dtype=F64)
+    for W in (layer.W_z, layer.W_h):
+        std = float(W.detach().std())
+        assert abs(std * 20.0 - 1.0) < 0.02, std  # 1 / sqrt(400) = 0.05
+        bound = 2.0 * 0.05 / 0.87962566103423978
+        assert float(W.detach().abs().max()) <= bound
+    assert float(layer.b_z.abs().max()) == 0.0 and float(layer.b_h.abs().max()) == 0.0
+    assert not torch.equal(layer.W_z, layer.W_h)
+
+
+def test_float32_over_a_long_history():
+    """float32, 120 steps with slow forgetting: < 1e-4 relative to the float64 reference."""
+    from r2ac.rtrl.gradcheck import compare, layer_gradients, make_problem, reference_gradients
+
+    layer = make_layer("rtrl", b_z=-3.0).float()
+    problem = make_problem(5, 4, (10,) * 12, 3, reset_prob=0.01, seed=6, dtype=torch.float32)
+    grads = layer_gradients(layer, problem)
+    p64 = {k: v.detach().double() for k, v in layer.named_parameters()}
+    prob64 = type(problem)(
+        problem.x.double(), problem.reset, problem.readout.double(), problem.segment_lengths
+    )
+    ref = reference_gradients(mingru_reference, p64, prob64, truncated=False)
+    err = compare({k: v.double() for k, v in grads.items()}, ref)
+    assert err.max_rel_error < 1e-4, str(err)
+
+
+def test_option_errors():
+    with pytest.raises(ConfigError, match="unknown candidate 'log'"):
+        MinGRU(5, 4, candidate="log")
+    with pytest.raises(ConfigError, match="unknown output 'relu'"):
+        MinGRU(5, 4, output="relu")
+    with pytest.raises(ConfigError, match="unknown rule 'snap1'"):
+        MinGRU(5, 4, "snap1")
+    assert "candidate='g', output='tanh'" in repr(make_core("mingru-rtrl", 5, 4))
