@@ -150,7 +150,7 @@ def test_initialisation_is_the_anchors():
         assert abs(std * 20.0 - 1.0) < 0.02, std  # 1 / sqrt(400) = 0.05
         bound = 2.0 * 0.05 / 0.87962566103423978
         assert float(W.detach().abs().max()) <= bound
-    assert float(layer.b_z.abs().max()) == 0.0 and float(layer.b_h.abs().max()) == 0.0
+    assert not layer.b_z.detach().any() and not layer.b_h.detach().any()
     assert not torch.equal(layer.W_z, layer.W_h)
 
 
