@@ -178,3 +178,23 @@ def test_option_errors():
     with pytest.raises(ConfigError, match="unknown rule 'snap1'"):
         MinGRU(5, 4, "snap1")
     assert "candidate='g', output='tanh'" in repr(make_core("mingru-rtrl", 5, 4))
+
+
+def test_stacked_joined_maps_are_views_in_the_agents_layout():
+    """The stacked core reads [W_z; W_h] and [b_z; b_h] as views of the agent's flat rows
+    (W_h laid out after W_z), and copies where they are apart; the values are the same."""
+    from r2ac.rl.stream.nets import Layout
+    from r2ac.rtrl.stacked import make_stacked_core
+    from r2ac.rtrl.stacked.mingru import joined
+
+    core = make_stacked_core("mingru-rtrl", 3, 5, 4, F64)
+    layout = Layout(list(core.param_shapes().items()))
+    flat = torch.randn(6, layout.size + 7, dtype=F64)[::2, 3 : 3 + layout.size]  # strided rows
+    p = layout.views(flat)
+    W, b = joined(p["W_z"], p["W_h"]), joined(p["b_z"], p["b_h"])
+    assert W.data_ptr() == p["W_z"].data_ptr() and b.data_ptr() == p["b_z"].data_ptr()
+    assert torch.equal(W, torch.cat([p["W_z"], p["W_h"]], 1))
+    assert torch.equal(b, torch.cat([p["b_z"], p["b_h"]], 1))
+    apart = joined(p["W_h"], p["W_z"])  # W_z does not follow W_h: a copy
+    assert apart.data_ptr() != p["W_h"].data_ptr()
+    assert torch.equal(apart, torch.cat([p["W_h"], p["W_z"]], 1))
