@@ -63,19 +63,44 @@ class MinGRUTrace(NamedTuple):
 # ----------------------------------------------------------------------------- pure math
 
 
-def candidate(pre: Tensor, kind: str) -> Tensor:
-    """c = g(pre) (g(a) = a + 1/2 for a >= 0, sigmoid(a) below) or pre itself ("linear")."""
+def candidate_and_derivative(pre: Tensor, kind: str) -> tuple[Tensor, Tensor]:
+    """c = g(pre) and g'(pre), no graph: g(a) = a + 1/2 for a >= 0 (derivative 1, as
+    autograd of the `where` that defines it), sigmoid(a) below (derivative c (1 - c)); for
+    "linear", pre and ones. g as sigmoid(min(a, 0)) + max(a, 0), the same numbers as that
+    `where` without its slow select (three times faster on a CPU)."""
     if kind == "linear":
-        return pre
-    return torch.where(pre >= 0, pre + 0.5, torch.sigmoid(pre))
+        return pre, torch.ones_like(pre)
+    s = torch.sigmoid(pre.clamp(max=0.0))  # 1/2 for a >= 0
+    c = s + pre.clamp(min=0.0)
+    dc = s * (1.0 - s)  # 1/4 for a >= 0, then 1 with the step added
+    return c, dc.add_((pre >= 0).to(pre.dtype), alpha=0.75)
 
 
-def candidate_derivative(pre: Tensor, c: Tensor, kind: str) -> Tensor:
-    """g'(pre) from pre and c = g(pre): 1 for pre >= 0 (as autograd of `candidate`), c (1 - c)
-    below; ones for "linear"."""
+class _Candidate(torch.autograd.Function):
+    """g(pre) whose backward multiplies by the g'(pre) its forward computed (returned too,
+    non-differentiable: the carry reads it)."""
+
+    @staticmethod
+    def forward(ctx, pre):
+        c, dc = candidate_and_derivative(pre, "g")
+        ctx.save_for_backward(dc)
+        ctx.mark_non_differentiable(dc)
+        return c, dc
+
+    @staticmethod
+    def backward(ctx, grad, _grad_dc):
+        (dc,) = ctx.saved_tensors
+        return grad * dc
+
+
+def candidate(pre: Tensor, kind: str) -> tuple[Tensor, Tensor]:
+    """c = g(pre) (g(a) = a + 1/2 for a >= 0, sigmoid(a) below) or pre itself ("linear"),
+    differentiable, and g'(pre) without a graph."""
     if kind == "linear":
-        return torch.ones_like(pre)
-    return torch.where(pre >= 0, torch.ones_like(c), c * (1.0 - c))
+        return pre, torch.ones_like(pre)
+    if torch.is_grad_enabled() and pre.requires_grad:
+        return _Candidate.apply(pre)
+    return candidate_and_derivative(pre, kind)
 
 
 def local_derivatives(
@@ -97,17 +122,20 @@ def mingru_carry(sens: MinGRUSensitivity, x: Tensor, a: Tensor, e: Tensor) -> Mi
     suffix = torch.cat([after[1:], torch.ones_like(a[:1])])  # P(t)
     w = e * suffix.unsqueeze(2)  # (T, B, 2, N)
     total = after[0].unsqueeze(1)  # (B, 1, N)
-    W = (sens.W * total.unsqueeze(-1)).view(B, 2 * N, -1)
-    W = torch.baddbmm(W, w.permute(1, 2, 3, 0).reshape(B, 2 * N, T), x.transpose(0, 1))
+    W = sens.W * total.unsqueeze(-1)  # a new tensor: the start state is left intact
+    W.view(B, 2 * N, -1).baddbmm_(w.permute(1, 2, 3, 0).reshape(B, 2 * N, T), x.transpose(0, 1))
     b = torch.addcmul(w.sum(0), sens.b, total)
-    return MinGRUSensitivity(W.view(B, 2, N, -1), b)
+    return MinGRUSensitivity(W, b)
 
 
 def history_gradients(d_hat: Tensor, sens: MinGRUSensitivity) -> tuple[Tensor, Tensor]:
     """d_hat (B, N) = dL/dh(t0) contracted with S(t0): dL/d[W_z; W_h] (2, N, D), dL/d[b_z; b_h]
-    (2, N)."""
-    dW = torch.einsum("bn,bknd->knd", d_hat, sens.W)
-    return dW, (d_hat.unsqueeze(1) * sens.b).sum(0)
+    (2, N). The W part is one batched GEMV per row of [W_z; W_h] over the streams, reading S
+    through a strided view (an einsum would first copy it)."""
+    B, _, N, D = sens.W.shape
+    rows = d_hat.t().repeat(2, 1).unsqueeze(1)  # (2N, 1, B)
+    dW = torch.bmm(rows, sens.W.view(B, 2 * N, D).transpose(0, 1))  # (2N, 1, D)
+    return dW.view(2, N, D), (d_hat.unsqueeze(1) * sens.b).sum(0)
 
 
 class _HistoryGradient(torch.autograd.Function):
@@ -229,7 +257,7 @@ class MinGRU(RecurrentCore):
             x, torch.cat([self.W_z, self.W_h]), torch.cat([self.b_z, self.b_h])
         )  # (T, B, 2N)
         z = torch.sigmoid(pre[..., :N])
-        c = candidate(pre[..., N:], self.candidate)
+        c, dc = candidate(pre[..., N:], self.candidate)
         hs, hps = [], []
         # unbind: one backward for all steps (indexing z[t] would zero-fill (T, B, N) per step)
         for z_t, c_t, keep_t in zip(z.unbind(0), c.unbind(0), _steps(keep, x.shape[0])):
@@ -239,10 +267,7 @@ class MinGRU(RecurrentCore):
             hps.append(hp)
         h_all = torch.stack(hs)
         y = torch.tanh(h_all) if self.output == "tanh" else h_all
-        with torch.no_grad():
-            z_d, c_d = z.detach(), c.detach()
-            dc = candidate_derivative(pre[..., N:].detach(), c_d, self.candidate)
-        return y, h_all, torch.stack(hps).detach(), (z_d, c_d, dc)
+        return y, h_all, torch.stack(hps).detach(), (z.detach(), c.detach(), dc)
 
     @torch.no_grad()
     def act(

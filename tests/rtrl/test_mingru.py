@@ -14,7 +14,7 @@ from r2ac.rtrl.gradcheck import check_gradients
 from r2ac.rtrl.mingru import (
     MinGRUSensitivity,
     candidate,
-    candidate_derivative,
+    candidate_and_derivative,
     local_derivatives,
     mingru_carry,
 )
@@ -104,15 +104,23 @@ def test_carry_equals_the_step_by_step_recursion(with_reset):
 
 
 @pytest.mark.parametrize("kind", ["g", "linear"])
-def test_candidate_derivative_is_autograds(kind):
-    pre = torch.tensor([-3.0, -0.5, 0.0, 0.25, 2.0], dtype=F64, requires_grad=True)
-    c = candidate(pre, kind)
-    (want,) = torch.autograd.grad(c.sum(), pre)
-    got = candidate_derivative(pre.detach(), c.detach(), kind)
-    torch.testing.assert_close(got, want, rtol=1e-15, atol=1e-15)
+def test_candidate_and_its_derivative_are_the_where_forms(kind):
+    """g(a) = a + 1/2 for a >= 0, sigmoid(a) below: the same numbers as the `where` that
+    defines it, and the derivative (returned, and in the backward) autograd's of that `where`
+    (1 at a = 0), 0 included."""
+    pre = torch.tensor([-3.0, -0.5, 0.0, 0.25, 2.0, -40.0, 40.0], dtype=F64)
+    leaf = pre.clone().requires_grad_()
+    want = leaf if kind == "linear" else torch.where(leaf >= 0, leaf + 0.5, torch.sigmoid(leaf))
+    (want_d,) = torch.autograd.grad(want.sum(), leaf)
+    got_leaf = pre.clone().requires_grad_()
+    c, dc = candidate(got_leaf, kind)
+    (got_d,) = torch.autograd.grad(c.sum(), got_leaf)
+    assert torch.equal(c.detach(), want.detach()) and torch.equal(dc, want_d)
+    assert torch.equal(got_d, want_d)
+    c_ng, dc_ng = candidate_and_derivative(pre, kind)
+    assert torch.equal(c_ng, want.detach()) and torch.equal(dc_ng, want_d)
     if kind == "g":  # continuous at 0, positive everywhere
-        c = c.detach()
-        assert float(c[2]) == 0.5 and bool((c > 0).all())
+        assert float(c_ng[2]) == 0.5 and float(dc_ng[2]) == 1.0 and bool((c_ng > 0).all())
 
 
 def test_local_derivatives_are_the_steps_jacobians():
@@ -120,11 +128,11 @@ def test_local_derivatives_are_the_steps_jacobians():
     gen = torch.Generator().manual_seed(5)
     pre = torch.randn(2, 3, 4, dtype=F64, generator=gen).requires_grad_()
     hp = torch.randn(3, 4, dtype=F64, generator=gen).requires_grad_()
-    z, c = torch.sigmoid(pre[0]), candidate(pre[1], "g")
+    z, c = torch.sigmoid(pre[0]), torch.where(pre[1] >= 0, pre[1] + 0.5, torch.sigmoid(pre[1]))
     h = (1 - z) * hp + z * c
     g_pre, g_hp = torch.autograd.grad(h.sum(), [pre, hp])  # diagonal: the sums are the entries
     with torch.no_grad():
-        a, e = local_derivatives(z, c, candidate_derivative(pre[1], c, "g"), hp, None)
+        a, e = local_derivatives(z, *candidate_and_derivative(pre[1], "g"), hp, None)
     torch.testing.assert_close(a, g_hp, rtol=1e-15, atol=1e-15)
     torch.testing.assert_close(e, g_pre.transpose(0, 1), rtol=1e-15, atol=1e-15)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from r2ac.rtrl.mingru import candidate, candidate_derivative, lecun_normal_
+from r2ac.rtrl.mingru import candidate, candidate_and_derivative, lecun_normal_
 from r2ac.rtrl.stacked.base import HiddenState, MinGRURTRLState, StackedCore, keep_factor
 from r2ac.rtrl.stacked.linear import linear
 
@@ -56,11 +56,10 @@ def gates(pre: Tensor, hp: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """h (K, N), z and e = (e_z, e_h) (K, 2, N) from pre (K, 2N) and hp (K, N)."""
     N = hp.shape[1]
     z = torch.sigmoid(pre[:, :N])
-    c = candidate(pre[:, N:], CANDIDATE)
+    c, dc = candidate_and_derivative(pre[:, N:], CANDIDATE)
     diff = c - hp
     h = torch.addcmul(hp, z, diff)  # (1 - z) hp + z c
-    e = torch.stack([diff * z * (1.0 - z), z * candidate_derivative(pre[:, N:], c, CANDIDATE)], 1)
-    return h, z, e
+    return h, z, torch.stack([diff * z * (1.0 - z), z * dc], 1)
 
 
 def carry(S_W: Tensor, S_b: Tensor, a: Tensor, e: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -72,7 +71,7 @@ def carry(S_W: Tensor, S_b: Tensor, a: Tensor, e: Tensor, x: Tensor) -> tuple[Te
 def mingru_cell(params: dict[str, Tensor], x: Tensor, hp: Tensor) -> Tensor:
     """h(t) (K, N), differentiable w.r.t. params and x (the TBPTT(1) step; hp detached)."""
     z = torch.sigmoid(linear(params["W_z"], x, params["b_z"]))
-    c = candidate(linear(params["W_h"], x, params["b_h"]), CANDIDATE)
+    c = candidate(linear(params["W_h"], x, params["b_h"]), CANDIDATE)[0]
     return torch.addcmul(hp, z, c - hp)
 
 
