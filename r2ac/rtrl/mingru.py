@@ -66,8 +66,8 @@ class MinGRUTrace(NamedTuple):
 def candidate_and_derivative(pre: Tensor, kind: str) -> tuple[Tensor, Tensor]:
     """c = g(pre) and g'(pre), no graph: g(a) = a + 1/2 for a >= 0 (derivative 1, as
     autograd of the `where` that defines it), sigmoid(a) below (derivative c (1 - c)); for
-    "linear", pre and ones. g as sigmoid(min(a, 0)) + max(a, 0), the same numbers as that
-    `where` without its slow select (three times faster on a CPU)."""
+    "linear", pre and ones. g as sigmoid(min(a, 0)) + max(a, 0): the same numbers as that
+    `where`, without its select (slow on a CPU)."""
     if kind == "linear":
         return pre, torch.ones_like(pre)
     s = torch.sigmoid(pre.clamp(max=0.0))  # 1/2 for a >= 0
@@ -134,7 +134,7 @@ def history_gradients(d_hat: Tensor, sens: MinGRUSensitivity) -> tuple[Tensor, T
     through a strided view (an einsum would first copy it)."""
     B, _, N, D = sens.W.shape
     rows = d_hat.t().repeat(2, 1).unsqueeze(1)  # (2N, 1, B)
-    dW = torch.bmm(rows, sens.W.view(B, 2 * N, D).transpose(0, 1))  # (2N, 1, D)
+    dW = torch.bmm(rows, sens.W.reshape(B, 2 * N, D).transpose(0, 1))  # (2N, 1, D)
     return dW.view(2, N, D), (d_hat.unsqueeze(1) * sens.b).sum(0)
 
 
