@@ -42,8 +42,10 @@ from r2ac.rtrl.reference import (
     elstm_reference,
     felstm_reference,
     fwp_reference,
+    gru_reference,
     lru_reference,
     lstm_reference,
+    mingru_reference,
     rtu_reference,
 )
 
@@ -54,7 +56,7 @@ REFERENCES = {
     "elman": elman_reference,
     "lstm": lstm_reference,
 }
-REFERENCES.update(rtu=rtu_reference, lru=lru_reference)
+REFERENCES.update(rtu=rtu_reference, lru=lru_reference, mingru=mingru_reference, gru=gru_reference)
 RECURRENT = ("F", "Z", "W_f", "W_z", "b_f", "b_z")  # the feLSTM parameters SnAp-1 approximates
 
 
@@ -78,7 +80,7 @@ class BenchCoresConfig:
     """Segment lengths T for the hybrid vs per-step Elman comparison."""
     segment_shapes: tuple[str, ...] = ("50,32,256,257",)
     """Shapes T,B,N,D of the rtrl-vs-bptt segment part (empty: skip it)."""
-    segment_kinds: tuple[str, ...] = ("elstm", "rtu", "lru")
+    segment_kinds: tuple[str, ...] = ("elstm", "rtu", "lru", "mingru")
     """Core kinds timed in the segment part (each needs both `-rtrl` and `-bptt` in cores)."""
     repeats: int = 5
     """Timed repeats (medians are reported)."""

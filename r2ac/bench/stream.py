@@ -39,7 +39,7 @@ from r2ac.errors import ConfigError
 
 # each TBPTT(1) core before its exact-RTRL twin (the ratio column compares the two)
 CORES = ("rtu-bptt", "rtu-rtrl", "elstm-bptt", "elstm-rtrl", "lru-bptt", "lru-rtrl",
-         "gru-bptt", "feedforward")  # fmt: skip
+         "mingru-bptt", "mingru-rtrl", "gru-bptt", "feedforward")  # fmt: skip
 MAX_K = 4_096  # agents in lockstep
 
 

@@ -14,6 +14,7 @@ from r2ac.rtrl.fwp import FWP, FWPSensitivity, FWPState
 from r2ac.rtrl.gru import GRU, GRUState
 from r2ac.rtrl.lru import LRU, LRUState
 from r2ac.rtrl.lstm import LSTM, LSTMState
+from r2ac.rtrl.mingru import MinGRU, MinGRUSensitivity, MinGRUState
 from r2ac.rtrl.pair_math import PairSensitivity
 from r2ac.rtrl.rtu import RTU, RTUState
 
@@ -37,6 +38,7 @@ __all__ = [
     "LSTMState",
 ]
 __all__ += ["LRU", "LRUState", "PairSensitivity", "RTU", "RTUState"]
+__all__ += ["MinGRU", "MinGRUSensitivity", "MinGRUState"]
 
 from r2ac.rtrl.registry import CORES, core_names, make_core  # noqa: E402
 

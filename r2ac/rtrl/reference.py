@@ -182,3 +182,31 @@ def lru_reference(
         h = lam * h + gamma * (xc[t] @ Bc.T)
         ys.append((h @ C.T).real + x[t] @ params["D"].T)
     return torch.stack(ys), h
+
+
+def mingru_reference(
+    params: dict[str, Tensor],
+    x: Tensor,
+    reset: Tensor,
+    h0: Tensor | None = None,
+    candidate: str = "g",
+    output: str = "tanh",
+) -> tuple[Tensor, Tensor]:
+    """minGRU (Feng et al. 2024), one step at a time: z = sigmoid(W_z x + b_z),
+    c = g(W_h x + b_h) (g(a) = a + 1/2 for a >= 0, sigmoid(a) below; or c = W_h x + b_h for
+    candidate "linear"), h <- (1 - z) h + z c, y = tanh(h) (or h for output "identity")."""
+    W_z, W_h, b_z, b_h = params["W_z"], params["W_h"], params["b_z"], params["b_h"]
+    T, B, _ = x.shape
+    h = x.new_zeros(B, W_z.shape[0]) if h0 is None else h0
+    ys = []
+    for t in range(T):
+        h = torch.where(reset[t, :, None], torch.zeros_like(h), h)
+        z = torch.sigmoid(x[t] @ W_z.T + b_z)
+        pre = x[t] @ W_h.T + b_h
+        if candidate == "linear":
+            c = pre
+        else:
+            c = torch.where(pre >= 0, pre + 0.5, torch.sigmoid(pre))
+        h = (1 - z) * h + z * c
+        ys.append(torch.tanh(h) if output == "tanh" else h)
+    return torch.stack(ys), h

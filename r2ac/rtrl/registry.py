@@ -18,6 +18,7 @@ from r2ac.rtrl.fwp import FWP
 from r2ac.rtrl.gru import GRU
 from r2ac.rtrl.lru import LRU
 from r2ac.rtrl.lstm import LSTM
+from r2ac.rtrl.mingru import MinGRU
 from r2ac.rtrl.rtu import RTU
 
 
@@ -53,6 +54,8 @@ CORES: dict[str, CoreSpec] = {
         ("rtu-bptt", RTU, "bptt", "linear RTU, truncated BPTT"),
         ("lru-rtrl", LRU, "rtrl", "linear recurrent unit (complex diagonal), exact RTRL"),
         ("lru-bptt", LRU, "bptt", "linear recurrent unit, truncated BPTT"),
+        ("mingru-rtrl", MinGRU, "rtrl", "minGRU (gate and candidate from the input only), exact RTRL"),
+        ("mingru-bptt", MinGRU, "bptt", "minGRU, truncated BPTT"),
         ("feedforward", Feedforward, None, "memoryless: Linear + ReLU per step (the baseline)"),
     ]
 }  # fmt: skip

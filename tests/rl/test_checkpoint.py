@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from r2ac.rtrl import core_names, make_core
 from r2ac.runs import checkpoint
 
 
@@ -114,3 +115,20 @@ def test_carried_sensitivities_round_trip_and_forged_buffers_are_refused(tmp_pat
     path = checkpoint.save_atomic({"x": forged}, tmp_path / "f.pt")
     with pytest.raises(checkpoint.CheckpointError, match="not a FlatTensors"):
         checkpoint.load(path)
+
+
+@pytest.mark.parametrize("name", core_names(include_memoryless=True))
+def test_every_cores_state_round_trips(tmp_path, name):
+    """The state of every registered core, sensitivities included (a trainer's checkpoint
+    holds them), loads back as the same types and values: each state type is allowed."""
+    from torch.utils import _pytree as pytree
+
+    torch.manual_seed(0)
+    core = make_core(name, 3, 4, dtype=torch.float64)
+    with torch.no_grad():
+        _, state = core(torch.randn(5, 2, 3, dtype=torch.float64), core.initial_state(2))
+    loaded = checkpoint.load(checkpoint.save_atomic({"s": state}, tmp_path / "s.pt"))["s"]
+    assert type(loaded) is type(state)
+    want, got = pytree.tree_leaves(state), pytree.tree_leaves(loaded)
+    assert [t is None for t in got] == [t is None for t in want]
+    assert all(a is None or a.equal(b) for a, b in zip(got, want, strict=True))

@@ -20,7 +20,7 @@ from r2ac.rl.runtimes.learner_carry import LearnerCarry
 from .rl_helpers import tiny
 
 SENSITIVITY_CORES = ["elstm-rtrl", "elstm-snap1", "felstm-snap1", "elman-rtrl", "fwp-rtrl",
-                     "rtu-rtrl", "lru-rtrl"]  # fmt: skip
+                     "rtu-rtrl", "lru-rtrl", "mingru-rtrl"]  # fmt: skip
 
 
 def _actors(core: str, segments: int):

@@ -1,5 +1,5 @@
-"""The R2AC learner with the RTU and LRU cores (lr 0, float64): rtrl == full BPTT over each
-stream's history, through the actor's segment-wise carry (advance_state) and the learner's
+"""The R2AC learner with the RTU, LRU and minGRU cores (lr 0, float64): rtrl == full BPTT over
+each stream's history, through the actor's segment-wise carry (advance_state) and the learner's
 carry=False unroll, with episode ends inside segments (as test_learner_exact.py for the eLSTM)."""
 
 from __future__ import annotations
@@ -20,7 +20,11 @@ from .test_learner_exact import (
     _truncated_bptt,
 )
 
-RECURRENT = {"rtu": ["core.W1", "core.nu_log"], "lru": ["core.B_re", "core.nu_log"]}
+RECURRENT = {
+    "rtu": ["core.W1", "core.nu_log"],
+    "lru": ["core.B_re", "core.nu_log"],
+    "mingru": ["core.W_z", "core.b_z"],
+}
 
 
 def _reference(cfg, agent, kind):
@@ -30,7 +34,7 @@ def _reference(cfg, agent, kind):
     return ref
 
 
-@pytest.mark.parametrize("kind", ["rtu", "lru"])
+@pytest.mark.parametrize("kind", ["rtu", "lru", "mingru"])
 @pytest.mark.parametrize("case", sorted(ENVS))
 def test_rtrl_learner_gradient_equals_full_bptt(kind, case):
     env, options = ENVS[case]

@@ -77,7 +77,9 @@ PPO_ARGS = ["--algorithm", "ppo", "--optimizer", "adam", "--epochs", "2", "--min
 PPO_ARGS += ["--entropy-floor", "5"]
 
 
-@pytest.mark.parametrize("extra", [[], PPO_ARGS], ids=["impala", "ppo-adam-passes"])
+@pytest.mark.parametrize(
+    "extra", [[], PPO_ARGS, ["--core", "mingru-rtrl"]], ids=["impala", "ppo-adam-passes", "mingru"]
+)
 def test_sigkill_then_resume_gives_the_uninterrupted_weights(tmp_path, extra):
     full, killed = tmp_path / "full", tmp_path / "killed"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

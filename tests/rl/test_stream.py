@@ -160,21 +160,21 @@ def worst_gradient_error(agent, record, truncate_one: bool) -> float:
     return worst
 
 
-@pytest.mark.parametrize("core", ["rtu-rtrl", "elstm-rtrl", "lru-rtrl"])
+@pytest.mark.parametrize("core", ["rtu-rtrl", "elstm-rtrl", "lru-rtrl", "mingru-rtrl"])
 def test_rtrl_gradients_equal_full_bptt(core):
     agent, record = run_stream(core, SPACES["discrete"])
     worst = worst_gradient_error(agent, record, truncate_one=False)
     assert worst < 1e-10, worst
 
 
-@pytest.mark.parametrize("core", ["rtu-bptt", "elstm-bptt", "gru-bptt"])
+@pytest.mark.parametrize("core", ["rtu-bptt", "elstm-bptt", "gru-bptt", "mingru-bptt"])
 def test_tbptt1_gradients_equal_one_step_bptt(core):
     agent, record = run_stream(core, SPACES["discrete"], steps=9)
     worst = worst_gradient_error(agent, record, truncate_one=True)
     assert worst < 1e-10, worst
 
 
-@pytest.mark.parametrize("core", ["rtu-rtrl", "elstm-rtrl", "lru-rtrl"])
+@pytest.mark.parametrize("core", ["rtu-rtrl", "elstm-rtrl", "lru-rtrl", "mingru-rtrl"])
 @pytest.mark.parametrize("mlp", [(), (5,)], ids=["core-reads-obs", "layers-below"])
 def test_layers_above_the_core_get_exact_gradients(core, mlp):
     """Layers between the core and the head (`--stream-top-mlp`): every gradient still equals

@@ -76,7 +76,7 @@ def _pick(action):
     return lambda out: out.gather(1, action.view(-1, 1)).sum()
 
 
-@pytest.mark.parametrize("core", ["rtu-rtrl", "elstm-rtrl", "lru-rtrl"])
+@pytest.mark.parametrize("core", ["rtu-rtrl", "elstm-rtrl", "lru-rtrl", "mingru-rtrl"])
 @pytest.mark.parametrize(("mlp", "top"), [((5, 6), ()), ((), (6,))], ids=["below", "above"])
 def test_rtrl_gradients_equal_full_bptt(core, mlp, top):
     agent, record = run_stream(core, mlp=mlp, top=top)
@@ -215,11 +215,12 @@ def _payload(rt: StreamRuntime) -> dict:
     return rt._payload(rt.test_tracker)
 
 
-def test_k_agents_equal_k_runs_alone():
-    together = StreamRuntime(small(num_agents=3, seed=5), dtype=F64)
+@pytest.mark.parametrize("core", ["rtu-rtrl", "mingru-rtrl"])
+def test_k_agents_equal_k_runs_alone(core):
+    together = StreamRuntime(small(num_agents=3, seed=5, core=core), dtype=F64)
     _steps(together, 60)
     for k in range(3):
-        alone = StreamRuntime(small(num_agents=1, seed=5 + k), dtype=F64)
+        alone = StreamRuntime(small(num_agents=1, seed=5 + k, core=core), dtype=F64)
         _steps(alone, 60)
         for a, b in ((together.agent.theta_q, alone.agent.theta_q),
                      (together.agent.theta_h, alone.agent.theta_h),
@@ -227,10 +228,11 @@ def test_k_agents_equal_k_runs_alone():
             assert (a[k] - b[0]).abs().max().item() < 1e-10
 
 
-def test_checkpoint_round_trip_is_bit_exact(tmp_path):
+@pytest.mark.parametrize("core", ["rtu-rtrl", "mingru-rtrl"])
+def test_checkpoint_round_trip_is_bit_exact(tmp_path, core):
     from r2ac.runs import checkpoint
 
-    cfg = small(num_agents=2, seed=1)
+    cfg = small(num_agents=2, seed=1, core=core)
     full = StreamRuntime(cfg)
     _steps(full, 40)
     part = StreamRuntime(cfg)
@@ -242,6 +244,8 @@ def test_checkpoint_round_trip_is_bit_exact(tmp_path):
     a, b = full.agent.state_dict(), resumed.agent.state_dict()
     for key in ("theta_q", "theta_h", "trace_q", "trace_h", "trace_h_value"):
         assert torch.equal(a[key], b[key]), key
+    for ta, tb in zip(a["core_q"] + a["core_h"], b["core_q"] + b["core_h"], strict=True):
+        assert torch.equal(ta, tb)
 
 
 def test_box_actions_are_a_one_line_error():

@@ -40,12 +40,13 @@ def _payload(rt: StreamRuntime) -> dict:
     return rt._payload(rt.test_tracker)
 
 
+@pytest.mark.parametrize("core", ["rtu-rtrl", "mingru-rtrl"])
 @pytest.mark.parametrize("steps", [60, pytest.param(1000, marks=pytest.mark.slow)])
-def test_k_agents_equal_k_runs_alone(steps):
-    together = StreamRuntime(small(num_agents=3, seed=5), dtype=torch.float64)
+def test_k_agents_equal_k_runs_alone(steps, core):
+    together = StreamRuntime(small(num_agents=3, seed=5, core=core), dtype=torch.float64)
     _steps(together, steps)
     for k in range(3):
-        alone = StreamRuntime(small(num_agents=1, seed=5 + k), dtype=torch.float64)
+        alone = StreamRuntime(small(num_agents=1, seed=5 + k, core=core), dtype=torch.float64)
         _steps(alone, steps)
         for a, b in ((together.agent.theta_a, alone.agent.theta_a),
                      (together.agent.theta_c, alone.agent.theta_c)):  # fmt: skip
@@ -58,12 +59,13 @@ def _train(argv):
 
 @pytest.mark.parametrize("layers", [{}, dict(stream_mlp=(), stream_top_mlp=(8, 6))],
                          ids=["below", "above"])  # fmt: skip
-def test_checkpoint_round_trip_is_bit_exact(tmp_path, layers):
+@pytest.mark.parametrize("core", ["rtu-rtrl", "mingru-rtrl"])
+def test_checkpoint_round_trip_is_bit_exact(tmp_path, layers, core):
     """25 steps, a checkpoint file, a new runtime restored from it, 15 more steps: the same
     weights, traces and core states as 40 steps uninterrupted."""
     from r2ac.runs import checkpoint
 
-    cfg = small(num_agents=2, seed=1, **layers)
+    cfg = small(num_agents=2, seed=1, core=core, **layers)
     full = StreamRuntime(cfg)
     _steps(full, 40)
     part = StreamRuntime(cfg)

@@ -16,6 +16,7 @@ from r2ac.rtrl.reference import (
     gru_reference,
     lru_reference,
     lstm_reference,
+    mingru_reference,
     rtu_reference,
 )
 from r2ac.rtrl.state import cat_streams, select_streams
@@ -30,7 +31,7 @@ REFERENCES = {
     "lstm": lstm_reference,
     "gru": gru_reference,
 }
-REFERENCES.update(rtu=rtu_reference, lru=lru_reference)
+REFERENCES.update(rtu=rtu_reference, lru=lru_reference, mingru=mingru_reference)
 D, N = 5, 4
 
 
@@ -60,6 +61,8 @@ def test_names():
         "rtu-bptt",
         "lru-rtrl",
         "lru-bptt",
+        "mingru-rtrl",
+        "mingru-bptt",
     }
     assert all(spec.description for spec in CORES.values())
     with pytest.raises(ConfigError, match="unknown core 'gru-rtrl'"):

@@ -62,6 +62,12 @@ def reference_step(name, p, x, h):
         c = f * h + (1 - f) * z
         o = torch.sigmoid(mv(p["O"], x) + p["b_o"] + mv(p["W_o"], c))
         return o * c, c
+    if name.startswith("mingru"):
+        z = torch.sigmoid(mv(p["W_z"], x) + p["b_z"])
+        pre = mv(p["W_h"], x) + p["b_h"]
+        c = torch.where(pre >= 0, pre + 0.5, torch.sigmoid(pre))
+        hn = (1 - z) * h + z * c
+        return torch.tanh(hn), hn
     if name.startswith("gru"):
         n_ = h.shape[1]
         gi, gh = mv(p["W_ih"], x) + p["b_ih"], mv(p["W_hh"], h) + p["b_hh"]

@@ -11,7 +11,8 @@ For the streaming agent (batch 1 per agent, an update every step). Interface:
     core.sensitivity_numbers()                      # per agent
 
 Names (`STACKED_CORES`): rtu-rtrl, rtu-bptt, lru-rtrl, lru-bptt, elstm-rtrl, elstm-bptt,
-gru-bptt, feedforward. "-bptt" is TBPTT(1): the gradient stops at the previous state.
+mingru-rtrl, mingru-bptt, gru-bptt, feedforward. "-bptt" is TBPTT(1): the gradient stops at
+the previous state.
 Every core keeps the parameterisation, the parameter names and shapes (per agent) and the
 initialisation of the batched module of the same name (r2ac.rtrl.registry): with K = 1 and
 the same weights, step() gives that module's outputs (tests/rtrl/test_stacked.py). The
@@ -26,7 +27,8 @@ fixed); w.r.t. x, this step's only. Each step is one autograd.Function whose for
 recurrence and the closed-form sensitivity carry (element-wise, or complex per unit for
 RTU/LRU) and whose backward contracts dL/dc(t) with the new sensitivities S(t); the read-out
 (tanh, output gate, C s + D x) is ordinary autograd. The math: pair.py (RTU, LRU), elstm.py,
-simple.py (GRU, feedforward). r2ac.rtrl.stacked.bench.bench_stacked times a step + backward.
+mingru.py, simple.py (GRU, feedforward). r2ac.rtrl.stacked.bench.bench_stacked times a step +
+backward.
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ from r2ac.rtrl.stacked.base import (
     ELSTMRTRLState,
     EmptyState,
     HiddenState,
+    MinGRURTRLState,
     PairRTRLState,
     StackedCore,
 )
 from r2ac.rtrl.stacked.elstm import StackedELSTM
+from r2ac.rtrl.stacked.mingru import StackedMinGRU
 from r2ac.rtrl.stacked.pair import StackedLRU, StackedRTU
 from r2ac.rtrl.stacked.simple import StackedFeedforward, StackedGRU
 
@@ -53,6 +57,8 @@ STACKED_CORES: dict[str, tuple[type[StackedCore], str]] = {
     "lru-bptt": (StackedLRU, "bptt"),
     "elstm-rtrl": (StackedELSTM, "rtrl"),
     "elstm-bptt": (StackedELSTM, "bptt"),
+    "mingru-rtrl": (StackedMinGRU, "rtrl"),
+    "mingru-bptt": (StackedMinGRU, "bptt"),
     "gru-bptt": (StackedGRU, "bptt"),
     "feedforward": (StackedFeedforward, "none"),
 }
@@ -113,6 +119,7 @@ __all__ = [
     "EmptyState",
     "HiddenState",
     "MODULE_NAMES",
+    "MinGRURTRLState",
     "PairRTRLState",
     "STACKED_CORES",
     "StackedCore",

@@ -24,7 +24,7 @@ class EmptyState(NamedTuple):
 class HiddenState(NamedTuple):
     """TBPTT(1) cores (`*-bptt`, `gru-bptt`): the previous state only, no sensitivities."""
 
-    h: Tensor  # (K, 2, N/2) pairs for RTU, (K, 2, N) for LRU, (K, N) cell c for eLSTM, h for GRU
+    h: Tensor  # (K, 2, N/2) pairs for RTU, (K, 2, N) for LRU, (K, N) cell c for eLSTM, h for GRU, minGRU
 
 
 class PairRTRLState(NamedTuple):
@@ -46,6 +46,14 @@ class ELSTMRTRLState(NamedTuple):
     c: Tensor  # (K, N)
     sens_FZ: Tensor  # (K, 2, N, D): d c_i / d F[i, j], d c_i / d Z[i, j]
     sens_wb: Tensor  # (K, 4, N): d c_i / d (w_f, w_z, b_f, b_z)[i]
+
+
+class MinGRURTRLState(NamedTuple):
+    """minGRU under exact RTRL: the state and its (diagonal) sensitivities."""
+
+    h: Tensor  # (K, N)
+    sens_W: Tensor  # (K, 2, N, D): d h_i / d W_z[i, j], d h_i / d W_h[i, j]
+    sens_b: Tensor  # (K, 2, N): d h_i / d b_z[i], d h_i / d b_h[i]
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -8,8 +8,8 @@ import time
 import torch
 
 DEFAULT_CORES = (
-    "rtu-rtrl", "rtu-bptt", "lru-rtrl", "lru-bptt", "elstm-rtrl", "elstm-bptt", "gru-bptt",
-    "feedforward",
+    "rtu-rtrl", "rtu-bptt", "lru-rtrl", "lru-bptt", "elstm-rtrl", "elstm-bptt", "mingru-rtrl",
+    "mingru-bptt", "gru-bptt", "feedforward",
 )  # fmt: skip
 
 
