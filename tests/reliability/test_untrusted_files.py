@@ -188,4 +188,3 @@ def test_old_bare_checkpoints_load_through_the_converter(run_copy, capsys):
     assert checkpoint.load(latest)["counters"] == payload["counters"]
     code, lines = r2ac_inline(capsys, "train", "--resume", str(run_copy))
     assert code == 0 and (run_copy / "eval.json").is_file(), lines
-
