@@ -19,6 +19,7 @@ imported by a name from a file, and a name not in the table is refused.
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from typing import Any
 
@@ -145,7 +146,8 @@ def _stand_ins() -> list:
     """The globals a bare pickle of an older checkpoint may name, each with the name it has
     there: numpy's array and scalar constructors and dtypes, and a stand-in per OLDER_TYPES
     entry."""
-    core = np._core.multiarray  # numpy 2; numpy 1 pickled the same functions as numpy.core
+    core = getattr(np, "_core", None) or np.core  # numpy 2 pickles numpy._core, numpy 1 numpy.core
+    core = core.multiarray
     found: list = [np.ndarray, np.dtype]
     found += [type(np.dtype(c)) for c in "?bhilqBHILQefdg"]
     for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
@@ -158,8 +160,13 @@ def _stand_ins() -> list:
 
 
 def load_bare(source, map_location) -> Any:
-    """A bare torch.save file read weights-only, with the stand-ins of `_stand_ins`."""
-    with torch.serialization.safe_globals(_stand_ins()):
+    """A bare torch.save file read weights-only, with the stand-ins of `_stand_ins` (a torch
+    before 2.6, which cannot give a global another name, reads only a bare file of data)."""
+    try:
+        allowed = torch.serialization.safe_globals(_stand_ins())
+    except (AttributeError, TypeError):
+        allowed = contextlib.nullcontext()
+    with allowed:
         return torch.load(source, map_location=map_location, weights_only=True)
 
 
