@@ -1,9 +1,9 @@
 """`FlatTensors`: a value that flattens itself to tensors, so file formats need not know it.
 
-The checkpoint format (r2ac.runs.checkpoint) and the object-store wire format
-(r2ac.rl.runtimes.wire) store such a value as its class name and `tensors()`, and rebuild it
-with `from_tensors`; neither imports the class (the eLSTM's sensitivities are one:
-r2ac.rtrl.elstm.deferred.CarriedBuffer).
+A checkpoint stores such a value as the list of its `tensors()`, and its reader, holding a
+value of the same class, rebuilds it with `from_tensors` (r2ac.rtrl.state.state_from_plain);
+the object-store wire format (r2ac.rl.runtimes.wire) sends it with its class, in memory. The
+eLSTM's sensitivities are one (r2ac.rtrl.elstm.deferred.CarriedBuffer).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from r2ac.errors import ConfigError
+from r2ac.flat import FlatTensors
 
 
 def check_rule(rule: str, allowed: Sequence[str], core: str) -> str:
@@ -178,3 +179,55 @@ def detach_state(state: Any) -> Any:
 
 def state_to(state: Any, device: torch.device | str) -> Any:
     return pytree.tree_map(lambda t: None if t is None else t.to(device), state)
+
+
+# --- a core state as plain data (checkpoints) ---------------------------------------------------
+
+
+def plain_state(state: Any) -> Any:
+    """`state` as plain data for a file: a NamedTuple as a dict of its fields, a carried
+    sensitivity (`FlatTensors`) as the list of its tensors, tensors and None as they are.
+    No type is named: `state_from_plain` rebuilds the types from a state of the reader's."""
+    if state is None or isinstance(state, torch.Tensor):
+        return state
+    if isinstance(state, FlatTensors):  # reading it runs a pending carry
+        return list(state.tensors())
+    if isinstance(state, tuple) and hasattr(state, "_fields"):
+        return {name: plain_state(value) for name, value in zip(state._fields, state)}
+    raise TypeError(f"a core state holds tensors, None and NamedTuples, not {type(state).__name__}")
+
+
+def state_from_plain(saved: Any, like: Any, where: str = "state") -> Any:
+    """The state `plain_state` wrote, with the types of `like` (a state of the same core that
+    this process built): the reader knows the type, the file names none. ValueError naming
+    the first field that does not fit (its shapes and dtypes are the caller's to check)."""
+    if like is None or isinstance(like, torch.Tensor):
+        want = "None" if like is None else "a tensor"
+        if (saved is None) != (like is None) or not (saved is None or _is_tensor(saved)):
+            raise ValueError(f"{where}: {_kind(saved)}, expected {want}")
+        return saved
+    if isinstance(like, FlatTensors):
+        count = len(like.tensors())
+        if not (isinstance(saved, list) and len(saved) == count and all(map(_is_tensor, saved))):
+            raise ValueError(f"{where}: {_kind(saved)}, expected a list of {count} tensors")
+        return type(like).from_tensors(*saved)
+    fields = like._fields
+    want = f"the fields ({', '.join(fields)})"
+    if not isinstance(saved, dict):
+        raise ValueError(f"{where}: {_kind(saved)}, expected a dict of {want}")
+    if set(saved) != set(fields):
+        keys = ", ".join(repr(k)[:40] for k in list(saved)[:8])
+        more = ", ..." if len(saved) > 8 else ""
+        raise ValueError(f"{where}: a dict of the keys ({keys}{more}), expected {want}")
+    values = zip(fields, like, strict=True)
+    return type(like)(*(state_from_plain(saved[n], v, f"{where}.{n}") for n, v in values))
+
+
+def _is_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a dict"
+    return "None" if value is None else f"a {type(value).__name__}"

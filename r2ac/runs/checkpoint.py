@@ -1,10 +1,10 @@
-"""Crash-safe, checksummed, weights-only checkpoint files.
+"""Crash-safe, checksummed checkpoint files of plain data.
 
 A checkpoint file is two header lines and a ``torch.save`` body::
 
     R2AC-CHECKPOINT 1
     sha256 <hex digest of the body> <body length in bytes>
-    <torch.save bytes>
+    <torch.save bytes of {"schema": 2, "content": ...}>
 
 ``save_atomic`` writes it to a temporary file in the target's directory, flushes and fsyncs
 it, then renames it over the target with ``os.replace``: a crash at any point leaves either
@@ -13,22 +13,22 @@ data it covers. ``load`` checks the digest before unpickling anything and then u
 with ``weights_only=True``, so a checkpoint can hold data only, never code: a garbled or
 truncated file is refused with one line naming it, and so is a pickled callable.
 
-The body holds tensors, plain containers and Python scalars only. Values that torch's
-weights-only unpickler refuses are encoded on save and decoded on load: numpy arrays and
-scalars (env and RNG states) as tensors, and NamedTuples (core states) as tagged dicts whose
-class is looked up in an allow-list (``ALLOWED_TYPES``: the core states and sensitivities,
-each accepted only if the class is defined in the r2ac module the name gives).
+Schema 2: the content is plain data (r2ac.runs.plain: tensors, numbers, strings, None, in
+lists, tuples and dicts) and names no type. Each value of another type is written in plain
+form by its owner and rebuilt by its reader, which knows the type it wants: a core state
+as a dict of its fields (r2ac.rtrl.state), env and RNG states with their numpy arrays as
+tensors. ``save_atomic`` refuses anything else; ``load`` refuses a body that is not plain.
 
-Files written before this format (a bare ``torch.save``) still load if they are
-weights-only (e.g. an old ``agent.pt``), without a checksum. Old training checkpoints hold
-numpy arrays and NamedTuples and are refused with a one-line message saying how to convert
-them: ``python -m r2ac.runs.checkpoint convert FILE`` (for files you trust: it unpickles them).
+Older files are converted on reading (r2ac.runs.older_checkpoints), through a fixed table of
+the type names they hold, never importing one: schema 1 (this framing, numpy values and
+NamedTuples as tagged dicts) and a bare ``torch.save`` from before the framing (read without
+a checksum, with a warning). ``python -m r2ac.runs.checkpoint convert FILE`` rewrites such a
+file in schema 2.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import io
 import logging
 import math
@@ -37,202 +37,65 @@ import pickle
 import stat
 import sys
 import tempfile
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from r2ac.errors import ConfigError
-from r2ac.flat import FlatTensors
-from r2ac.runs import schema
+from r2ac.runs import older_checkpoints, plain, schema
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"R2AC-CHECKPOINT 1\n"
-TAG = "__r2ac_encoded__"
-ALLOWED_MODULE_PREFIX = "r2ac."
+SCHEMA = 2  # the version of the body's content, its "schema" key
 CONVERT_HINT = "python -m r2ac.runs.checkpoint convert"
 TEMP_SUFFIX = ".tmp"
 GIB = 2**30
 MIN_LIMIT = 1 * GIB  # the smallest size limit, however little memory is free
 DEFAULT_LIMIT = 64 * GIB  # where the memory available cannot be read
-# Modules that moved: the class names stored in files written before the move still load.
-MOVED_MODULES = {
-    "r2ac.rtrl.elstm_math": "r2ac.rtrl.elstm.math",
-    "r2ac.rtrl.elstm": "r2ac.rtrl.elstm.layer",
-    "r2ac.rtrl.deferred": "r2ac.rtrl.elstm.deferred",
-    "r2ac.rl.processes": "r2ac.rl.runtimes.processes",
-    "r2ac.rl.wire": "r2ac.rl.runtimes.wire",
-    **{f"r2ac.rl.{name}": f"r2ac.rl.learning.{name}" for name in ("actor", "learner", "ppo")},
-    **{f"r2ac.rl.{name}": f"r2ac.rl.model.{name}" for name in ("agent", "nets", "distributions")},
-    "r2ac.rl.run_dir": "r2ac.rl.run.run_dir",
-    "r2ac.rl.harness.run_dir": "r2ac.rl.run.run_dir",
-    "r2ac.runs.run_dir": "r2ac.runs.locked_dir",
-}
-MOVED_TYPES = {"r2ac.rl.nets:FeedforwardState": "r2ac.rtrl.feedforward:FeedforwardState"}
 
 
 class CheckpointError(ConfigError):
     """A file that is not a readable, intact, data-only checkpoint (exit code 2 at the CLI)."""
 
 
-# --- encoding of the values torch's weights-only unpickler refuses ---------------------------
+def framed(obj: Any) -> dict:
+    """What `save_atomic` pickles for `obj`: its schema and it. TypeError (a bug of the writer,
+    not of a file) for content that is not plain data."""
+    found = plain.problem(obj)
+    if found:
+        raise TypeError(f"checkpoint: {found} (its owner must write it as plain data)")
+    return {"schema": SCHEMA, "content": obj}
 
 
-def encode(obj: Any) -> Any:
-    """``obj`` with numpy values and NamedTuples replaced by tensors and tagged dicts."""
-    if isinstance(obj, np.generic):  # first: np.float64 is also a Python float
-        return {TAG: "npscalar", "data": torch.from_numpy(np.asarray(obj).copy())}
-    if (
-        isinstance(obj, torch.Tensor)
-        or obj is None
-        or isinstance(obj, (bool, int, float, str, bytes))
-    ):
-        return obj
-    if isinstance(obj, (torch.dtype, torch.device, torch.Size)):
-        return obj
-    if isinstance(obj, np.ndarray):
-        return {TAG: "ndarray", "data": torch.from_numpy(np.ascontiguousarray(obj).copy())}
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        cls = type(obj)
-        return {
-            TAG: "namedtuple",
-            "type": f"{cls.__module__}:{cls.__qualname__}",
-            "fields": [encode(v) for v in obj],
-        }
-    if isinstance(obj, FlatTensors):  # e.g. the eLSTM's sensitivities (reading runs its carry)
-        cls = type(obj)
-        return {
-            TAG: "carried",
-            "type": f"{cls.__module__}:{cls.__qualname__}",
-            "fields": [encode(v) for v in obj.tensors()],
-        }
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(encode(v) for v in obj)
-    if isinstance(obj, dict):
-        return _encode_dict(obj)
-    raise TypeError(f"checkpoint: cannot store a {type(obj).__qualname__} (data only)")
-
-
-def _encode_dict(obj: dict) -> dict:
-    out = OrderedDict() if isinstance(obj, OrderedDict) else {}
-    for key, value in obj.items():
-        out[key] = encode(value)
-    metadata = getattr(obj, "_metadata", None)  # a module state_dict's version info
-    if metadata is not None:
-        out._metadata = metadata  # type: ignore[attr-defined]
-    return out
-
-
-# The types a checkpoint may name, by their defining module and qualified name: the core states
-# and sensitivities an actor carries (and the copy task's statistics). A name is looked up
-# here before anything is imported, and the class found must be defined where the name says
-# (its own `__module__`), so that a class merely reachable through an r2ac module (a stdlib
-# NamedTuple imported there, e.g. `r2ac.runs.locked_dir:platform.uname_result`) is refused.
-ALLOWED_TYPES = frozenset(
-    {
-        "r2ac.rtrl.elstm.math:ELSTMState",
-        "r2ac.rtrl.elstm.math:ELSTMSensitivity",
-        "r2ac.rtrl.elstm.math:RecurrenceTrace",
-        "r2ac.rtrl.elstm.math:GateTrace",
-        "r2ac.rtrl.elstm.layer:ELSTMTrace",
-        "r2ac.rtrl.rtu:RTUState",
-        "r2ac.rtrl.lstm:LSTMState",
-        "r2ac.rtrl.gru:GRUState",
-        "r2ac.rtrl.lru:LRUState",
-        "r2ac.rtrl.mingru:MinGRUState",
-        "r2ac.rtrl.mingru:MinGRUSensitivity",
-        "r2ac.rtrl.mingru:MinGRUTrace",
-        "r2ac.rtrl.elman:ElmanState",
-        "r2ac.rtrl.felstm:FeLSTMState",
-        "r2ac.rtrl.felstm:FeLSTMSensitivity",
-        "r2ac.rtrl.fwp:FWPState",
-        "r2ac.rtrl.fwp:FWPSensitivity",
-        "r2ac.rtrl.feedforward:FeedforwardState",
-        "r2ac.rtrl.pair_math:PairSensitivity",
-        "r2ac.rtrl.pair_core:PairTrace",
-        "r2ac.rtrl.core:InputTrace",
-        "r2ac.tasks.copy.schedules:UpdateStats",
-    }
-)
-
-
-def _allowed_namedtuple(name: str, base: type = tuple) -> type:
-    """The NamedTuple (or `base`) class `module:qualname`, if it is one of ALLOWED_TYPES
-    (after translating a moved name) and is defined in that module; else refuse. Nothing of
-    the class is called here: only type checks."""
-    module, _, qualname = MOVED_TYPES.get(name, name).partition(":")
-    module = MOVED_MODULES.get(module, module)
-    if f"{module}:{qualname}" not in ALLOWED_TYPES or not module.startswith(ALLOWED_MODULE_PREFIX):
-        raise CheckpointError(
-            f"refused type {name[:80]!r} (not one of the r2ac state types a checkpoint holds)"
-        )
-    try:
-        cls: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            cls = getattr(cls, part)
-    except (ImportError, AttributeError) as exc:
-        raise CheckpointError(f"unknown type {name!r} in checkpoint") from exc
-    if not (
-        isinstance(cls, type)
-        and type.__getattribute__(cls, "__module__") == module
-        and type.__getattribute__(cls, "__qualname__") == qualname
-    ):
-        raise CheckpointError(f"refused type {name!r} (not defined in {module})")
-    if base is not tuple:
-        if not issubclass(cls, base):
-            raise CheckpointError(f"refused type {name!r} (not a {base.__name__})")
-        return cls
-    if not (issubclass(cls, tuple) and "_fields" in vars(cls)):
-        raise CheckpointError(f"refused type {name!r} (not a NamedTuple)")
-    return cls
-
-
-def decode(obj: Any) -> Any:
-    """Inverse of ``encode``; CheckpointError for a tagged entry that is malformed."""
-    if isinstance(obj, dict):
-        kind = obj.get(TAG) if all(isinstance(k, str) for k in obj) else None
-        if kind is not None:
-            return _decode_tagged(kind, obj)
-        out = OrderedDict() if isinstance(obj, OrderedDict) else {}
-        for key, value in obj.items():
-            out[key] = decode(value)
-        if getattr(obj, "_metadata", None) is not None:
-            out._metadata = obj._metadata  # type: ignore[attr-defined]
-        return out
-    if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Size):
-        return type(obj)(decode(v) for v in obj)
+def content(raw: Any, checked: bool) -> Any:
+    """The content of an unpickled body in schema 2's plain data: a schema-2 body's as it is
+    (refused unless plain), an older one's converted (CheckpointError, without the path)."""
+    if isinstance(raw, dict) and "schema" in raw and set(raw) <= {"schema", "content"}:
+        version = raw["schema"]
+        if type(version) is not int or version < SCHEMA:
+            raise CheckpointError(f"unknown schema {str(version)[:40]!r}")
+        if version > SCHEMA:
+            raise CheckpointError(
+                f"schema {version}: written by a newer r2ac (this one reads schema {SCHEMA} "
+                "and older); use that version"
+            )
+        if "content" not in raw:
+            raise CheckpointError("no content")
+        found = plain.problem(raw["content"])
+        if found:
+            raise CheckpointError(f"refused: {found}")
+        return raw["content"]
+    try:  # schema 1, or a bare torch.save (its objects already replaced by stand-ins)
+        obj = older_checkpoints.from_schema_1(raw) if checked else raw
+        obj = older_checkpoints.from_objects(obj)
+    except ConfigError as exc:
+        raise CheckpointError(str(exc)) from None
+    found = plain.problem(obj)
+    if found:
+        raise CheckpointError(f"refused: {found}")
     return obj
-
-
-def _decode_tagged(kind: Any, obj: dict) -> Any:
-    """A numpy value or a NamedTuple from its tagged dict (see ``encode``)."""
-    if kind in ("ndarray", "npscalar"):
-        data = obj.get("data")
-        if not isinstance(data, torch.Tensor):
-            raise CheckpointError(f"malformed {kind} entry: its data is {type(data).__name__}")
-        try:
-            array = data.numpy()
-        except (TypeError, RuntimeError) as exc:  # e.g. a dtype numpy lacks
-            raise CheckpointError(f"malformed {kind} entry: {exc}") from exc
-        return array if kind == "ndarray" else array[()]
-    if kind not in ("namedtuple", "carried"):
-        raise CheckpointError(f"unknown tag {str(kind)[:40]!r}")
-    name, fields = obj.get("type"), obj.get("fields")
-    if not isinstance(name, str) or not isinstance(fields, list):
-        raise CheckpointError(
-            f"malformed {kind} entry: type {type(name).__name__}, fields "
-            f"{type(fields).__name__} (expected a string and a list)"
-        )
-    values = [decode(v) for v in fields]
-    try:
-        if kind == "carried":
-            return _allowed_namedtuple(name, base=FlatTensors).from_tensors(*values)
-        return _allowed_namedtuple(name)(*values)
-    except (TypeError, ValueError, AttributeError, IndexError, RuntimeError) as exc:
-        raise CheckpointError(f"malformed {name} entry: {exc}") from exc
 
 
 # --- file format -------------------------------------------------------------------------------
@@ -242,7 +105,7 @@ def to_parts(obj: Any) -> tuple[bytes, memoryview]:
     """The file as (header lines with the body's SHA-256, the torch.save body); two parts,
     so that a large checkpoint is not copied once more to join them."""
     buffer = io.BytesIO()
-    torch.save(encode(obj), buffer)
+    torch.save(framed(obj), buffer)
     body = buffer.getbuffer()
     digest = hashlib.sha256(body).hexdigest()
     return MAGIC + f"sha256 {digest} {len(body)}\n".encode(), body
@@ -390,17 +253,15 @@ def _read_checked(f, path: Path, size: int) -> bytes:
 
 
 def _unpickle(source, path: Path, map_location, legacy: bool) -> Any:
+    """The body, weights-only; a bare torch.save (`legacy`) with the stand-ins of an older
+    checkpoint's types (r2ac.runs.older_checkpoints), never the types themselves."""
     try:
+        if legacy:
+            return older_checkpoints.load_bare(source, map_location)
         return torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         if not _names_an_object(str(exc)):  # garbled bytes, not a pickle at all
             raise CheckpointError(f"{path}: {_not_a_checkpoint(legacy, _reason(exc))}") from exc
-        if legacy:
-            raise CheckpointError(
-                f"{path}: refused: the file holds objects other than data (an old checkpoint of "
-                f"this project, or one that could run code); if you trust it, convert it with "
-                f"`{CONVERT_HINT} {path}`"
-            ) from exc
         raise CheckpointError(
             f"{path}: refused: the checkpoint holds objects other than data (it could run code)"
         ) from exc
@@ -494,7 +355,7 @@ def _open(path: Path):
 
 
 def _read(path: Path, map_location) -> tuple[Any, bool]:
-    """The decoded content of `path`, and whether it had a checksum."""
+    """The unpickled body of `path`, and whether it had a checksum."""
     with _open(path) as f:
         size = os.fstat(f.fileno()).st_size
         _check_size(path, size)
@@ -519,8 +380,8 @@ def load(
     expect: Any = object,
     what: str = "checkpoint",
 ) -> Any:
-    """A checkpoint written by ``save_atomic``: size, digest checked, weights-only, decoded,
-    and checked against `expect` (a spec of r2ac.runs.schema: the structure the caller needs;
+    """The content of a checkpoint written by ``save_atomic`` (or an older one, converted):
+    size, digest checked, weights-only, plain data, and checked against `expect` (a spec of r2ac.runs.schema: the structure the caller needs;
     `what` names the kind of file in the refusal).
 
     Raises FileNotFoundError for a missing file and CheckpointError (a ConfigError) for a
@@ -531,7 +392,7 @@ def load(
     path = Path(path)
     raw, checked = _read(path, map_location)
     try:
-        obj = decode(raw) if checked else raw
+        obj = content(raw, checked)
         found = schema.problem(obj, expect)
     except CheckpointError as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
@@ -636,27 +497,21 @@ def lock_directory(directory: str | os.PathLike) -> int:
 
 
 def convert(path: str | os.PathLike) -> Path:
-    """Rewrite an old (bare torch.save) checkpoint in the checksummed format.
-
-    Unpickles the file with ``weights_only=False``: only for files you trust.
-    """
+    """Rewrite a checkpoint of an older schema (or a bare torch.save) in schema 2, read as
+    `load` reads it: weights-only, nothing imported by a name in the file."""
     path = Path(path)
-    if path.read_bytes().startswith(MAGIC):
-        return path
-    obj = torch.load(path, map_location="cpu", weights_only=False)  # the user vouches for it
-    return save_atomic(obj, path)
+    return save_atomic(load(path), path)
 
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] != "convert":
-        print(
-            f"usage: {CONVERT_HINT} FILE... (files you trust: they are unpickled)", file=sys.stderr
-        )
+        print(f"usage: {CONVERT_HINT} FILE... (older checkpoints, rewritten in schema {SCHEMA})",
+              file=sys.stderr)  # fmt: skip
         return 2
     for name in argv[1:]:
         try:
             print(f"converted {convert(name)}")
-        except (OSError, TypeError, pickle.UnpicklingError, RuntimeError) as exc:
+        except (OSError, ConfigError) as exc:
             print(f"{name}: cannot convert: {exc}", file=sys.stderr)
             return 2
     return 0

@@ -1,4 +1,4 @@
-"""What a decoded checkpoint must hold, checked before a loader touches it.
+"""What a loaded checkpoint must hold, checked before a loader touches it.
 
 A checkpoint with a correct checksum may still hold anything a weights-only unpickler can
 build (``{}``, a list, ``{"agent": "hello"}``): `problem(obj, spec)` compares it with the

@@ -1,6 +1,6 @@
 """The values of a loaded checkpoint, checked against what the loader built, before any is used.
 
-`r2ac.runs.schema` checks a decoded checkpoint's structure (which keys, which kinds of value);
+`r2ac.runs.schema` checks a loaded checkpoint's structure (which keys, which kinds of value);
 this module checks that its values fit the model, optimiser and actors the run's config builds:
 shapes, dtypes, finiteness, tensors that own their data (no expanded views whose size is a lie),
 numbers where numbers belong. Each function raises `ValueMismatch` (a ConfigError) naming the

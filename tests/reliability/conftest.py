@@ -6,6 +6,8 @@ the tests check the code under test, not an installed copy.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import shutil
 import subprocess
@@ -13,8 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from r2ac.rl.run.run_dir import read_metrics
+from r2ac.runs import checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120  # generous: CI runs on a loaded 2-core machine
@@ -26,6 +30,17 @@ TINY = [
     "--log-every", "1", "--num-threads", "1", "--no-progress",
     "--eval-sets", "1", "--eval-episodes", "3",
 ]  # fmt: skip
+
+
+def write_body(raw, path: Path) -> Path:
+    """A checksummed checkpoint file whose body is `raw` itself: the form of an older schema
+    (schema 1 had no schema key), or a forged body with a valid digest."""
+    buffer = io.BytesIO()
+    torch.save(raw, buffer)
+    body = buffer.getvalue()
+    digest = hashlib.sha256(body).hexdigest()
+    path.write_bytes(checkpoint.MAGIC + f"sha256 {digest} {len(body)}\n".encode() + body)
+    return path
 
 
 def tiny_args(updates: int, checkpoint_every: int = 5) -> list[str]:

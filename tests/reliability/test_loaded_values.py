@@ -4,8 +4,8 @@ checked before use.
 A latest.pt that is a folder, a FIFO, a link to a device or a dangling link is named for what
 it is (never "no checkpoint"), and `--restart` keeps what it replaces; `copy --resume` never
 starts over on a broken checkpoint and changes no file before its checks have passed; weights
-that are not finite or not real are refused by eval; the allow-list of checkpoint types is by
-module; values that fit the structure but not the run (shapes, dtypes, counters, RNG states,
+that are not finite or not real are refused by eval; a type named in a checkpoint never
+resolves to code; values that fit the structure but not the run (shapes, dtypes, counters, RNG states,
 the optimiser) are one line in `train --resume`, `diagnose` and `copy --resume`.
 """
 
@@ -22,8 +22,9 @@ import torch
 
 from r2ac.rl.run.run_dir import RunDir
 from r2ac.runs import checkpoint
+from r2ac.runs.older_checkpoints import OLDER_TAG
 
-from .conftest import TINY, r2ac, r2ac_inline, tiny_args
+from .conftest import TINY, r2ac, r2ac_inline, tiny_args, write_body
 from .test_malformed_inputs import COPY_ARGS, one_line, snapshot
 
 LATEST = Path("checkpoints") / "latest.pt"
@@ -93,20 +94,17 @@ def _bad_obs(p):
 
 
 def _bad_core_state(p):
-    s = p["actors"][0]["state"]
-    p["actors"][0]["state"] = s._replace(c=torch.zeros(3, 5))
+    p["actors"][0]["state"]["c"] = torch.zeros(3, 5)
 
 
 def _bad_sensitivity(p):
-    s = p["actors"][0]["state"]
-    fz, wb = s.sens.tensors()
-    p["actors"][0]["state"] = s._replace(sens=type(s.sens).from_tensors(fz[:, :, :4], wb))
+    fz, wb = p["actors"][0]["state"]["sens"]
+    p["actors"][0]["state"]["sens"] = [fz[:, :, :4], wb]
 
 
 def _float64_sensitivity(p):
-    s = p["actors"][0]["state"]
-    fz, wb = s.sens.tensors()
-    p["actors"][0]["state"] = s._replace(sens=type(s.sens).from_tensors(fz.double(), wb.double()))
+    fz, wb = p["actors"][0]["state"]["sens"]
+    p["actors"][0]["state"]["sens"] = [fz.double(), wb.double()]
 
 
 def _optimizer_shape(p):
@@ -172,7 +170,7 @@ def test_values_that_do_not_fit_are_one_line_and_change_nothing(case, run_copy, 
 
 
 def test_a_good_checkpoint_still_resumes(run_copy, capsys):
-    checkpoint.save_atomic(_payload(run_copy), run_copy / LATEST)  # decoded and re-encoded
+    checkpoint.save_atomic(_payload(run_copy), run_copy / LATEST)  # read and written again
     code, lines = r2ac_inline(capsys, "diagnose", str(run_copy), "--batches", "1")
     assert code == 0, lines
     meta = json.loads((run_copy / "config.json").read_text())
@@ -202,26 +200,35 @@ def test_eval_refuses_weights_that_are_not_finite_or_real(value, words, run_copy
     assert not (run_copy / "eval.json").exists()
 
 
-def test_the_allow_list_is_by_defining_module(tmp_path, monkeypatch):
-    """A stdlib NamedTuple reached through an r2ac module is refused before it is built; a
-    planted `uname` on PATH never runs."""
+def test_a_name_in_a_checkpoint_never_resolves_to_code(run_copy, tmp_path, monkeypatch, capsys):
+    """A stdlib NamedTuple reached through an r2ac module (`uname` runs when one is built),
+    named where a core state belongs: in an older (schema-1) body the converter refuses the
+    name, in a schema-2 body the actor finds no fields of its state; one line naming the file
+    either way, and a planted `uname` on PATH never runs."""
     bin_dir, marker = tmp_path / "bin", tmp_path / "marker"
     bin_dir.mkdir()
     (bin_dir / "uname").write_text(f"#!/bin/sh\ntouch {marker}\necho x86_64\n")
     (bin_dir / "uname").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    payload = _payload(run_copy)
     for name in (
         "r2ac.runs.locked_dir:platform.uname_result",
         "r2ac.runs.run_dir:platform.uname_result",  # its name before the move
         "r2ac.rl.run.run_dir:Path",
     ):
         fields = ["Linux", "h", "r", "v", "m"]
-        path = tmp_path / "x.pt"
-        checkpoint.save_atomic(
-            {"x": {checkpoint.TAG: "namedtuple", "type": name, "fields": fields}}, path
-        )
-        with pytest.raises(checkpoint.CheckpointError, match="refused type"):
-            checkpoint.load(path)
+        payload["actors"][0]["state"] = {OLDER_TAG: "namedtuple", "type": name, "fields": fields}
+        write_body(payload, run_copy / LATEST)  # schema 1: the tag is read, the name refused
+        code, lines = r2ac_inline(capsys, "train", "--resume", str(run_copy))
+        one_line(code, lines, "latest.pt")
+        assert f"actors[0].state: refused type {name!r}" in lines[0], lines
+        checkpoint.save_atomic(payload, run_copy / LATEST)  # schema 2: plain data, no tag
+        code, lines = r2ac_inline(capsys, "train", "--resume", str(run_copy))
+        one_line(code, lines, "latest.pt")
+        assert "actors[0].state: a dict of the keys ('__r2ac_encoded__'" in lines[0], lines
+    payload["actors"][0]["state"] = "r2ac.runs.locked_dir:platform.uname_result"
+    checkpoint.save_atomic(payload, run_copy / LATEST)
+    one_line(*r2ac_inline(capsys, "train", "--resume", str(run_copy)), "actors[0].state: str")
     assert not marker.exists()
 
 

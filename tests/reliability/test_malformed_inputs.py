@@ -17,11 +17,13 @@ import pytest
 import torch
 
 from r2ac.runs import checkpoint
+from r2ac.runs.older_checkpoints import OLDER_TAG
 
-from .conftest import TINY, error_lines, r2ac, r2ac_inline
+from .conftest import TINY, error_lines, r2ac, r2ac_inline, write_body
 
-TAG = checkpoint.TAG
+TAG = OLDER_TAG
 # Data-only structures a weights-only unpickler builds, none of them what a loader expects
+# (in schema 2 the tags of schema 1 are plain strings: no loader reads them)
 MALFORMED = {
     "empty dict": {},
     "list": [1, 2, 3],
@@ -90,6 +92,32 @@ def test_malformed_checkpoints_are_refused_by_every_loader(
     )
     one_line(code, lines, "agent.pt")
     assert not new.exists()
+
+
+# Tagged entries of a schema-1 body that the converter refuses, and the words it says
+MALFORMED_SCHEMA_1 = {
+    "ndarray tag on a string": ({TAG: "ndarray", "data": "hello"}, "its data is str"),
+    "namedtuple type an int": ({TAG: "namedtuple", "type": 7, "fields": []}, "type int"),
+    "namedtuple fields wrong": (
+        {TAG: "namedtuple", "type": "r2ac.rtrl.elstm.math:ELSTMState", "fields": [1]},
+        "ELSTMState with 1 fields, expected 2",
+    ),
+    "unknown tag": ({TAG: "mystery"}, "unknown tag 'mystery'"),
+    "unknown type": ({TAG: "carried", "type": "os:system", "fields": []}, "refused type"),
+}
+
+
+@pytest.mark.parametrize("kind", MALFORMED_SCHEMA_1)
+def test_malformed_schema_1_entries_are_refused_in_one_line(kind, run_copy, capsys):
+    entry, words = MALFORMED_SCHEMA_1[kind]
+    payload = checkpoint.load(run_copy / "checkpoints" / "latest.pt")
+    payload["actors"][0]["state"] = entry
+    write_body(payload, run_copy / "checkpoints" / "latest.pt")
+    before = snapshot(run_copy)
+    code, lines = r2ac_inline(capsys, "train", "--resume", str(run_copy))
+    one_line(code, lines, "latest.pt: actors[0].state: ")
+    assert words in lines[0], lines
+    assert snapshot(run_copy) == before
 
 
 def test_a_copy_checkpoint_that_fails_to_load_leaves_config_json(copy_run, tmp_path, capsys):

@@ -7,6 +7,7 @@ line and exit code 2 before it can run, and so is a file with garbled bytes.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -20,7 +21,9 @@ from r2ac.experiments import runner
 from r2ac.experiments.grids import RunSpec, Task, Variant
 from r2ac.rl.harness import train_cli
 from r2ac.rl.run.run_dir import RunDir
+from r2ac.rtrl.elstm.math import ELSTMSensitivity, ELSTMState
 from r2ac.runs import checkpoint
+from r2ac.runs.plain import to_numpy
 from r2ac.tasks import copy_cli
 
 from .conftest import error_lines, r2ac, r2ac_inline, subprocess_env, tiny_args
@@ -156,18 +159,32 @@ def test_truncated_and_foreign_files_are_refused(run_copy, tmp_path):
         RunDir(run_copy).load_checkpoint()
 
 
-def test_old_checkpoints_load_or_name_the_conversion(run_copy, capsys):
-    """A bare torch.save of data loads (no checksum); one with numpy/NamedTuples is refused
-    with the conversion command, after which it resumes."""
+def test_old_bare_checkpoints_load_through_the_converter(run_copy, capsys):
+    """A bare torch.save of data (the old agent.pt) loads; one of the objects older versions
+    pickled (numpy arrays, the core state's NamedTuple and sensitivity classes) is read with
+    stand-ins for the names it holds, never the classes, and resumes; `convert` rewrites it
+    in schema 2."""
     agent, latest = run_copy / "checkpoints" / "agent.pt", run_copy / "checkpoints" / "latest.pt"
     torch.save(checkpoint.load(agent), agent)  # the old format of agent.pt: a state_dict
     assert set(checkpoint.load(agent)["agent"]) == set(torch.load(agent)["agent"])
     payload = checkpoint.load(latest)
-    torch.save(payload, latest)  # the old format of latest.pt: numpy arrays, NamedTuples
-    with pytest.raises(checkpoint.CheckpointError, match=f"convert .*{latest}"):
-        RunDir(run_copy).load_checkpoint()
-    assert checkpoint.main(["convert", str(latest)]) == 0
-    assert latest.read_bytes().startswith(checkpoint.MAGIC)
+    older = copy.deepcopy(payload)
+    older["rng"]["numpy"] = to_numpy(older["rng"]["numpy"])
+    for actor in older["actors"]:
+        c, (fz, wb) = actor["state"]["c"], actor["state"]["sens"]
+        actor["state"] = ELSTMState(c, ELSTMSensitivity(fz, wb))
+        actor["env"] = to_numpy(actor["env"])
+    torch.save(older, latest)  # the old format of latest.pt: numpy arrays, NamedTuples
+    assert b"ELSTMSensitivity" in latest.read_bytes()
     again = RunDir(run_copy).load_checkpoint()
     assert again["counters"] == payload["counters"]
     assert json.dumps(again["config"]) == json.dumps(payload["config"])
+    for ours, theirs in zip(again["actors"], payload["actors"], strict=True):
+        assert ours["state"]["c"].equal(theirs["state"]["c"])
+        assert all(map(torch.equal, ours["state"]["sens"], theirs["state"]["sens"]))
+        assert ours["env"]["t"].equal(theirs["env"]["t"])
+    assert checkpoint.main(["convert", str(latest)]) == 0
+    assert latest.read_bytes().startswith(checkpoint.MAGIC)
+    assert checkpoint.load(latest)["counters"] == payload["counters"]
+    code, lines = r2ac_inline(capsys, "train", "--resume", str(run_copy))
+    assert code == 0 and (run_copy / "eval.json").is_file(), lines

@@ -1,10 +1,20 @@
-"""Atomic checkpoint writes survive a crash mid-write."""
+"""Checkpoint files: atomic writes survive a crash mid-write; the body is plain data under a
+versioned schema; core states round trip through their plain form; older bodies convert."""
 
+import hashlib
+import importlib
+import io
+
+import numpy as np
 import pytest
 import torch
+from torch.utils import _pytree as pytree
 
-from r2ac.rtrl import core_names, make_core
-from r2ac.runs import checkpoint
+from r2ac.flat import FlatTensors
+from r2ac.rtrl.elstm.math import ELSTMState
+from r2ac.rtrl.registry import core_names, make_core
+from r2ac.rtrl.state import plain_state, state_from_plain
+from r2ac.runs import checkpoint, older_checkpoints
 
 
 def test_round_trip(tmp_path):
@@ -69,66 +79,138 @@ def test_crash_after_the_bytes_are_written_keeps_previous_file(tmp_path, monkeyp
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
 
 
-def test_numpy_values_and_namedtuples_round_trip(tmp_path):
-    import numpy as np
-
-    from r2ac.rtrl.elstm.math import ELSTMState
-
-    state = ELSTMState(torch.ones(2, 3), None)
-    obj = {
-        "np": np.arange(5, dtype=np.uint32),
-        "scalar": np.float64(2.5),
-        "state": state,
-        "rng": ("MT19937", np.arange(3, dtype=np.uint32), 1, 0, 0.0),
-        3: [1, (2, 3)],
-    }
-    loaded = checkpoint.load(checkpoint.save_atomic(obj, tmp_path / "c.pt"))
-    assert loaded["np"].dtype == np.uint32 and loaded["np"].tolist() == [0, 1, 2, 3, 4]
-    assert isinstance(loaded["scalar"], np.float64) and loaded["scalar"] == 2.5
-    assert type(loaded["state"]) is ELSTMState and loaded["state"].sens is None
-    assert loaded["state"].c.equal(state.c)
-    assert loaded["rng"][0] == "MT19937" and loaded["rng"][1].tolist() == [0, 1, 2]
-    assert loaded[3] == [1, (2, 3)]
+def _body(path):
+    """The unpickled body of a checkpoint file (after its two header lines)."""
+    data = path.read_bytes()
+    start = data.index(b"\n", len(checkpoint.MAGIC)) + 1
+    return torch.load(io.BytesIO(data[start:]), weights_only=True)
 
 
-def test_only_project_namedtuples_are_rebuilt(tmp_path):
-    forged = {checkpoint.TAG: "namedtuple", "type": "os:system", "fields": ["true"]}
-    path = checkpoint.save_atomic({"x": forged}, tmp_path / "f.pt")
-    with pytest.raises(checkpoint.CheckpointError, match="refused type 'os:system'"):
-        checkpoint.load(path)
+def _write_body(raw, path):
+    """A checksummed file whose body is `raw` as it is (an older schema, or a forged one)."""
+    buffer = io.BytesIO()
+    torch.save(raw, buffer)
+    body = buffer.getvalue()
+    digest = hashlib.sha256(body).hexdigest()
+    path.write_bytes(checkpoint.MAGIC + f"sha256 {digest} {len(body)}\n".encode() + body)
+    return path
 
 
-def test_carried_sensitivities_round_trip_and_forged_buffers_are_refused(tmp_path):
-    """An RTRL state (its sensitivities are FlatTensors, not a NamedTuple) survives a
-    checkpoint; a tagged buffer naming any other class is refused."""
-    from r2ac.rtrl import ELSTM
-    from r2ac.rtrl.elstm.math import ELSTMSensitivity, ELSTMState
+def test_the_body_is_the_schema_and_the_plain_content(tmp_path):
+    obj = {"w": torch.ones(2), "n": [1, 2.5, None, "x", (True, 3)], 4: {"k": torch.zeros(1)}}
+    path = checkpoint.save_atomic(obj, tmp_path / "c.pt")
+    body = _body(path)
+    assert set(body) == {"schema", "content"} and body["schema"] == checkpoint.SCHEMA == 2
+    assert body["content"]["n"] == [1, 2.5, None, "x", (True, 3)]
+    loaded = checkpoint.load(path)
+    assert loaded["w"].equal(obj["w"]) and loaded[4]["k"].equal(obj[4]["k"])
 
-    layer = ELSTM(3, 4, "rtrl", dtype=torch.float64)
+
+@pytest.mark.parametrize(
+    "value,words",
+    [
+        (np.arange(3), "x is a ndarray"),
+        (np.float64(2.5), "x is a float64"),
+        (ELSTMState(torch.ones(1, 2), None), "x is a ELSTMState"),
+        (torch.Size([2]), "x is a Size"),
+        ({1.5: 2}, "x has a key of type float"),
+    ],
+)
+def test_only_plain_data_is_written(tmp_path, value, words):
+    path = checkpoint.save_atomic({"step": 1}, tmp_path / "c.pt")
+    before = path.read_bytes()
+    with pytest.raises(TypeError, match=words):
+        checkpoint.save_atomic({"x": value}, path)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+
+
+def test_a_body_that_is_not_plain_or_of_another_schema_is_refused(tmp_path):
+    path = tmp_path / "c.pt"
+    cases = [
+        ({"schema": 2, "content": {"x": torch.Size([2])}}, "x is a Size, not plain data"),
+        ({"schema": 3, "content": {}}, "schema 3: written by a newer r2ac"),
+        ({"schema": "2", "content": {}}, "unknown schema '2'"),
+        ({"schema": 2}, "no content"),
+    ]
+    for raw, words in cases:
+        _write_body(raw, path)
+        with pytest.raises(checkpoint.CheckpointError, match=words) as info:
+            checkpoint.load(path)
+        assert str(info.value).startswith(f"{path}: ") and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("core", core_names(include_memoryless=True))
+def test_every_core_state_round_trips_as_plain_data(tmp_path, core):
+    """A state after a segment, written by its owner as plain data (no type named) and read
+    back with the types of a fresh state of the same core: the same types, the same bits."""
+    layer = make_core(core, 3, 4, dtype=torch.float64)
     with torch.no_grad():
         _, state = layer(torch.randn(5, 2, 3, dtype=torch.float64), layer.initial_state(2))
-    loaded = checkpoint.load(checkpoint.save_atomic({"s": state}, tmp_path / "s.pt"))["s"]
-    assert type(loaded) is ELSTMState and type(loaded.sens) is ELSTMSensitivity
-    for ours, theirs in zip(loaded.sens.tensors(), state.sens.tensors(), strict=True):
-        assert ours.equal(theirs) and float(theirs.abs().sum()) > 0
-    forged = {checkpoint.TAG: "carried", "type": "r2ac.rtrl.elstm.math:ELSTMState", "fields": []}
-    path = checkpoint.save_atomic({"x": forged}, tmp_path / "f.pt")
-    with pytest.raises(checkpoint.CheckpointError, match="not a FlatTensors"):
-        checkpoint.load(path)
+    path = checkpoint.save_atomic({"s": plain_state(state)}, tmp_path / "s.pt")
+    saved = checkpoint.load(path)["s"]
+    rebuilt = state_from_plain(saved, layer.initial_state(2))
+    assert _types(rebuilt) == _types(state)
+    leaves, theirs = pytree.tree_leaves(rebuilt), pytree.tree_leaves(state)
+    assert len(leaves) == len(theirs)
+    for a, b in zip(leaves, theirs, strict=True):
+        assert (a is None and b is None) or (a.equal(b) and a.stride() == b.stride())
 
 
-@pytest.mark.parametrize("name", core_names(include_memoryless=True))
-def test_every_cores_state_round_trips(tmp_path, name):
-    """The state of every registered core, sensitivities included (a trainer's checkpoint
-    holds them), loads back as the same types and values: each state type is allowed."""
-    from torch.utils import _pytree as pytree
+def _types(state):
+    if isinstance(state, tuple):
+        return (type(state), *map(_types, state))
+    if isinstance(state, FlatTensors):
+        return type(state)
+    return type(state)
 
-    torch.manual_seed(0)
-    core = make_core(name, 3, 4, dtype=torch.float64)
-    with torch.no_grad():
-        _, state = core(torch.randn(5, 2, 3, dtype=torch.float64), core.initial_state(2))
-    loaded = checkpoint.load(checkpoint.save_atomic({"s": state}, tmp_path / "s.pt"))["s"]
-    assert type(loaded) is type(state)
-    want, got = pytree.tree_leaves(state), pytree.tree_leaves(loaded)
-    assert [t is None for t in got] == [t is None for t in want]
-    assert all(a is None or a.equal(b) for a, b in zip(got, want, strict=True))
+
+def test_a_name_where_a_state_is_expected_is_refused():
+    like = ELSTMState(torch.ones(1, 2), None)
+    forged = {"__r2ac_encoded__": "namedtuple", "type": "os:system", "fields": ["true"]}
+    with pytest.raises(ValueError, match=r"s: a dict of the keys \('__r2ac_encoded__'"):
+        state_from_plain(forged, like, "s")
+    with pytest.raises(ValueError, match=r"s: a str, expected a dict of the fields \(c, sens\)"):
+        state_from_plain("r2ac.rtrl.elstm.math:ELSTMState", like, "s")
+    with pytest.raises(ValueError, match="s.sens: a list, expected None"):
+        state_from_plain({"c": torch.ones(1, 2), "sens": [torch.ones(1)]}, like, "s")
+
+
+def test_schema_1_bodies_are_converted_through_the_fixed_table(tmp_path):
+    """A schema-1 body (tagged numpy values and NamedTuples) reads as today's plain data; a
+    type name outside the table is refused, and nothing is imported for it."""
+    tag = older_checkpoints.OLDER_TAG
+    c, fz, wb = torch.ones(2, 3), torch.zeros(2, 2, 3, 4), torch.ones(2, 4, 3)
+    sens = {tag: "carried", "type": "r2ac.rtrl.elstm_math:ELSTMSensitivity", "fields": [fz, wb]}
+    raw = {
+        "a": {tag: "ndarray", "data": torch.from_numpy(np.arange(3, dtype=np.uint32))},
+        "b": {tag: "npscalar", "data": torch.tensor(2.5, dtype=torch.float64)},
+        # ELSTMState by its module before the elstm package
+        "s": {tag: "namedtuple", "type": "r2ac.rtrl.elstm_math:ELSTMState", "fields": [c, sens]},
+    }
+    loaded = checkpoint.load(_write_body(raw, tmp_path / "old.pt"))
+    assert loaded["a"].tolist() == [0, 1, 2] and loaded["b"] == 2.5
+    assert set(loaded["s"]) == {"c", "sens"} and loaded["s"]["c"].equal(c)
+    assert [t.shape for t in loaded["s"]["sens"]] == [fz.shape, wb.shape]
+    for name in ("os:system", "r2ac.runs.locked_dir:platform.uname_result", 7):
+        forged = {"x": {tag: "namedtuple", "type": name, "fields": []}}
+        with pytest.raises(checkpoint.CheckpointError, match="refused type|malformed"):
+            checkpoint.load(_write_body(forged, tmp_path / "f.pt"))
+
+
+def test_the_table_of_older_names_has_the_fields_of_the_types_today():
+    """OLDER_TYPES holds names only (nothing is imported at load); each type still defined
+    where its name says has the fields the table gives (carried sensitivities and UpdateStats
+    are lists); the others are older names of these."""
+    current = 0
+    for name, fields in older_checkpoints.OLDER_TYPES.items():
+        module, _, qualname = name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), qualname)
+        except (ImportError, AttributeError):
+            continue  # a module's earlier name
+        if cls.__module__ != module:
+            continue  # re-exported by the package that replaced the module
+        current += 1
+        listed = issubclass(cls, FlatTensors) or qualname == "UpdateStats"
+        assert fields == (None if listed else cls._fields), name
+    assert current == 19

@@ -38,7 +38,8 @@ import torch
 from r2ac.envs.base import BatchedEnv
 from r2ac.rl.model.agent import Agent
 from r2ac.rl.model.distributions import action_dtype, zero_where
-from r2ac.rtrl.state import cat_streams, select_streams
+from r2ac.rtrl.state import cat_streams, plain_state, select_streams, state_from_plain
+from r2ac.runs.plain import from_numpy, to_numpy
 
 
 class Segment(NamedTuple):
@@ -265,10 +266,11 @@ class Actor:
             log.lengths += np.asarray(info["episode_length"])[ended].tolist()
 
     def get_state(self) -> dict[str, Any]:
-        """Everything needed to continue bit-identically (env state if the env supports it)."""
+        """Everything needed to continue bit-identically (env state if the env supports it),
+        as plain data: the core state a dict of its fields, the env's arrays tensors."""
         self.finish_carry()
         try:
-            env_state = self.env.get_state()
+            env_state = from_numpy(self.env.get_state())
         except (NotImplementedError, AttributeError):
             env_state = None
         return {
@@ -276,21 +278,24 @@ class Actor:
             "last_reward": self.last_reward.clone(),
             "last_action": self.last_action.clone(),
             "reset": self.reset.clone(),
-            "state": self.state,
+            "state": plain_state(self.state),
             "generator": self.generator.get_state(),
             "env": env_state,
         }
 
     def set_state(self, saved: dict[str, Any]) -> bool:
-        """Restore get_state(); returns False (episodes restart) if the env state is missing."""
+        """Restore get_state(); returns False (episodes restart) if the env state is missing.
+        The core state is rebuilt with the types of this actor's own (ValueError naming the
+        field that does not fit)."""
+        state = state_from_plain(saved["state"], self.state)
         self.generator.set_state(saved["generator"])
         self._pending = None
         if saved["env"] is None:
             return False
-        self.env.set_state(saved["env"])
+        self.env.set_state(to_numpy(saved["env"]))
         self.obs, self.last_reward = saved["obs"], saved["last_reward"]
         # checkpoints written before the previous action was tracked: an agent without
         # prev_action ignores it, so zeros continue such a run exactly
         self.last_action = saved.get("last_action", torch.zeros_like(self.last_action))
-        self.reset, self.state = saved["reset"], saved["state"]
+        self.reset, self.state = saved["reset"], state
         return True

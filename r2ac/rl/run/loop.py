@@ -27,6 +27,7 @@ import torch
 from r2ac.rl.config import TrainConfig
 from r2ac.rl.run.run_dir import RunDir
 from r2ac.rl.run.tracker import Tracker
+from r2ac.runs.plain import from_numpy, to_numpy
 from r2ac.runs.stop import StopRequest, TrainingInterrupted
 
 
@@ -36,16 +37,17 @@ class TrainingDiverged(RuntimeError):  # noqa: N818  (a stop of the run, like Ac
 
 
 def rng_state() -> dict:
+    """The global generators' states as plain data: numpy's key array as a tensor."""
     return {
         "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),  # noqa: NPY002
+        "numpy": from_numpy(np.random.get_state()),  # noqa: NPY002
         "python": random.getstate(),
     }
 
 
 def set_rng_state(saved: dict) -> None:
     torch.set_rng_state(saved["torch"])
-    np.random.set_state(saved["numpy"])  # noqa: NPY002
+    np.random.set_state(to_numpy(saved["numpy"]))  # noqa: NPY002
     random.setstate(saved["python"])
 
 

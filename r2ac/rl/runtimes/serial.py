@@ -26,6 +26,8 @@ from r2ac.rl.model.build import actor_seed, agent_for_env, make_actor_env
 from r2ac.rl.run.loop import set_rng_state
 from r2ac.rl.run.run_dir import RunDir
 from r2ac.rl.runtimes.base import Batch, Runtime, copy_weights
+from r2ac.rtrl.state import state_from_plain
+from r2ac.runs.values import ValueMismatch
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,15 @@ class SerialRuntime(Runtime):
 
     def runtime_state(self) -> dict:
         return {"actors": [a.get_state() for a in self.actors]}
+
+    def check_runtime_state(self, payload: dict) -> None:
+        """Besides the base's checks, each actor's core state has the fields of its own."""
+        super().check_runtime_state(payload)
+        for i, (saved, actor) in enumerate(zip(payload.get("actors", ()), self.actors)):
+            try:
+                state_from_plain(saved["state"], actor.state, f"actors[{i}].state")
+            except ValueError as exc:
+                raise ValueMismatch(str(exc)) from None
 
     def restore_runtime_state(self, payload: dict) -> None:
         set_rng_state(payload["rng"])

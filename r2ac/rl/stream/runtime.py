@@ -38,6 +38,7 @@ from r2ac.rl.stream import checkpoint as ckpt
 from r2ac.rl.stream.build import make_stream_agent, memory_estimate
 from r2ac.rl.stream.envs import agent_seeds, make_agent_envs, stream_env, tensor_form
 from r2ac.rl.stream.evaluate import evaluate_agents
+from r2ac.runs.plain import from_numpy, to_numpy
 from r2ac.runs.values import ValueMismatch, check_like
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,7 @@ class StreamRuntime(TrainingLoop):
 
     def _payload(self, tracker: Tracker) -> dict:
         try:
-            env_state = self.env.get_state()
+            env_state = from_numpy(self.env.get_state())  # plain data: its arrays as tensors
         except NotImplementedError:
             env_state = None
         return {
@@ -197,7 +198,7 @@ class StreamRuntime(TrainingLoop):
     def _set_env_state(self, state, source) -> None:
         """The envs' saved state, or one line naming the file when it does not fit them."""
         try:
-            self.env.set_state(state)
+            self.env.set_state(to_numpy(state))
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             detail = (str(exc).strip().splitlines() or [""])[0][:160]
             raise ConfigError(
