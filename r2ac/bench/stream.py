@@ -51,8 +51,12 @@ def _runtime(core: str, k: int, net: dict):
 
     sizes = {n: v for n, v in net.items() if n != "length" and v is not None}
     cfg = preset("stream").updated(
-        core=core, num_agents=k, env_options=(f"length={net['length']}",), progress=False,
-        total_frames=k * 10**12, **sizes,
+        core=core,
+        num_agents=k,
+        env_options=(f"length={net['length']}",),
+        progress=False,
+        total_frames=k * 10**12,
+        **sizes,
     )  # fmt: skip  (no end in sight: a compiled chunk stops only at log / checkpoint cadences)
     return StreamRuntime(cfg)
 
@@ -125,7 +129,7 @@ class _Subject:
 
     def time(self, steps: int, record: bool = True) -> None:
         for kind, fn in self.steps.items():
-            wall, cpu = _times(lambda: fn(steps), 1)
+            wall, cpu = _times(lambda fn=fn: fn(steps), 1)
             if record:
                 self.seconds[kind].append(wall)
                 if kind == "with_env":

@@ -1,7 +1,6 @@
 """Checkpoint files: atomic writes survive a crash mid-write; the body is plain data under a
 versioned schema; core states round trip through their plain form; older bodies convert."""
 
-import hashlib
 import importlib
 import io
 
@@ -15,6 +14,7 @@ from r2ac.rtrl.elstm.math import ELSTMState
 from r2ac.rtrl.registry import core_names, make_core
 from r2ac.rtrl.state import plain_state, state_from_plain
 from r2ac.runs import checkpoint, older_checkpoints
+from tests.reliability.conftest import write_body
 
 
 def test_round_trip(tmp_path):
@@ -86,16 +86,6 @@ def _body(path):
     return torch.load(io.BytesIO(data[start:]), weights_only=True)
 
 
-def _write_body(raw, path):
-    """A checksummed file whose body is `raw` as it is (an older schema, or a forged one)."""
-    buffer = io.BytesIO()
-    torch.save(raw, buffer)
-    body = buffer.getvalue()
-    digest = hashlib.sha256(body).hexdigest()
-    path.write_bytes(checkpoint.MAGIC + f"sha256 {digest} {len(body)}\n".encode() + body)
-    return path
-
-
 def test_the_body_is_the_schema_and_the_plain_content(tmp_path):
     obj = {"w": torch.ones(2), "n": [1, 2.5, None, "x", (True, 3)], 4: {"k": torch.zeros(1)}}
     path = checkpoint.save_atomic(obj, tmp_path / "c.pt")
@@ -133,7 +123,7 @@ def test_a_body_that_is_not_plain_or_of_another_schema_is_refused(tmp_path):
         ({"schema": 2}, "no content"),
     ]
     for raw, words in cases:
-        _write_body(raw, path)
+        write_body(raw, path)
         with pytest.raises(checkpoint.CheckpointError, match=words) as info:
             checkpoint.load(path)
         assert str(info.value).startswith(f"{path}: ") and "\n" not in str(info.value)
@@ -187,14 +177,14 @@ def test_schema_1_bodies_are_converted_through_the_fixed_table(tmp_path):
         # ELSTMState by its module before the elstm package
         "s": {tag: "namedtuple", "type": "r2ac.rtrl.elstm_math:ELSTMState", "fields": [c, sens]},
     }
-    loaded = checkpoint.load(_write_body(raw, tmp_path / "old.pt"))
+    loaded = checkpoint.load(write_body(raw, tmp_path / "old.pt"))
     assert loaded["a"].tolist() == [0, 1, 2] and loaded["b"] == 2.5
     assert set(loaded["s"]) == {"c", "sens"} and loaded["s"]["c"].equal(c)
     assert [t.shape for t in loaded["s"]["sens"]] == [fz.shape, wb.shape]
     for name in ("os:system", "r2ac.runs.locked_dir:platform.uname_result", 7):
         forged = {"x": {tag: "namedtuple", "type": name, "fields": []}}
         with pytest.raises(checkpoint.CheckpointError, match="refused type|malformed"):
-            checkpoint.load(_write_body(forged, tmp_path / "f.pt"))
+            checkpoint.load(write_body(forged, tmp_path / "f.pt"))
 
 
 def test_the_table_of_older_names_has_the_fields_of_the_types_today():

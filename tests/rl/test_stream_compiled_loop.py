@@ -21,7 +21,6 @@ from r2ac.envs.tensor_builtin import TensorBuiltinEnv
 from r2ac.rl.stream.ac import StreamAC, StreamSettings
 from r2ac.rl.stream.compiled import FusedStreamAC
 from r2ac.rl.stream.compiled_loop import FusedStreamLoop
-from r2ac.rl.stream.compiled_spec import state_of
 from r2ac.rl.stream.envs import PreviousActionInput, tensor_form
 from r2ac.rl.stream.runtime import chunk_length
 from r2ac.rtrl.stacked import make_stacked_core

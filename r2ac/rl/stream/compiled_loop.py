@@ -100,6 +100,17 @@ def _uncarry(carried, first: tuple[int, ...], treedef):
     return tree_unflatten([carried[slot[j]] for j in first], treedef)
 
 
+def env_and_agents(spec: StepSpec, params: tb._Task, st, pend, action, env_state):
+    """The envs take the actions, then the agents learn and act: (the env's TensorStep,
+    (state, pending, next action, StepInfo))."""
+    out = tb.step(params, env_state, action)
+    f64 = torch.float64
+    return out, step(
+        spec, st, pend, out.reward.to(f64), out.obs.to(f64), out.final_obs.to(f64),
+        out.terminated, out.truncated,
+    )  # fmt: skip
+
+
 def run_chunk(spec: StepSpec, params: tb._Task, nmax: int, aliases, n: torch.Tensor, st, env_state):
     """n (a () int64 tensor, 1 <= n <= nmax) steps of the K agents on their envs: (state,
     env_state, metric sums (5,) float64, episode returns (nmax, K) float64 with NaN where no
@@ -120,12 +131,7 @@ def run_chunk(spec: StepSpec, params: tb._Task, nmax: int, aliases, n: torch.Ten
 
     def body(i, *carried):
         st, pend, action, env_state, returns, lengths, sums = _uncarry(carried, first, treedef)
-        out = tb.step(params, env_state, action)
-        f64 = torch.float64
-        st, pend, action, info = step(
-            spec, st, pend, out.reward.to(f64), out.obs.to(f64), out.final_obs.to(f64),
-            out.terminated, out.truncated,
-        )  # fmt: skip
+        out, (st, pend, action, info) = env_and_agents(spec, params, st, pend, action, env_state)
         row = i.view(1)
         returns = returns.index_copy(0, row, out.episode_return.view(1, k))
         lengths = lengths.index_copy(0, row, out.episode_length.view(1, k))
@@ -140,19 +146,13 @@ def run_chunk(spec: StepSpec, params: tb._Task, nmax: int, aliases, n: torch.Ten
 
 def chunk_aliases(spec: StepSpec, params: tb._Task, st, env_state):
     """(`first_of` the loop's carried leaves, per leaf whether the loop must copy a step's
-    output),
-    from one eager act and step (the step ends with the same act, so its leaves repeat the
-    same way; checked)."""
+    output), from one eager act and step (the step ends with the same act, so its leaves
+    repeat the same way; checked)."""
     action, pend = act(spec, st)
     logs = [torch.zeros(0) for _ in range(3)]  # stand-ins for the logs and sums
     leaves = tree_flatten((st, pend, action, env_state, *logs))[0]
     first = first_of(leaves)
-    out = tb.step(params, env_state, action)
-    f64 = torch.float64
-    st, pend, action, _ = step(
-        spec, st, pend, out.reward.to(f64), out.obs.to(f64), out.final_obs.to(f64),
-        out.terminated, out.truncated,
-    )  # fmt: skip
+    out, (st, pend, action, _) = env_and_agents(spec, params, st, pend, action, env_state)
     outs = tree_flatten((st, pend, action, out.state, *logs))[0]
     if first_of(outs) != first:
         raise RuntimeError("compiled stream loop: a step's outputs repeat unlike act's")

@@ -308,6 +308,23 @@ def _clamp_phase(spec: StepSpec, params: torch.Tensor) -> torch.Tensor:
     return torch.cat([params[:, :, :lo], mid, params[:, :, hi:]], 2)
 
 
+def obgd(spec: StepSpec, params, traces, g, delta, done):
+    """Traces and ObGD (StreamAC._update), each network with its own kappa: (params, traces,
+    step sizes (2, K))."""
+    z = torch.add(g, traces, alpha=spec.discount * spec.trace_lambda)
+    delta_bar = delta.abs().clamp(min=1.0)
+    l1 = z.abs().sum(2)  # (2, K)
+    # each network's lr kappa as a Python number (no tensor constant: inductor's C++ loop
+    # does not declare constants inside a while_loop's body)
+    lr_kappa = (spec.lr * spec.kappa_actor, spec.lr * spec.kappa_critic)
+    bound = torch.stack([lr_kappa[i] * delta_bar * l1[i] for i in range(2)])  # (2, K)
+    step_size = spec.lr / bound.clamp(min=1.0)  # (2, K)
+    params = torch.addcmul(params, (step_size * delta).unsqueeze(2), z)
+    params = _clamp_phase(spec, params)
+    z = torch.where(done.view(1, spec.k, 1), torch.zeros_like(z), z)  # traces reset at an end
+    return params, z, step_size
+
+
 def learn(
     spec: StepSpec, st: StepState, pend: Pending, reward, obs, final_obs, terminated, truncated
 ) -> tuple[StepState, StepInfo]:
@@ -348,19 +365,7 @@ def learn(
         for i, (w, b) in enumerate(zip(gw, gb, strict=True)):
             named[f"{prefix}{i}.w"], named[f"{prefix}{i}.b"] = w, b
     g = flat_grads(spec, named, (g_head_a, g_head_c))  # (2, K, P)
-    # traces and ObGD (StreamAC._update), each network with its own kappa
-    z = torch.add(g, st.traces, alpha=spec.discount * spec.trace_lambda)
-    delta_bar = delta.abs().clamp(min=1.0)
-    l1 = z.abs().sum(2)  # (2, K)
-    # each network's lr kappa as a Python number (no tensor constant: inductor's C++ loop
-    # does not declare constants inside a while_loop's body)
-    bound = torch.stack(
-        [spec.lr * spec.kappa_actor * delta_bar * l1[0], spec.lr * spec.kappa_critic * delta_bar * l1[1]]
-    )  # (2, K)
-    step_size = spec.lr / bound.clamp(min=1.0)  # (2, K)
-    params = torch.addcmul(st.params, (step_size * delta).unsqueeze(2), z)
-    params = _clamp_phase(spec, params)
-    z = torch.where(done.view(1, k, 1), torch.zeros_like(z), z)  # traces reset at an end
+    params, z, step_size = obgd(spec, st.params, st.traces, g, delta, done)
     new = StepState(
         params, z, pend.core, count, mean, p, r_count, r_mean, r_p, ret,
         x_next, done, st.steps + 1, st.seeds,
