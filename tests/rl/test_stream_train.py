@@ -192,7 +192,7 @@ def test_options_of_another_algorithm_are_refused_in_the_config_too():
         parse_config(["impala", "--preset", "stream"])
 
 
-def test_short_run_end_to_end(tmp_path, capsys):
+def test_short_run_end_to_end(tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     code = _train(["--preset", "stream", "--env-options", "length=4", "--hidden-size", "8",
                    "--stream-mlp", "8", "--num-agents", "2", "--total-frames", "60",
@@ -220,6 +220,16 @@ def test_short_run_end_to_end(tmp_path, capsys):
     assert [a["set_means"] for a in redone["agents"]] == [a["set_means"] for a in result["agents"]]
     assert eval_main([str(out), "--out", str(again), "--seed", "7", "--sets", "2"]) == 0
     assert [a["seed"] for a in json.loads(again.read_text())["agents"]] == [7, 8]
+    # a run of the compiled step: its frozen agents play eagerly, nothing is compiled
+    from r2ac.rl.stream.runtime import StreamRuntime
+
+    saved = json.loads((out / "config.json").read_text())
+    saved["config"]["stream"]["compile_step"] = True
+    (out / "config.json").write_text(json.dumps(saved))
+    monkeypatch.setattr(StreamRuntime, "_compile", lambda self: pytest.fail("compiled for eval"))
+    assert eval_main([str(out), "--out", str(again)]) == 0
+    redone = json.loads(again.read_text())
+    assert [a["set_means"] for a in redone["agents"]] == [a["set_means"] for a in result["agents"]]
 
 
 def test_qrc_metrics_reach_the_csv(tmp_path, capsys):

@@ -219,7 +219,7 @@ class StreamRuntime(TrainingLoop):
         if seed is not None:
             cfg = cfg.updated(seed=seed)
         payload = run.load_checkpoint()  # the file is checked before the envs are built
-        runtime = cls(cfg)
+        runtime = cls(cfg.updated(compile_step=False))  # frozen agents play eagerly
         try:
             runtime.restore(payload, run.checkpoint_path)
             return runtime.evaluate(sets, episodes, greedy)
