@@ -7,15 +7,15 @@ env's (r2ac/envs/tensor_builtin.py) run together in one `while_loop` (torch's hi
 loop, which inductor compiles into a C++ loop around the step's kernels: ~3 us a step of
 overhead instead of ~100), n steps per call, n a tensor so that one graph serves any length:
 
-    action, pending = act(state)                 # the chunk's first action
     repeat n times:
+        action, pending = act(state)
         env_state, obs, reward, ... = env.step(env_state, action)
-        state, pending, action, info = step(state, pending, reward, obs, ...)  # learn, act
+        state, info = learn(state, pending, reward, obs, ...)
         the step's ended episodes into row i of (N, K) logs; the info's means summed
 
-A chunk begins from the state alone (StepState: weights, traces, core states, normalisers,
-the current observation) and the env's state: the last step's act is repeated by the next
-chunk's first act (one act in n extra), so nothing of a step's intermediates crosses a call.
+The loop carries the state alone (StepState: weights, traces, core states, normalisers, the
+current observation), the env's state and the logs: what act keeps for learn lives inside
+one step, where the compiler fuses it away instead of allocating buffers for it each step.
 The same chunk boundaries give the same bits: the runtime sets them by the update counter
 (log, checkpoint and end cadences), so a resumed run computes what the uninterrupted one did.
 
@@ -38,7 +38,7 @@ from r2ac.envs import tensor_builtin as tb
 from r2ac.rl.learning.actor import EpisodeLog
 from r2ac.rl.stream.ac import StreamAC
 from r2ac.rl.stream.compiled import compile_options, skip_guards
-from r2ac.rl.stream.compiled_math import act, step
+from r2ac.rl.stream.compiled_math import act, learn
 from r2ac.rl.stream.compiled_spec import StepSpec, StepState, spec_of, state_of, sync_to
 
 # steps per call at most: the (N, K) episode logs' rows; the call overhead (~60-100 us)
@@ -100,62 +100,61 @@ def _uncarry(carried, first: tuple[int, ...], treedef):
     return tree_unflatten([carried[slot[j]] for j in first], treedef)
 
 
-def env_and_agents(spec: StepSpec, params: tb._Task, st, pend, action, env_state):
-    """The envs take the actions, then the agents learn and act: (the env's TensorStep,
-    (state, pending, next action, StepInfo))."""
+def one_step(spec: StepSpec, params: tb._Task, st, env_state):
+    """The agents act, the envs take the actions, the agents learn: (state, env's TensorStep,
+    StepInfo). What act keeps for learn stays inside the step (no buffer of its own)."""
+    action, pend = act(spec, st)
     out = tb.step(params, env_state, action)
     f64 = torch.float64
-    return out, step(
+    st, info = learn(
         spec, st, pend, out.reward.to(f64), out.obs.to(f64), out.final_obs.to(f64),
         out.terminated, out.truncated,
     )  # fmt: skip
+    return st, out, info
 
 
 def run_chunk(spec: StepSpec, params: tb._Task, nmax: int, aliases, n: torch.Tensor, st, env_state):
     """n (a () int64 tensor, 1 <= n <= nmax) steps of the K agents on their envs: (state,
     env_state, metric sums (5,) float64, episode returns (nmax, K) float64 with NaN where no
     episode ended, episode lengths (nmax, K) int64). Pure: nothing given is changed.
-    aliases: (`first_of` the carried leaves, which of a step's outputs are its inputs), from
+    aliases: (`first_of` the carried leaves, which of a step's outputs the loop copies), from
     `chunk_aliases`."""
-    first, passed = aliases
     k = spec.k
-    action, pend = act(spec, st)
+    first, copied = aliases
     returns = torch.full((nmax, k), math.nan, dtype=torch.float64)
     lengths = torch.zeros((nmax, k), dtype=torch.int64)
     sums = torch.zeros(5, dtype=torch.float64)
-    tree = (st, pend, action, env_state, returns, lengths, sums)
+    tree = (st, env_state, returns, lengths, sums)
     treedef = tree_flatten(tree)[1]
 
     def cond(i, *carried):
         return i < n
 
     def body(i, *carried):
-        st, pend, action, env_state, returns, lengths, sums = _uncarry(carried, first, treedef)
-        out, (st, pend, action, info) = env_and_agents(spec, params, st, pend, action, env_state)
+        st, env_state, returns, lengths, sums = _uncarry(carried, first, treedef)
+        st, out, info = one_step(spec, params, st, env_state)
         row = i.view(1)
         returns = returns.index_copy(0, row, out.episode_return.view(1, k))
         lengths = lengths.index_copy(0, row, out.episode_length.view(1, k))
-        new = (st, pend, action, out.state, returns, lengths, sums + _step_means(info))
-        return (i + 1, *_carry(new, first, passed))
+        new = (st, out.state, returns, lengths, sums + _step_means(info))
+        return (i + 1, *_carry(new, first, copied))
 
     start = torch.zeros((), dtype=torch.int64)
     _, *carried = while_loop(cond, body, (start, *_carry(tree, first)))
-    st, _, _, env_state, returns, lengths, sums = _uncarry(carried, first, treedef)
+    st, env_state, returns, lengths, sums = _uncarry(carried, first, treedef)
     return st, env_state, sums, returns, lengths
 
 
 def chunk_aliases(spec: StepSpec, params: tb._Task, st, env_state):
     """(`first_of` the loop's carried leaves, per leaf whether the loop must copy a step's
-    output), from one eager act and step (the step ends with the same act, so its leaves
-    repeat the same way; checked)."""
-    action, pend = act(spec, st)
+    output), from one eager step (the step's outputs repeat the same way; checked)."""
     logs = [torch.zeros(0) for _ in range(3)]  # stand-ins for the logs and sums
-    leaves = tree_flatten((st, pend, action, env_state, *logs))[0]
+    leaves = tree_flatten((st, env_state, *logs))[0]
     first = first_of(leaves)
-    out, (st, pend, action, _) = env_and_agents(spec, params, st, pend, action, env_state)
-    outs = tree_flatten((st, pend, action, out.state, *logs))[0]
+    st, out, _ = one_step(spec, params, st, env_state)
+    outs = tree_flatten((st, out.state, *logs))[0]
     if first_of(outs) != first:
-        raise RuntimeError("compiled stream loop: a step's outputs repeat unlike act's")
+        raise RuntimeError("compiled stream loop: a step's outputs repeat unlike its inputs")
     # copied: an output that shares memory with an input (passed on, or a view of one) or
     # with an earlier output other than itself (a view of it)
     given = {t.untyped_storage().data_ptr() for t in leaves}
