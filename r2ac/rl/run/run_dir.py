@@ -93,6 +93,7 @@ TRAINING_CHECKPOINT = {
         "returns": Opt(ListOf(NUMBER)),
         "lengths": Opt(ListOf(NUMBER)),
         "elapsed": Opt(NUMBER),
+        "lags": Opt(ListOf(NUMBER)),
     },
     "config": Opt(dict),
     "runtime": Opt(str),

@@ -70,7 +70,9 @@ class Tracker:
         self._elapsed0 = saved.get("elapsed", 0.0)
         self._t0 = time.perf_counter()
         self._last = (self.frames, self._t0)
-        self._lags: list[float] = []
+        # the policy lags since the last row (checkpointed: a resumed run's next row is the
+        # uninterrupted run's)
+        self._lags: list[float] = list(saved.get("lags", []))
         self.log = None
         if run is not None:
             resumed = (self.update, self.frames) if saved else (None, None)
@@ -155,6 +157,7 @@ class Tracker:
             "returns": list(self.returns),
             "lengths": list(self.lengths),
             "elapsed": self.elapsed,
+            "lags": list(self._lags),
         }
 
     def summary(self) -> str:

@@ -236,7 +236,7 @@ class Runtime(TrainingLoop):
                 )
         if "episodes" in counters:
             check_count(counters["episodes"], "counters.episodes", 0)
-        for key in ("returns", "lengths"):
+        for key in ("returns", "lengths", "lags"):
             for i, value in enumerate(counters.get(key, ())):
                 check_like(value, 0.0, f"counters.{key}[{i}]")
         if "elapsed" in counters:

@@ -14,6 +14,8 @@ the RTU's and LRU's d s / d W1 as (K, U, D, 2) pairs rather than (K, 2, U, D) pl
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from r2ac.rl.config import TrainConfig
@@ -113,6 +115,9 @@ def check_counters(counters: dict, steps, cfg: TrainConfig, k: int) -> None:
             )
     if "episodes" in counters:
         check_count(counters["episodes"], "counters.episodes", 0)
+    for i, lag in enumerate(counters.get("lags", ())):
+        if not isinstance(lag, (int, float)) or not math.isfinite(lag):
+            raise ValueMismatch(f"counters.lags[{i}]: {lag!r}, expected a finite number")
     if "elapsed" in counters:
         elapsed = counters["elapsed"]
         if not isinstance(elapsed, (int, float)) or not elapsed >= 0:
