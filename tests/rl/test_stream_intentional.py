@@ -146,6 +146,17 @@ def test_td_errors_are_clipped_at_twenty_running_rms():
     assert abs((params @ x[0, 0]).item() - 0.5 * cap) < 1e-9
 
 
+def test_a_vanishing_gradient_does_not_blow_the_step_up():
+    """sigma^ is floored at 1 (a unit gradient's): a saturated policy's gradient (1e-20) moves
+    theta by at most eta |delta| in D's norm, where sigma^ = g.D^-1 g would move it by 1e10x."""
+    params, opt = _linear((0.5,), (False,))
+    g = torch.tensor([[[1e-20, -3e-20, 2e-20]]], dtype=F64)
+    opt.step(g, torch.tensor([0.8], dtype=F64))
+    scale = opt._scale[0, 0]
+    d_norm = (params[0, 0] * scale * params[0, 0]).sum().sqrt().item()
+    assert 0 < d_norm <= 0.5 * 0.8 * (1 + 1e-9)
+
+
 def small(**kw):
     from r2ac.rl.presets import preset
 

@@ -7,7 +7,7 @@ d the decay gamma lambda:
 
     v <- b2 v + (1 - b2) g^2;   D = sqrt(v / (1 - b2^t)) + 1e-8     (diagonal RMSProp scale)
     z <- d z + g
-    sigma <- sigma + (1 - d) (g.D^-1 g - sigma);   sigma^ = sigma / (1 - d^t)
+    sigma <- sigma + (1 - d) (g.D^-1 g - sigma);   sigma^ = max(sigma / (1 - d^t), 1)
     step = lr eta / max(sqrt(sigma^ z.D^-1 z), 1e-8)
     theta <- theta + step delta_n D^-1 z
 
@@ -16,7 +16,10 @@ cap C sqrt(e / (1 - bc^t))); the actor's (`normalise`) is also divided by the ru
 its magnitude. The intent: with d = 0 and a model linear in theta, sigma^ = g.D^-1 g at t = 1
 and the output moves by exactly lr eta delta_n (NLMS); with traces, sigma^ is the running mean
 of g.D^-1 g that the trace's norm is measured against. The traces, v, sigma and the two delta
-statistics are the optimiser's state.
+statistics are the optimiser's state. sigma^'s floor of 1 is ours, not the paper's: a
+saturated softmax policy's gradient (1e-35 in float32) took sigma^ to 1e-5 and the step to
+1e6, and the weights to inf, within 3 k steps of MemoryChain; floored, an update moves theta
+by at most eta |delta_n| in D's norm.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ BETA2 = 0.999  # the RMSProp scale's decay
 CLIP_MULT, BETA_CLIP = 20.0, 0.9998  # delta's clip: C running RMS, the RMS's decay
 BETA_NORM = 0.9998  # the decay of the actor's running mean |delta|
 EPS = 1e-8
+SIGMA_FLOOR = 1.0  # ours: sigma^'s floor, a unit gradient's (the critic's output bias has one)
 
 
 def intentional_step_size(sigma_hat, trace, scale, lr: float, eta: float):
@@ -81,7 +85,7 @@ class Intentional:
         torch.add(grads, z, alpha=d, out=z)
         z_norm = torch.mul(z, z, out=self._scratch).div_(scale).sum(2)
         self.sigma.add_(g_norm - self.sigma, alpha=1 - d)
-        sigma_hat = self.sigma / (1 - d**t)
+        sigma_hat = (self.sigma / (1 - d**t)).clamp_(min=SIGMA_FLOOR)
         step = self._lr_eta / (sigma_hat * z_norm).sqrt_().clamp_(min=EPS)
         deltas = self.deltas(delta)
         if not frozen:
