@@ -244,7 +244,7 @@ class StreamConfig:
     """The streaming agents (`r2ac train stream-ac | stream-q`; r2ac/rl/stream/,
     docs/rules/stream.md): K independent agents in lockstep, each on its own env stream, an
     update every step (batch 1, no replay) with eligibility traces; --learning-rate is ObGD's
-    alpha (stream-ac) or Q's SGD step (stream-q)."""
+    alpha or the factor of intentional updates' etas (stream-ac), or Q's SGD step (stream-q)."""
 
     num_agents: int = 1
     """K agents advanced as one batched computation, sharing nothing; agent k uses seed + k.
