@@ -244,7 +244,7 @@ class StreamConfig:
     """The streaming agents (`r2ac train stream-ac | stream-q`; r2ac/rl/stream/,
     docs/rules/stream.md): K independent agents in lockstep, each on its own env stream, an
     update every step (batch 1, no replay) with eligibility traces; --learning-rate is ObGD's
-    alpha (stream-ac) or Q's SGD step (stream-q)."""
+    alpha or the factor of intentional updates' etas (stream-ac), or Q's SGD step (stream-q)."""
 
     num_agents: int = 1
     """K agents advanced as one batched computation, sharing nothing; agent k uses seed + k.
@@ -255,6 +255,15 @@ class StreamConfig:
     """stream-ac: ObGD's kappa of the actor."""
     kappa_critic: float = 2.0
     """stream-ac: ObGD's kappa of the critic."""
+    stream_optimizer: Literal["obgd", "intentional"] = "obgd"
+    """stream-ac: the update rule: obgd (Elsayed et al. 2024's bound on the step, --kappa-*) or
+    intentional (Sharifnassab et al. 2026's step solved for an intended change, --eta-*;
+    docs/rules/intentional.md); --learning-rate multiplies either's step."""
+    eta_actor: float = 0.05
+    """stream-ac --stream-optimizer intentional: the actor's intended step (local KL scale)."""
+    eta_critic: float = 0.5
+    """stream-ac --stream-optimizer intentional: the fraction of the TD error the critic's
+    update intends to remove."""
     stream_mlp: tuple[int, ...] = (128, 128)
     """Widths of the layers (LayerNorm, leaky ReLU) below each network's core (their gradient
     is this step's only; `--stream-mlp` with no width: the core reads the observation)."""
@@ -610,7 +619,8 @@ RUN_OPTIONS = (
 _STREAM_MODEL = ("core", "hidden_size", "forget_bias", "prev_action", "stream_mlp",
                  "stream_top_mlp", "num_agents", "trace_lambda", "learning_rate", "discount")  # fmt: skip
 STREAM_OPTIONS = {
-    "stream-ac": (*_STREAM_MODEL, "kappa_actor", "kappa_critic", "entropy_cost", "compile_step"),
+    "stream-ac": (*_STREAM_MODEL, "kappa_actor", "kappa_critic", "entropy_cost", "compile_step",
+                  "stream_optimizer", "eta_actor", "eta_critic"),
     "stream-q": (*_STREAM_MODEL, "h_learning_rate", "qrc_beta", "epsilon_start", "epsilon_end",
                  "epsilon_fraction"),
 }  # fmt: skip
@@ -660,6 +670,31 @@ def check_stream_config(cfg: TrainConfig) -> None:
         )
     _check_stream_core(cfg)
     _check_numbers(cfg)
+    if cfg.loss.algorithm == "stream-ac":
+        _check_ac_optimizer(cfg)
+
+
+def _check_ac_optimizer(cfg: TrainConfig) -> None:
+    """The other rule's settings at their defaults; intentional's etas > 0, gamma lambda < 1,
+    the eager step."""
+    s, base = cfg.stream, StreamConfig()
+    other = ("eta_actor", "eta_critic") if s.stream_optimizer == "obgd" else (
+        "kappa_actor", "kappa_critic")  # fmt: skip
+    unread = [f"--{n.replace('_', '-')}" for n in other if getattr(s, n) != getattr(base, n)]
+    if unread:
+        raise ConfigError(f"{', '.join(unread)}: not read by --stream-optimizer "
+                          f"{s.stream_optimizer}")  # fmt: skip
+    if s.stream_optimizer != "intentional":
+        return
+    bad = [f"{n}={v}" for n, v in (("eta_actor", s.eta_actor), ("eta_critic", s.eta_critic))
+           if not (math.isfinite(v) and v > 0)]  # fmt: skip
+    if bad:
+        raise ConfigError(f"out of range: {', '.join(bad)} (etas finite and > 0)")
+    if not cfg.loss.discount * s.trace_lambda < 1:
+        raise ConfigError("--stream-optimizer intentional needs discount x trace_lambda < 1")
+    if s.compile_step:
+        raise ConfigError("--compile-step: the compiled step has ObGD only "
+                          "(give --no-compile-step with --stream-optimizer intentional)")  # fmt: skip
 
 
 def check_batched_config(cfg: TrainConfig) -> None:

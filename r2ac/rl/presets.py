@@ -162,6 +162,28 @@ PRESETS: dict[str, TrainConfig] = {
         log_every=1_000,
         num_threads=1,
     ),
+    # Stream AC(lambda) with intentional updates (r2ac/rl/stream/intentional.py,
+    # docs/rules/intentional.md) in place of ObGD, the etas of Sharifnassab et al. 2026's
+    # public code (0.05 actor, 0.5 critic; lambda 0.8, gamma 0.99, entropy 0.01 as `stream`).
+    "stream-intentional": TrainConfig.make(
+        env="builtin/memory-chain",
+        env_options=("length=32",),
+        core="rtu-rtrl",
+        hidden_size=64,
+        algorithm="stream-ac",
+        stream_optimizer="intentional",
+        eta_actor=0.05,
+        eta_critic=0.5,
+        learning_rate=1.0,
+        discount=0.99,
+        entropy_cost=0.01,
+        last_reward=False,
+        prev_action=False,
+        total_frames=300_000,
+        checkpoint_every=50_000,
+        log_every=1_000,
+        num_threads=1,
+    ),
     # QRC(lambda) (r2ac/rl/stream/qrc.py, docs/rules/stream.md): the value-based
     # streaming agent Farr et al. 2026 ran on MemoryChain, with their values (their repo
     # recurrent-streaming-rl: config/algorithm/qrc.yaml, config/hyperparameters/qrc/gymnax/
@@ -267,6 +289,7 @@ FAMILY_VALUES: dict[str, dict[str, dict[str, Any]]] = {
     # The eLSTM's forget bias as in the delayed-cue preset: at the default 1 it forgets within
     # a few steps and stays at chance on MemoryChain 32; at 4.5 it solves it (docs/results.md).
     "stream": {"elstm": {"forget_bias": 4.5}},
+    "stream-intentional": {"elstm": {"forget_bias": 4.5}},
 }
 
 

@@ -73,7 +73,7 @@ ENDS = {3: "terminal", 7: "truncated", 11: "terminal"}
 
 def run_stream(
     core: str, space: ActionSpace, steps: int = 14, lr: float = 0.0, seed: int = 3,
-    mlp: tuple[int, ...] = (5, 6), top: tuple[int, ...] = (),
+    mlp: tuple[int, ...] = (5, 6), top: tuple[int, ...] = (), **settings,
 ):  # fmt: skip
     """Drive one float64 agent over the scripted stream; per step what the reference needs."""
     env = ScriptedEnv(space, ENDS, seed)
@@ -81,7 +81,7 @@ def run_stream(
     def make(k, d):
         return make_stacked_core(core, k, d, 4, F64)
 
-    settings = StreamSettings(lr=lr, entropy_cost=0.05)
+    settings = StreamSettings(lr=lr, entropy_cost=0.05, **settings)
     agent = StreamAC(make, space, 3, [seed], settings, mlp=mlp, dtype=F64, top=top)
     agent.observe_first(env.reset())
     record = []

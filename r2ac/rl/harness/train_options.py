@@ -24,7 +24,7 @@ from r2ac.rl.config import FLAT_FIELDS, GROUPS, TrainConfig, algorithm_options, 
 SUBCOMMANDS = {
     "impala": "R2AC: IMPALA with V-trace, its recurrent core trained by exact RTRL or truncated BPTT",
     "ppo": "PPO-clip on the same agent and runtimes (the core by exact RTRL or truncated BPTT)",
-    "stream-ac": "stream AC(lambda): K agents in lockstep, an update every step, ObGD (r2ac/rl/stream)",
+    "stream-ac": "stream AC(lambda): K agents in lockstep, an update every step, ObGD or intentional (r2ac/rl/stream)",
     "stream-q": "QRC(lambda): K value-based agents in lockstep, an update every step (r2ac/rl/stream)",
 }
 # `r2ac train`'s own options beside the config's

@@ -7,6 +7,7 @@ pair_agent.py   what stream AC and QRC share: two networks as one 2K-row body, n
 ac.py           stream AC(lambda) (Elsayed et al. 2024)
 qrc.py          QRC(lambda) (Farr et al. 2026's value-based agent)
 obgd.py         ObGD, the step-size-bounded optimiser
+intentional.py  intentional updates, stream AC's other rule (docs/rules/intentional.md)
 nets.py         flat parameter layout, sparse init, stacked networks, forward passes and VJPs
 sampling.py     actions from counter-hash uniforms
 envs.py         the agents' env streams, the previous-action input

@@ -10,7 +10,8 @@ Per agent and step t (s_t the normalised observation, r_t the scaled reward):
               (the final one of the episode when it was truncated; no bootstrap on terminal)
     z_v  <- gamma lambda z_v  + grad V(s_t)
     z_pi <- gamma lambda z_pi + grad [log pi(a_t | s_t) + c_H sign(delta_t) H(pi(. | s_t))]
-    ObGD (r2ac/rl/stream/obgd.py), each network with its own kappa
+    ObGD (r2ac/rl/stream/obgd.py), each network with its own kappa; or intentional updates
+    (r2ac/rl/stream/intentional.py, docs/rules/intentional.md), each with its own eta
     at an episode's end (terminated or truncated): traces, core states and the discounted
     return of the reward scaling reset.
 
@@ -34,10 +35,12 @@ from r2ac.counter_hash import uniforms
 from r2ac.envs.spaces import ActionSpace
 from r2ac.errors import ConfigError
 from r2ac.rl.model.distributions import distribution
+from r2ac.rl.stream.intentional import Intentional
 from r2ac.rl.stream.nets import PairBuffers, StackedNet, head_forward, mlp_forward, state_rows
 from r2ac.rl.stream.obgd import ObGD
 from r2ac.rl.stream.pair_agent import PairAgent
 from r2ac.rl.stream.sampling import sample_actions, sample_draws
+from r2ac.runs.values import ValueMismatch
 
 
 def td_error(reward, value, next_value, terminated, discount: float) -> torch.Tensor:
@@ -83,6 +86,21 @@ class StreamSettings:
     kappa_actor: float = 3.0
     kappa_critic: float = 2.0
     entropy_cost: float = 0.01
+    optimizer: str = "obgd"  # or "intentional"
+    eta_actor: float = 0.05
+    eta_critic: float = 0.5
+
+
+def make_optimizer(flat: torch.Tensor, s: StreamSettings) -> ObGD | Intentional:
+    """The update rule of `s.optimizer` over the (2, K, P) parameters (actor, critic)."""
+    decay = s.discount * s.trace_lambda
+    if s.optimizer == "obgd":
+        return ObGD(flat, s.lr, (s.kappa_actor, s.kappa_critic), decay)
+    if s.optimizer == "intentional":
+        if not decay < 1.0:
+            raise ConfigError(f"intentional updates need discount x lambda < 1, got {decay}")
+        return Intentional(flat, s.lr, (s.eta_actor, s.eta_critic), decay, (True, False))
+    raise ConfigError(f"stream AC: unknown optimizer {s.optimizer!r} (obgd or intentional)")
 
 
 class StepInfo(NamedTuple):
@@ -126,9 +144,7 @@ class StreamAC(PairAgent):
         )  # fmt: skip
         self.critic = StackedNet(make_core(k, feat), obs_size, mlp, 1, top=top)
         super().__init__(self.actor, self.critic, make_core(2 * k, feat), seeds, obs_size, dtype)
-        kappas = (settings.kappa_actor, settings.kappa_critic)
-        decay = settings.discount * settings.trace_lambda
-        self.optimizer = ObGD(self.params.flat, settings.lr, kappas, decay)
+        self.optimizer = make_optimizer(self.params.flat, settings)
         self.traces = PairBuffers(self.optimizer.traces, self.actor, self.critic)
         self._ones = torch.ones(k, 1, dtype=dtype)  # dV/dV, the critic head's dL/dout
         self.theta_a, self.theta_c = self.params.first, self.params.second
@@ -228,7 +244,13 @@ class StreamAC(PairAgent):
             "core_actor": core_actor,
             "core_critic": core_critic,
             **self.shared_state(),
+            **self._optimizer_state(),
         }
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        if isinstance(self.optimizer, Intentional):
+            return {"intentional": self.optimizer.state_dict()}
+        return {}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.theta_a.copy_(d["theta_actor"])
@@ -236,6 +258,10 @@ class StreamAC(PairAgent):
         self.z_a.copy_(d["trace_actor"])
         self.z_c.copy_(d["trace_critic"])
         self.load_shared_state(d, ("core_actor", "core_critic"))
+        if isinstance(self.optimizer, Intentional):
+            if not isinstance(d.get("intentional"), dict):
+                raise ValueMismatch("stream.state.intentional: missing (not an intentional run's)")
+            self.optimizer.load_state_dict(d["intentional"])
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The agents' weights and normaliser by name (agent.pt): (K, ...) tensors."""

@@ -25,6 +25,9 @@ def ac_agent(cfg: TrainConfig, make_core, space, obs_size: int, seeds, dtype) ->
         kappa_actor=s.kappa_actor,
         kappa_critic=s.kappa_critic,
         entropy_cost=cfg.loss.entropy_cost,
+        optimizer=s.stream_optimizer,
+        eta_actor=s.eta_actor,
+        eta_critic=s.eta_critic,
     )
     return StreamAC(
         make_core, space, obs_size, seeds, settings, s.stream_mlp, dtype, s.stream_top_mlp
@@ -95,7 +98,7 @@ def memory_estimate(
 ) -> dict[str, tuple[int, str]]:
     """Bytes the K agents hold, by part, each with the options that size it (what the check
     before a run compares with the memory available): weights, gradients, traces and ObGD's
-    scratch (4 x (2, K, P) floats), the carried core states with their sensitivities (2K rows,
+    scratch (4 x (2, K, P) floats; 6 with intentional updates), the carried core states with their sensitivities (2K rows,
     and as many again for a step's next state), the normalisers. From K, the hidden size and
     the widths, the core on the meta device (nothing is allocated)."""
     from r2ac.rtrl.stacked import make_stacked_core
@@ -119,10 +122,12 @@ def memory_estimate(
         )
 
     per_agent = max(params(action_size), params(1))
+    intentional = cfg.loss.algorithm == "stream-ac" and s.stream_optimizer == "intentional"
+    buffers = 6 if intentional else 4  # intentional: its RMSProp scale and D too
     state = core.state_numbers()
     sizes = "--num-agents, --hidden-size, --stream-mlp or --stream-top-mlp"
     return {
-        "weights, gradients, traces": (4 * 2 * k * per_agent * 4, sizes),
+        "weights, gradients, traces": (buffers * 2 * k * per_agent * 4, sizes),
         "core states": (2 * 2 * k * state * 4, "--num-agents or --hidden-size"),
         "normalisers": (3 * k * obs_size * 8, "--num-agents"),
     }
