@@ -112,9 +112,10 @@ class _Subject:
         obs = np.zeros((k, agent.obs_size), dtype=np.float32)
         zeros, no = np.zeros(k, dtype=np.float32), np.zeros(k, dtype=bool)
 
-        def learner():
-            agent.act()
-            agent.learn(zeros, obs, obs, no, no)
+        def learner(steps: int):
+            for _ in range(steps):
+                agent.act()
+                agent.learn(zeros, obs, obs, no, no)
 
         def with_env(steps: int):  # the compiled loop runs many steps a call
             end = counter.update + steps
@@ -123,7 +124,7 @@ class _Subject:
 
         self.steps = {"with_env": with_env}
         if self.runtime.loop is None:  # compiled, the learner is the loop with its env
-            self.steps["alone"] = lambda steps: [learner() for _ in range(steps)]
+            self.steps["alone"] = learner
         self.seconds = {kind: [] for kind in self.steps}
         self.cpu_seconds: list[float] = []  # with the env
 

@@ -89,6 +89,25 @@ CONTROL = TrainConfig.make(
 )
 
 
+# the `stream` preset (below), the base of `stream-intentional`
+STREAM = TrainConfig.make(
+    env="builtin/memory-chain",
+    env_options=("length=32",),
+    core="rtu-rtrl",
+    hidden_size=64,
+    algorithm="stream-ac",
+    learning_rate=1.0,
+    discount=0.99,
+    entropy_cost=0.01,
+    last_reward=False,
+    prev_action=False,
+    total_frames=300_000,
+    checkpoint_every=50_000,
+    log_every=1_000,
+    num_threads=1,
+)
+
+
 PRESETS: dict[str, TrainConfig] = {
     # The built-in delayed cue (docs/rl.md, "Presets"): a frozen random stem, a forget bias
     # that keeps the cue for the 65-step episode (f = 0.989, f^64 = 0.5), lr 5e-3 decayed.
@@ -146,43 +165,12 @@ PRESETS: dict[str, TrainConfig] = {
     # an update every step. MemoryChain: no previous action or reward as input (a memoryless
     # agent could carry the bit in them). Entropy 0.01, Elsayed et al.'s default (the anchors'
     # 0.095 is POPGym's; at length 128 it left every agent on a fixed answer too).
-    "stream": TrainConfig.make(
-        env="builtin/memory-chain",
-        env_options=("length=32",),
-        core="rtu-rtrl",
-        hidden_size=64,
-        algorithm="stream-ac",
-        learning_rate=1.0,
-        discount=0.99,
-        entropy_cost=0.01,
-        last_reward=False,
-        prev_action=False,
-        total_frames=300_000,
-        checkpoint_every=50_000,
-        log_every=1_000,
-        num_threads=1,
-    ),
+    "stream": STREAM,
     # Stream AC(lambda) with intentional updates (r2ac/rl/stream/intentional.py,
     # docs/rules/intentional.md) in place of ObGD, the etas of Sharifnassab et al. 2026's
     # public code (0.05 actor, 0.5 critic; lambda 0.8, gamma 0.99, entropy 0.01 as `stream`).
-    "stream-intentional": TrainConfig.make(
-        env="builtin/memory-chain",
-        env_options=("length=32",),
-        core="rtu-rtrl",
-        hidden_size=64,
-        algorithm="stream-ac",
-        stream_optimizer="intentional",
-        eta_actor=0.05,
-        eta_critic=0.5,
-        learning_rate=1.0,
-        discount=0.99,
-        entropy_cost=0.01,
-        last_reward=False,
-        prev_action=False,
-        total_frames=300_000,
-        checkpoint_every=50_000,
-        log_every=1_000,
-        num_threads=1,
+    "stream-intentional": STREAM.updated(
+        stream_optimizer="intentional", eta_actor=0.05, eta_critic=0.5
     ),
     # QRC(lambda) (r2ac/rl/stream/qrc.py, docs/rules/stream.md): the value-based
     # streaming agent Farr et al. 2026 ran on MemoryChain, with their values (their repo

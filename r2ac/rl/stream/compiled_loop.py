@@ -198,8 +198,8 @@ class FusedStreamLoop:
     def warm_up(self) -> float:
         """Compile now on copies of the state (nothing changes); returns the seconds taken."""
         start = time.perf_counter()
-        copies = [t.clone() for t in tree_flatten((self.state, self.env.state))[0]]
-        st, env_state = tree_unflatten(copies, tree_flatten((self.state, self.env.state))[1])
+        leaves, treedef = tree_flatten((self.state, self.env.state))
+        st, env_state = tree_unflatten([t.clone() for t in leaves], treedef)
         self._chunk(torch.tensor(1), st, env_state)
         self.compile_seconds = time.perf_counter() - start if self.compiled else 0.0
         return self.compile_seconds
