@@ -289,40 +289,50 @@ def peek_value(spec: StepSpec, params: torch.Tensor, x: torch.Tensor, pend: Pend
 
 
 def flat_grads(spec: StepSpec, body: dict, heads: tuple[dict, dict]) -> torch.Tensor:
-    """The gradients by name packed as the (2, K, P) buffer (the critic's head zero-padded)."""
+    """The gradients by name packed as the (2, K, P) buffer (the critic's head zero-padded),
+    one concatenation: each piece is written once, straight into its columns."""
     k = spec.k
-    rows = torch.cat([body[sl.name].reshape(2 * k, sl.size) for sl in spec.body], 1)
+    pieces = [body[sl.name].reshape(2, k, sl.size) for sl in spec.body]  # rows: actor, critic
     parts = []
     for net in (0, 1):
         g = torch.cat([heads[net][sl.name].reshape(k, sl.size) for sl in spec.heads[net]], 1)
         pad = spec.width - spec.p_body - g.shape[1]
         parts.append(torch.nn.functional.pad(g, (0, pad)) if pad else g)
-    return torch.cat([rows.view(2, k, spec.p_body), torch.stack(parts)], 2)  # (2, K, P)
-
-
-def _clamp_phase(spec: StepSpec, params: torch.Tensor) -> torch.Tensor:
-    """theta_log <= its bound in both networks (StreamAC._bounded)."""
-    (sl,) = [sl for sl in spec.body if sl.name == "core.theta_log"]
-    lo, hi = sl.offset, sl.offset + sl.size
-    mid = params[:, :, lo:hi].clamp(max=spec.phase_bound)
-    return torch.cat([params[:, :, :lo], mid, params[:, :, hi:]], 2)
+    return torch.cat([*pieces, torch.stack(parts)], 2)  # (2, K, P)
 
 
 def obgd(spec: StepSpec, params, traces, g, delta, done):
     """Traces and ObGD (StreamAC._update), each network with its own kappa: (params, traces,
-    step sizes (2, K))."""
-    z = torch.add(g, traces, alpha=spec.discount * spec.trace_lambda)
+    step sizes (2, K)).
+
+    Written over (2K, P) rows with (2K, 1) factors, theta_log's bound applied to its own
+    columns and the three column ranges concatenated: the compiler then makes the update, the
+    bound and the traces' reset one pass that writes each column once (over (2, K, P) with
+    (1, K, 1) factors it split them into passes of different loop shapes)."""
+    k, width = spec.k, spec.width
+    z = torch.add(g, traces, alpha=spec.discount * spec.trace_lambda).view(2 * k, width)
     delta_bar = delta.abs().clamp(min=1.0)
-    l1 = z.abs().sum(2)  # (2, K)
+    l1 = z.abs().sum(1).view(2, k)
     # each network's lr kappa as a Python number (no tensor constant: inductor's C++ loop
     # does not declare constants inside a while_loop's body)
     lr_kappa = (spec.lr * spec.kappa_actor, spec.lr * spec.kappa_critic)
     bound = torch.stack([lr_kappa[i] * delta_bar * l1[i] for i in range(2)])  # (2, K)
     step_size = spec.lr / bound.clamp(min=1.0)  # (2, K)
-    params = torch.addcmul(params, (step_size * delta).unsqueeze(2), z)
-    params = _clamp_phase(spec, params)
-    z = torch.where(done.view(1, spec.k, 1), torch.zeros_like(z), z)  # traces reset at an end
-    return params, z, step_size
+    coef = (step_size * delta).view(2 * k, 1)
+    ended = torch.cat([done, done]).view(2 * k, 1)  # traces reset at an end
+    rows = params.view(2 * k, width)
+    (sl,) = [sl for sl in spec.body if sl.name == "core.theta_log"]  # bounded (StreamAC._bounded)
+    params, traces = [], []
+    for cols in (
+        slice(0, sl.offset),
+        slice(sl.offset, sl.offset + sl.size),
+        slice(sl.offset + sl.size, width),
+    ):
+        new = torch.addcmul(rows[:, cols], coef, z[:, cols])
+        params.append(new.clamp(max=spec.phase_bound) if cols.start == sl.offset else new)
+        traces.append(torch.where(ended, torch.zeros_like(new), z[:, cols]))
+    params, z = torch.cat(params, 1), torch.cat(traces, 1)
+    return params.view(2, k, width), z.view(2, k, width), step_size
 
 
 def learn(
