@@ -6,6 +6,9 @@ and compiles it."""
 
 from __future__ import annotations
 
+import functools
+import itertools
+
 import torch
 
 from r2ac.counter_hash import uniforms_torch
@@ -288,31 +291,37 @@ def peek_value(spec: StepSpec, params: torch.Tensor, x: torch.Tensor, pend: Pend
     return head_forward(head_views(spec, params, 1), h.unsqueeze(1), rows_matmul).squeeze(-1)
 
 
-def flat_grads(spec: StepSpec, body: dict, heads: tuple[dict, dict]) -> torch.Tensor:
-    """The gradients by name packed as the (2, K, P) buffer (the critic's head zero-padded),
-    one concatenation: each piece is written once, straight into its columns."""
+def grad_columns(spec: StepSpec, body: dict, heads: tuple[dict, dict]) -> list[torch.Tensor]:
+    """The gradients by name as (2K, columns) pieces in the order of the (2, K, P) buffer's
+    columns (the heads' last, the critic's zero-padded). Never concatenated: the update reads
+    each piece where it is made (a flat copy would be written once and read twice more)."""
     k = spec.k
-    pieces = [body[sl.name].reshape(2, k, sl.size) for sl in spec.body]  # rows: actor, critic
+    pieces = [body[sl.name].reshape(2 * k, sl.size) for sl in spec.body]  # rows: actor, critic
     parts = []
     for net in (0, 1):
         g = torch.cat([heads[net][sl.name].reshape(k, sl.size) for sl in spec.heads[net]], 1)
         pad = spec.width - spec.p_body - g.shape[1]
         parts.append(torch.nn.functional.pad(g, (0, pad)) if pad else g)
-    return torch.cat([*pieces, torch.stack(parts)], 2)  # (2, K, P)
+    return [*pieces, torch.cat(parts)]
 
 
-def obgd(spec: StepSpec, params, traces, g, delta, done):
+def obgd(spec: StepSpec, params, traces, grads: list[torch.Tensor], delta, done):
     """Traces and ObGD (StreamAC._update), each network with its own kappa: (params, traces,
-    step sizes (2, K)).
+    step sizes (2, K)); grads: `grad_columns`.
 
-    Written over (2K, P) rows with (2K, 1) factors, theta_log's bound applied to its own
-    columns and the three column ranges concatenated: the compiler then makes the update, the
-    bound and the traces' reset one pass that writes each column once (over (2, K, P) with
-    (1, K, 1) factors it split them into passes of different loop shapes)."""
+    Written per piece of columns over (2K, columns) rows with (2K, 1) factors, theta_log's
+    bound on its own piece, the results concatenated: the compiler makes each piece's update,
+    bound and trace reset one pass that reads its gradient where it is made and writes each
+    column once (over (2, K, P) with (1, K, 1) factors it split them into passes of different
+    loop shapes)."""
     k, width = spec.k, spec.width
-    z = torch.add(g, traces, alpha=spec.discount * spec.trace_lambda).view(2 * k, width)
+    rows, trace_rows = params.view(2 * k, width), traces.view(2 * k, width)
+    starts = list(itertools.accumulate([g.shape[1] for g in grads], initial=0))
+    cols = [slice(lo, hi) for lo, hi in zip(starts[:-1], starts[1:], strict=True)]
+    decay = spec.discount * spec.trace_lambda
+    z = [torch.add(g, trace_rows[:, c], alpha=decay) for g, c in zip(grads, cols, strict=True)]
+    l1 = functools.reduce(torch.add, [zi.abs().sum(1) for zi in z]).view(2, k)
     delta_bar = delta.abs().clamp(min=1.0)
-    l1 = z.abs().sum(1).view(2, k)
     # each network's lr kappa as a Python number (no tensor constant: inductor's C++ loop
     # does not declare constants inside a while_loop's body)
     lr_kappa = (spec.lr * spec.kappa_actor, spec.lr * spec.kappa_critic)
@@ -320,18 +329,13 @@ def obgd(spec: StepSpec, params, traces, g, delta, done):
     step_size = spec.lr / bound.clamp(min=1.0)  # (2, K)
     coef = (step_size * delta).view(2 * k, 1)
     ended = torch.cat([done, done]).view(2 * k, 1)  # traces reset at an end
-    rows = params.view(2 * k, width)
-    (sl,) = [sl for sl in spec.body if sl.name == "core.theta_log"]  # bounded (StreamAC._bounded)
-    params, traces = [], []
-    for cols in (
-        slice(0, sl.offset),
-        slice(sl.offset, sl.offset + sl.size),
-        slice(sl.offset + sl.size, width),
-    ):
-        new = torch.addcmul(rows[:, cols], coef, z[:, cols])
-        params.append(new.clamp(max=spec.phase_bound) if cols.start == sl.offset else new)
-        traces.append(torch.where(ended, torch.zeros_like(new), z[:, cols]))
-    params, z = torch.cat(params, 1), torch.cat(traces, 1)
+    (theta,) = [sl.offset for sl in spec.body if sl.name == "core.theta_log"]  # bounded
+    new_params, new_traces = [], []
+    for zi, c in zip(z, cols, strict=True):
+        new = torch.addcmul(rows[:, c], coef, zi)
+        new_params.append(new.clamp(max=spec.phase_bound) if c.start == theta else new)
+        new_traces.append(torch.where(ended, torch.zeros_like(zi), zi))
+    params, z = torch.cat(new_params, 1), torch.cat(new_traces, 1)
     return params.view(2, k, width), z.view(2, k, width), step_size
 
 
@@ -374,7 +378,7 @@ def learn(
     for prefix, gw, gb in (("mlp", g_w, g_b), ("top", g_top_w, g_top_b)):
         for i, (w, b) in enumerate(zip(gw, gb, strict=True)):
             named[f"{prefix}{i}.w"], named[f"{prefix}{i}.b"] = w, b
-    g = flat_grads(spec, named, (g_head_a, g_head_c))  # (2, K, P)
+    g = grad_columns(spec, named, (g_head_a, g_head_c))
     params, z, step_size = obgd(spec, st.params, st.traces, g, delta, done)
     new = StepState(
         params, z, pend.core, count, mean, p, r_count, r_mean, r_p, ret,
