@@ -320,14 +320,19 @@ def obgd(spec: StepSpec, params, traces, grads: list[torch.Tensor], delta, done)
     cols = [slice(lo, hi) for lo, hi in zip(starts[:-1], starts[1:], strict=True)]
     decay = spec.discount * spec.trace_lambda
     z = [torch.add(g, trace_rows[:, c], alpha=decay) for g, c in zip(grads, cols, strict=True)]
-    l1 = functools.reduce(torch.add, [zi.abs().sum(1) for zi in z]).view(2, k)
-    delta_bar = delta.abs().clamp(min=1.0)
-    # each network's lr kappa as a Python number (no tensor constant: inductor's C++ loop
-    # does not declare constants inside a while_loop's body)
-    lr_kappa = (spec.lr * spec.kappa_actor, spec.lr * spec.kappa_critic)
-    bound = torch.stack([lr_kappa[i] * delta_bar * l1[i] for i in range(2)])  # (2, K)
-    step_size = spec.lr / bound.clamp(min=1.0)  # (2, K)
-    coef = (step_size * delta).view(2 * k, 1)
+    l1 = functools.reduce(torch.add, [zi.abs().sum(1) for zi in z])  # (2K,)
+    # per row (actor's K, critic's K): so the norm, the step and the update share the loop
+    # over rows, and each row's second pass finds its traces in the cache. Each network's lr
+    # kappa as a Python number (no tensor constant: inductor's C++ loop does not declare
+    # constants inside a while_loop's body).
+    actor = torch.arange(2 * k, device=l1.device) < k
+    lr_kappa = torch.full_like(l1, spec.lr * spec.kappa_actor).where(
+        actor, spec.lr * spec.kappa_critic
+    )
+    delta2 = torch.cat([delta, delta])
+    bound = lr_kappa * delta2.abs().clamp(min=1.0) * l1
+    step_size = spec.lr / bound.clamp(min=1.0)  # (2K,)
+    coef = (step_size * delta2).unsqueeze(1)
     ended = torch.cat([done, done]).view(2 * k, 1)  # traces reset at an end
     (theta,) = [sl.offset for sl in spec.body if sl.name == "core.theta_log"]  # bounded
     new_params, new_traces = [], []
@@ -336,7 +341,7 @@ def obgd(spec: StepSpec, params, traces, grads: list[torch.Tensor], delta, done)
         new_params.append(new.clamp(max=spec.phase_bound) if c.start == theta else new)
         new_traces.append(torch.where(ended, torch.zeros_like(zi), zi))
     params, z = torch.cat(new_params, 1), torch.cat(new_traces, 1)
-    return params.view(2, k, width), z.view(2, k, width), step_size
+    return params.view(2, k, width), z.view(2, k, width), step_size.view(2, k)
 
 
 def learn(
