@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     its command has returned and its output is flushed: a SIGTERM while Ray's core worker
     was still connecting otherwise made the interpreter's teardown abort (exit -6 after the
     one line, 1 in 14 trials at load 7); the Ray processes die with this one (ray_reaper)."""
+    if argv is None:  # this process's command: jemalloc for the compiled step (r2ac.allocator)
+        from r2ac.allocator import reexec_with_fast_allocator
+
+        reexec_with_fast_allocator()
     code = _main(argv)
     ray_runtime = sys.modules.get("r2ac.rl.runtimes.ray")
     if argv is None and getattr(ray_runtime, "LOCAL_RAY_STARTED", False):

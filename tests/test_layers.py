@@ -11,7 +11,15 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "r2ac"
 # Lowest first: a layer may import its own and any layer before it.
 LAYERS = [
-    {"r2ac", "r2ac.errors", "r2ac.flat", "r2ac.environ", "r2ac.perf", "r2ac.counter_hash"},
+    {
+        "r2ac",
+        "r2ac.errors",
+        "r2ac.flat",
+        "r2ac.environ",
+        "r2ac.perf",
+        "r2ac.counter_hash",
+        "r2ac.allocator",
+    },
     {"r2ac.envs", "r2ac.rtrl"},
     {"r2ac.runs"},
     {"r2ac.rl", "r2ac.tasks"},

@@ -108,6 +108,7 @@ class StreamRuntime(TrainingLoop):
         """The agents' step compiled (r2ac/rl/stream/compiled*.py), now: its time is printed.
         On a tensor env, n steps with the env's a call (`loop`); else one step a call
         (`fused`) beside the env's own step."""
+        from r2ac.allocator import preloaded_library
         from r2ac.envs.tensor_builtin import TensorBuiltinEnv
         from r2ac.rl.stream.compiled import FusedStreamAC
         from r2ac.rl.stream.compiled_loop import FusedStreamLoop
@@ -119,7 +120,8 @@ class StreamRuntime(TrainingLoop):
         else:
             self.fused = compiled = FusedStreamAC(self.agent)
         seconds = compiled.warm_up()
-        log.info("compiled the streaming step in %.1f s", seconds)
+        allocator = preloaded_library() or "the C library's (r2ac/allocator.py: jemalloc is faster)"
+        log.info("compiled the streaming step in %.1f s; allocator: %s", seconds, allocator)
 
     def _sync(self) -> None:
         """The compiled step's state written back into the agents (before they are read)."""
