@@ -62,6 +62,13 @@ def run_stream(core: str, steps: int = 14, seed: int = 3, epsilon: float = 0.5, 
         return seen["q_next"]
 
     agent._q_next_value = recording
+    scale = agent.rewards.scale
+
+    def scaled(reward, done, discount):
+        seen["reward"] = scale(reward, done, discount)
+        return seen["reward"]
+
+    agent.rewards.scale = scaled
     agent.observe_first(env.reset())
     record = []
     for _ in range(steps):
@@ -77,7 +84,7 @@ def run_stream(core: str, steps: int = 14, seed: int = 3, epsilon: float = 0.5, 
             x_final=torch.from_numpy(agent.obs_stats.normalise(final)),
             q_sa=info.value.clone(), q_next=seen["q_next"].clone(), delta=info.delta.clone(),
             terminated=bool(res.terminated[0]), done=bool(res.terminated[0] | res.truncated[0]),
-            cut=bool(info.non_greedy[0]), step=info.step.clone(),
+            cut=bool(info.non_greedy[0]), step=info.step.clone(), reward=float(seen["reward"][0]),
         ))  # fmt: skip
     return agent, record
 
@@ -126,7 +133,7 @@ def test_tbptt1_gradients_equal_one_step_bptt(core):
     assert full > 1e-4  # the reference tells a truncated gradient from the full one
 
 
-@pytest.mark.parametrize("core", ["rtu-rtrl", "mingru-rtrl"])
+@pytest.mark.parametrize("core", ["rtu-rtrl", "elstm-rtrl", "lru-rtrl", "mingru-rtrl", "rtu-bptt"])
 def test_values_and_td_error_equal_an_unrolled_network(core):
     """Q(s_t, a_t) and max_a Q(s'_t, a) (from the state after s_t, no reset; the final
     observation where the episode ended) equal the autograd path's unroll; the TD error
@@ -137,12 +144,12 @@ def test_values_and_td_error_equal_an_unrolled_network(core):
         assert abs(q[0, rec["action"][0]].item() - rec["q_sa"].item()) < 1e-12
         q_next = _unrolled_q(agent, record, t, rec["x_final"]).max(-1).values
         assert abs(q_next.item() - rec["q_next"].item()) < 1e-12
-    # delta - (b max Q(s') - Q(s, a)) is the scaled reward, the same whatever b: so with the
-    # bootstrap term removed, terminal and truncated steps alike give r
+    kinds = {rec["terminated"] for rec in record if rec["done"]}
+    assert kinds == {True, False}  # terminal and truncated ends both inside
     for rec in record:
         b = 0.0 if rec["terminated"] else agent.settings.discount
-        reward = rec["delta"] - b * rec["q_next"] + rec["q_sa"]
-        assert torch.isfinite(reward).all()
+        expect = rec["reward"] + b * rec["q_next"].item() - rec["q_sa"].item()
+        assert abs(rec["delta"].item() - expect) < 1e-12
 
 
 def test_each_update_is_the_step_along_the_scaled_trace(monkeypatch):
