@@ -258,12 +258,17 @@ class StreamConfig:
     stream_optimizer: Literal["obgd", "intentional"] = "obgd"
     """stream-ac: the update rule: obgd (Elsayed et al. 2024's bound on the step, --kappa-*) or
     intentional (Sharifnassab et al. 2026's step solved for an intended change, --eta-*;
-    docs/rules/intentional.md); --learning-rate multiplies either's step."""
+    docs/rules/intentional.md); --learning-rate multiplies either's step. stream-q: left at
+    obgd, QRC(lambda) with its SGD steps; intentional, Q(lambda) with intentional updates and
+    Watkins's cut (--eta-q; no h network)."""
     eta_actor: float = 0.05
     """stream-ac --stream-optimizer intentional: the actor's intended step (local KL scale)."""
     eta_critic: float = 0.5
     """stream-ac --stream-optimizer intentional: the fraction of the TD error the critic's
     update intends to remove."""
+    eta_q: float = 0.5
+    """stream-q --stream-optimizer intentional: the fraction of the TD error Q's update
+    intends to remove."""
     stream_mlp: tuple[int, ...] = (128, 128)
     """Widths of the layers (LayerNorm, leaky ReLU) below each network's core (their gradient
     is this step's only; `--stream-mlp` with no width: the core reads the observation)."""
@@ -622,7 +627,7 @@ STREAM_OPTIONS = {
     "stream-ac": (*_STREAM_MODEL, "kappa_actor", "kappa_critic", "entropy_cost", "compile_step",
                   "stream_optimizer", "eta_actor", "eta_critic"),
     "stream-q": (*_STREAM_MODEL, "h_learning_rate", "qrc_beta", "epsilon_start", "epsilon_end",
-                 "epsilon_fraction"),
+                 "epsilon_fraction", "stream_optimizer", "eta_q"),
 }  # fmt: skip
 STREAM_ALGORITHMS = tuple(STREAM_OPTIONS)
 # The cores the compiled streaming step has (r2ac/rl/stream/compiled_math.py)
@@ -672,6 +677,8 @@ def check_stream_config(cfg: TrainConfig) -> None:
     _check_numbers(cfg)
     if cfg.loss.algorithm == "stream-ac":
         _check_ac_optimizer(cfg)
+    else:
+        _check_q_optimizer(cfg)
 
 
 def _check_ac_optimizer(cfg: TrainConfig) -> None:
@@ -690,6 +697,27 @@ def _check_ac_optimizer(cfg: TrainConfig) -> None:
            if not (math.isfinite(v) and v > 0)]  # fmt: skip
     if bad:
         raise ConfigError(f"out of range: {', '.join(bad)} (etas finite and > 0)")
+    if not cfg.loss.discount * s.trace_lambda < 1:
+        raise ConfigError("--stream-optimizer intentional needs discount x trace_lambda < 1")
+    if s.compile_step:
+        raise ConfigError("--compile-step: the compiled step has ObGD only "
+                          "(give --no-compile-step with --stream-optimizer intentional)")  # fmt: skip
+
+
+def _check_q_optimizer(cfg: TrainConfig) -> None:
+    """QRC's settings (h's step, beta) unread by intentional Q(lambda), --eta-q by QRC; eta_q
+    > 0, gamma lambda < 1, the eager step."""
+    s, base = cfg.stream, StreamConfig()
+    other = ("eta_q",) if s.stream_optimizer == "obgd" else ("h_learning_rate", "qrc_beta")
+    unread = [f"--{n.replace('_', '-')}" for n in other if getattr(s, n) != getattr(base, n)]
+    if unread:
+        rule = "QRC(lambda) (--stream-optimizer obgd)" if s.stream_optimizer == "obgd" else (
+            "--stream-optimizer intentional (Q(lambda), no h network)")  # fmt: skip
+        raise ConfigError(f"{', '.join(unread)}: not read by stream-q's {rule}")
+    if s.stream_optimizer != "intentional":
+        return
+    if not (math.isfinite(s.eta_q) and s.eta_q > 0):
+        raise ConfigError(f"out of range: eta_q={s.eta_q} (finite and > 0)")
     if not cfg.loss.discount * s.trace_lambda < 1:
         raise ConfigError("--stream-optimizer intentional needs discount x trace_lambda < 1")
     if s.compile_step:

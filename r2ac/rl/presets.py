@@ -108,6 +108,31 @@ STREAM = TrainConfig.make(
 )
 
 
+# the `stream-q` preset (below), the base of `stream-intentional-q`
+STREAM_Q = TrainConfig.make(
+    env="builtin/memory-chain",
+    env_options=("length=32",),
+    core="rtu-rtrl",
+    hidden_size=64,  # config/cell/rtu.yaml: 64 features
+    algorithm="stream-q",
+    stream_mlp=(128,),  # qrc_bsuite.py: one Dense(128, sparse 0.9) -> LayerNorm -> leaky ReLU
+    learning_rate=1e-4,  # qrc.yaml q_lr: plain SGD on Q (no ObGD bound, no clip on MemoryChain)
+    h_learning_rate=1e-5,  # qrc.yaml h_lr: plain SGD on h
+    qrc_beta=1.0,  # qrc.yaml regularization_coefficient
+    trace_lambda=0.95,  # hyperparameters/qrc/.../memory_chain.yaml
+    discount=0.99,  # qrc.yaml gamma
+    epsilon_start=1.0,  # qrc.yaml: 1.0 -> 0.01, linear over 10% of the steps
+    epsilon_end=0.01,
+    epsilon_fraction=0.1,
+    last_reward=False,  # as `stream`: the bit must be carried by the core
+    prev_action=False,
+    total_frames=500_000,  # memory_chain.yaml total_timesteps
+    checkpoint_every=50_000,
+    log_every=1_000,
+    num_threads=1,
+)
+
+
 PRESETS: dict[str, TrainConfig] = {
     # The built-in delayed cue (docs/rl.md, "Presets"): a frozen random stem, a forget bias
     # that keeps the cue for the 65-step episode (f = 0.989, f^64 = 0.5), lr 5e-3 decayed.
@@ -176,27 +201,14 @@ PRESETS: dict[str, TrainConfig] = {
     # streaming agent Farr et al. 2026 ran on MemoryChain, with their values (their repo
     # recurrent-streaming-rl: config/algorithm/qrc.yaml, config/hyperparameters/qrc/gymnax/
     # bsuite/memory_chain.yaml, src/recipes/qrc_bsuite.py). Discrete actions only.
-    "stream-q": TrainConfig.make(
-        env="builtin/memory-chain",
-        env_options=("length=32",),
-        core="rtu-rtrl",
-        hidden_size=64,  # config/cell/rtu.yaml: 64 features
-        algorithm="stream-q",
-        stream_mlp=(128,),  # qrc_bsuite.py: one Dense(128, sparse 0.9) -> LayerNorm -> leaky ReLU
-        learning_rate=1e-4,  # qrc.yaml q_lr: plain SGD on Q (no ObGD bound, no clip on MemoryChain)
-        h_learning_rate=1e-5,  # qrc.yaml h_lr: plain SGD on h
-        qrc_beta=1.0,  # qrc.yaml regularization_coefficient
-        trace_lambda=0.95,  # hyperparameters/qrc/.../memory_chain.yaml
-        discount=0.99,  # qrc.yaml gamma
-        epsilon_start=1.0,  # qrc.yaml: 1.0 -> 0.01, linear over 10% of the steps
-        epsilon_end=0.01,
-        epsilon_fraction=0.1,
-        last_reward=False,  # as `stream`: the bit must be carried by the core
-        prev_action=False,
-        total_frames=500_000,  # memory_chain.yaml total_timesteps
-        checkpoint_every=50_000,
-        log_every=1_000,
-        num_threads=1,
+    "stream-q": STREAM_Q,
+    # Q(lambda) with intentional updates and Watkins's cut (r2ac/rl/stream/intentional_q.py,
+    # docs/rules/intentional.md): the anchor's recurrent Q(lambda) (no h network) with its
+    # Intentional optimiser (recurrent-streaming-rl: config/algorithm/intentional_q.yaml,
+    # config/optimizer/intentional.yaml): eta 0.5, lambda 0.8, gamma 0.99, epsilon 1 -> 0.01 over
+    # 10% of the steps; the network and the rest as `stream-q`.
+    "stream-intentional-q": STREAM_Q.updated(
+        stream_optimizer="intentional", eta_q=0.5, learning_rate=1.0, trace_lambda=0.8
     ),
     # Masked MuJoCo (the RTU paper's position-only / velocity-only locomotion; docs/envs.md):
     # the control recipe, untuned for MuJoCo beyond it, without the last reward in the core's

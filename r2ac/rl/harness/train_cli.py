@@ -57,6 +57,19 @@ DEFAULT_PRESETS = {"impala": "delayed-cue", "ppo": "delayed-cue", "stream-ac": "
                    "stream-q": "stream-q"}  # fmt: skip
 
 
+def _default_preset(algorithm: str, argv: list[str]) -> str:
+    """The subcommand's default preset; stream-q's with --stream-optimizer intentional is
+    stream-intentional-q (QRC's SGD step of 1e-4 would scale the intentional step down)."""
+    if algorithm == "stream-q":
+        for i, arg in enumerate(argv):
+            value = argv[i + 1] if arg == "--stream-optimizer" and i + 1 < len(argv) else None
+            if arg.startswith("--stream-optimizer="):
+                value = arg.split("=", 1)[1]
+            if value == "intentional":
+                return "stream-intentional-q"
+    return DEFAULT_PRESETS[algorithm]
+
+
 def _family(algorithm: str) -> str:
     return "streaming" if algorithm.startswith("stream") else "batched"
 
@@ -73,7 +86,7 @@ def _subcommand(argv: list[str], name: str | None) -> tuple[str, TrainConfig]:
                 f"(`r2ac train {flag if flag in SUBCOMMANDS else 'ALGORITHM'} ...`)"
             )
         given = flag
-    default = preset(name) if name else PRESETS[DEFAULT_PRESETS[given or "impala"]]
+    default = preset(name) if name else PRESETS[_default_preset(given or "impala", argv)]
     algorithm = given or default.loss.algorithm
     if _family(algorithm) != _family(default.loss.algorithm):
         raise ConfigError(

@@ -12,6 +12,7 @@ from r2ac.envs.base import BatchedEnv
 from r2ac.errors import ConfigError
 from r2ac.rl.config import TrainConfig
 from r2ac.rl.stream.ac import StreamAC, StreamSettings
+from r2ac.rl.stream.intentional_q import IntentionalQSettings, StreamIntentionalQ
 from r2ac.rl.stream.protocol import StreamAgent
 from r2ac.rl.stream.qrc import QRCSettings, StreamQRC
 
@@ -50,12 +51,28 @@ def qrc_settings(cfg: TrainConfig) -> QRCSettings:
     )
 
 
-def q_agent(cfg: TrainConfig, make_core, space, obs_size: int, seeds, dtype) -> StreamQRC:
+def intentional_q_settings(cfg: TrainConfig) -> IntentionalQSettings:
+    """--learning-rate multiplies --eta-q (as stream AC's intentional etas); epsilon as QRC's."""
     s = cfg.stream
-    settings = qrc_settings(cfg)
-    return StreamQRC(
-        make_core, space, obs_size, seeds, settings, s.stream_mlp, dtype, s.stream_top_mlp
+    return IntentionalQSettings(
+        discount=cfg.loss.discount,
+        trace_lambda=s.trace_lambda,
+        lr=cfg.optim.learning_rate,
+        eta=s.eta_q,
+        epsilon_start=s.epsilon_start,
+        epsilon_end=s.epsilon_end,
+        epsilon_steps=int(cfg.run.total_frames * s.epsilon_fraction),
     )
+
+
+def q_agent(cfg: TrainConfig, make_core, space, obs_size: int, seeds, dtype) -> StreamQRC:
+    """QRC(lambda); with --stream-optimizer intentional, Q(lambda) with intentional updates."""
+    s = cfg.stream
+    if s.stream_optimizer == "intentional":
+        cls, settings = StreamIntentionalQ, intentional_q_settings(cfg)
+    else:
+        cls, settings = StreamQRC, qrc_settings(cfg)
+    return cls(make_core, space, obs_size, seeds, settings, s.stream_mlp, dtype, s.stream_top_mlp)
 
 
 BUILDERS = {"stream-ac": ac_agent, "stream-q": q_agent}
@@ -122,7 +139,7 @@ def memory_estimate(
         )
 
     per_agent = max(params(action_size), params(1))
-    intentional = cfg.loss.algorithm == "stream-ac" and s.stream_optimizer == "intentional"
+    intentional = s.stream_optimizer == "intentional"
     buffers = 6 if intentional else 4  # intentional: its RMSProp scale and D too
     state = core.state_numbers()
     sizes = "--num-agents, --hidden-size, --stream-mlp or --stream-top-mlp"

@@ -1,6 +1,7 @@
 """What a streaming agent is to the runtime, the evaluation and the checkpoints: K agents in
-lockstep, one update a step. Stream AC(lambda) (ac.py) and QRC(lambda) (qrc.py) implement it;
-a third algorithm implements it and registers a builder in build.py."""
+lockstep, one update a step. Stream AC(lambda) (ac.py), QRC(lambda) (qrc.py) and intentional
+Q(lambda) (intentional_q.py) implement it; another algorithm implements it and registers a
+builder in build.py."""
 
 from __future__ import annotations
 

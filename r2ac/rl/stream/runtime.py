@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 
 
 # metrics.csv's columns after the batched trainer's: stream AC's (mean |TD error|, the ObGD
-# step sizes of actor and critic) and QRC's (mean Q, epsilon, mean h, share of non-greedy steps)
+# step sizes of actor and critic) and QRC's (mean Q, epsilon, mean h, share of non-greedy steps),
+# intentional Q(lambda)'s step size
 STREAM_COLUMNS = (
     "td_abs",
     "step_actor",
@@ -54,6 +55,7 @@ STREAM_COLUMNS = (
     "epsilon",
     "h_mean",
     "non_greedy",
+    "step_q",
 )
 
 
