@@ -250,8 +250,10 @@ def pair_peek(spec: StepSpec, p: dict, x: torch.Tensor, h_state: torch.Tensor, s
 # ---------------------------------------------------------------- act, learn, step
 
 
-def act(spec: StepSpec, st: StepState) -> tuple[torch.Tensor, Pending]:
-    """StreamAC.act() (sampled): the actions (K,) and what learn needs."""
+def forward_bodies(spec: StepSpec, st: StepState):
+    """Both networks at the current observation (PairAgent.forward_bodies): the heads'
+    outputs (K, out) each, the (2K, 1, H') rows, the cores' next state and the layers' and
+    the core's intermediates (mlp, top, core)."""
     k = spec.k
     body = body_views(spec, st.params)
     ws, bs = _layers(body, "mlp", spec.depth)
@@ -262,8 +264,17 @@ def act(spec: StepSpec, st: StepState) -> tuple[torch.Tensor, Pending]:
     top_ws, top_bs = _layers(body, "top", spec.top)
     h, top_saved = mlp_forward(top_ws, top_bs, h, rows_matmul)  # (2K, H')
     h = h.unsqueeze(1)  # (2K, 1, H') rows
-    logits = head_forward(head_views(spec, st.params, 0), h[:k], rows_matmul)  # (K, A)
-    value = head_forward(head_views(spec, st.params, 1), h[k:], rows_matmul).squeeze(-1)
+    outs = tuple(
+        head_forward(head_views(spec, st.params, i), h[i * k : (i + 1) * k], rows_matmul)
+        for i in (0, 1)
+    )
+    return outs, h, core, mlp_saved, top_saved, saved
+
+
+def act(spec: StepSpec, st: StepState) -> tuple[torch.Tensor, Pending]:
+    """StreamAC.act() (sampled): the actions (K,) and what learn needs."""
+    (logits, value), h, core, mlp_saved, top_saved, saved = forward_bodies(spec, st)
+    value = value.squeeze(-1)
     u = uniforms_torch(st.seeds, st.steps, 1)  # (K, 1) float64
     cdf = torch.softmax(logits, -1).cumsum(-1)  # sample_actions, Discrete
     action = (cdf < u.to(cdf.dtype)).sum(-1).clamp(max=spec.actions - 1)
@@ -288,16 +299,17 @@ def peek_value(spec: StepSpec, params: torch.Tensor, x: torch.Tensor, pend: Pend
     return head_forward(head_views(spec, params, 1), h.unsqueeze(1), rows_matmul).squeeze(-1)
 
 
-def flat_grads(spec: StepSpec, body: dict, heads: tuple[dict, dict]) -> torch.Tensor:
-    """The gradients by name packed as the (2, K, P) buffer (the critic's head zero-padded)."""
-    k = spec.k
-    rows = torch.cat([body[sl.name].reshape(2 * k, sl.size) for sl in spec.body], 1)
+def flat_grads(spec: StepSpec, body: dict, heads: tuple[dict, ...], nets=(0, 1)) -> torch.Tensor:
+    """The gradients by name packed as the (2, K, P) buffer (the shorter head zero-padded);
+    with nets=(n,), net n's alone as (1, K, P) (body (K, ...), heads (net n's,))."""
+    k, n = spec.k, len(nets)
+    rows = torch.cat([body[sl.name].reshape(n * k, sl.size) for sl in spec.body], 1)
     parts = []
-    for net in (0, 1):
-        g = torch.cat([heads[net][sl.name].reshape(k, sl.size) for sl in spec.heads[net]], 1)
+    for net, head in zip(nets, heads, strict=True):
+        g = torch.cat([head[sl.name].reshape(k, sl.size) for sl in spec.heads[net]], 1)
         pad = spec.width - spec.p_body - g.shape[1]
         parts.append(torch.nn.functional.pad(g, (0, pad)) if pad else g)
-    return torch.cat([rows.view(2, k, spec.p_body), torch.stack(parts)], 2)  # (2, K, P)
+    return torch.cat([rows.view(n, k, spec.p_body), torch.stack(parts)], 2)  # (n, K, P)
 
 
 def _clamp_phase(spec: StepSpec, params: torch.Tensor) -> torch.Tensor:
@@ -325,15 +337,12 @@ def obgd(spec: StepSpec, params, traces, g, delta, done):
     return params, z, step_size
 
 
-def learn(
-    spec: StepSpec, st: StepState, pend: Pending, reward, obs, final_obs, terminated, truncated
-) -> tuple[StepState, StepInfo]:
-    """StreamAC.learn(): one update from this step's TD error; the next observation becomes
-    current. reward (K,), obs and final_obs (K, O) (any float dtype), terminated and
-    truncated (K,) bool."""
+def observe(spec: StepSpec, st: StepState, reward, obs, final_obs, done):
+    """The normalisers' step (float64; PairAgent._observe, _normalised, RewardScale.scale):
+    the stats take obs, then normalise obs and final_obs; the reward scaled by the return's
+    deviation, the return reset at an episode's end. ((obs count, mean, p), x_next, x_final,
+    (reward count, mean, p, return), the scaled reward float64)."""
     k, f64, dt = spec.k, torch.float64, spec.dtype
-    done = terminated | truncated
-    # normalisers (float64): the stats take obs, then normalise obs and final_obs
     obs64, final64 = obs.to(f64).reshape(k, -1), final_obs.to(f64).reshape(k, -1)
     count, mean, p = welford(st.obs_count, st.obs_mean, st.obs_p, obs64)
     x_next = normalise(count, mean, p, obs64).to(dt)
@@ -343,6 +352,46 @@ def learn(
     r_count, r_mean, r_p = welford(st.rew_count, st.rew_mean, st.rew_p, ret)
     scaled = reward64 / torch.sqrt(variance(r_count, r_p) + REWARD_EPS)
     ret = torch.where(done, torch.zeros_like(ret), ret)
+    return (count, mean, p), x_next, x_final, (r_count, r_mean, r_p, ret), scaled
+
+
+def named_grads(g_core: dict, mlp: tuple, top: tuple) -> dict[str, torch.Tensor]:
+    """The body's gradients by slot name: the core's, and (dw, db) lists of the layers below
+    (`mlp`) and above (`top`) it."""
+    named = {f"core.{n}": g for n, g in g_core.items()}
+    for prefix, (gw, gb) in (("mlp", mlp), ("top", top)):
+        for i, (w, b) in enumerate(zip(gw, gb, strict=True)):
+            named[f"{prefix}{i}.w"], named[f"{prefix}{i}.b"] = w, b
+    return named
+
+
+def pair_body_grads(spec: StepSpec, params, pend, g_first, g_second) -> torch.Tensor:
+    """Both networks' gradients (2, K, P) for dL/d(head outputs) g_first and g_second (K, out)
+    each, through the intermediates act kept (PairAgent.backward_bodies)."""
+    k = spec.k
+    heads = (head_views(spec, params, 0), head_views(spec, params, 1))
+    g_head_a, g_ha = head_grads(heads[0], pend.h[:k], g_first)
+    g_head_c, g_hc = head_grads(heads[1], pend.h[k:], g_second)
+    g_h = torch.cat([g_ha, g_hc]).squeeze(1)  # (2K, H')
+    body = body_views(spec, params)
+    top_ws, _ = _layers(body, "top", spec.top)
+    g_top_w, g_top_b, g_h = mlp_grads(top_ws, pend.top, g_h, True)
+    g_core, g_feat = pair_grads(spec, _core_params(spec, body), pend.saved, pend.core, g_h)
+    ws, _ = _layers(body, "mlp", spec.depth)
+    g_w, g_b, _ = mlp_grads(ws, pend.mlp, g_feat, False)
+    named = named_grads(g_core, (g_w, g_b), (g_top_w, g_top_b))
+    return flat_grads(spec, named, (g_head_a, g_head_c))
+
+
+def learn(
+    spec: StepSpec, st: StepState, pend: Pending, reward, obs, final_obs, terminated, truncated
+) -> tuple[StepState, StepInfo]:
+    """StreamAC.learn(): one update from this step's TD error; the next observation becomes
+    current. reward (K,), obs and final_obs (K, O) (any float dtype), terminated and
+    truncated (K,) bool."""
+    f64, dt = torch.float64, spec.dtype
+    done = terminated | truncated
+    obs_st, x_next, x_final, rew_st, scaled = observe(spec, st, reward, obs, final_obs, done)
     # delta = r + gamma (1 - terminated) V(s') - V(s), V(s') at the pre-update weights
     v_next = peek_value(spec, st.params, x_final, pend)
     bootstrap = ((~terminated).to(f64) * spec.discount).to(dt)
@@ -350,26 +399,13 @@ def learn(
     # gradients: actor of log pi(a) + c_H sign(delta) H, critic of V
     entropy, g_logp, g_ent = categorical_grads(pend.logits, pend.action)
     g_params = g_logp + (spec.entropy_cost * torch.sign(delta)).unsqueeze(1) * g_ent
-    heads = (head_views(spec, st.params, 0), head_views(spec, st.params, 1))
-    g_head_a, g_ha = head_grads(heads[0], pend.h[:k], g_params)
-    g_head_c, g_hc = head_grads(heads[1], pend.h[k:], torch.ones_like(pend.value).unsqueeze(1))
-    g_h = torch.cat([g_ha, g_hc]).squeeze(1)  # (2K, H')
-    body = body_views(spec, st.params)
-    top_ws, _ = _layers(body, "top", spec.top)
-    g_top_w, g_top_b, g_h = mlp_grads(top_ws, pend.top, g_h, True)
-    g_core, g_feat = pair_grads(spec, _core_params(spec, body), pend.saved, pend.core, g_h)
-    ws, _ = _layers(body, "mlp", spec.depth)
-    g_w, g_b, _ = mlp_grads(ws, pend.mlp, g_feat, False)
-    named = {f"core.{n}": g for n, g in g_core.items()}
-    for prefix, gw, gb in (("mlp", g_w, g_b), ("top", g_top_w, g_top_b)):
-        for i, (w, b) in enumerate(zip(gw, gb, strict=True)):
-            named[f"{prefix}{i}.w"], named[f"{prefix}{i}.b"] = w, b
-    g = flat_grads(spec, named, (g_head_a, g_head_c))  # (2, K, P)
+    g = pair_body_grads(
+        spec, st.params, pend, g_params, torch.ones_like(pend.value).unsqueeze(1)
+    )  # (2, K, P)
     params, z, step_size = obgd(spec, st.params, st.traces, g, delta, done)
     new = StepState(
-        params, z, pend.core, count, mean, p, r_count, r_mean, r_p, ret,
-        x_next, done, st.steps + 1, st.seeds,
-    )  # fmt: skip
+        params, z, pend.core, *obs_st, *rew_st, x_next, done, st.steps + 1, st.seeds, st.extra
+    )
     return new, StepInfo(delta, pend.value, entropy, step_size[0], step_size[1])
 
 
