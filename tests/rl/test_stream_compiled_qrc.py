@@ -152,3 +152,66 @@ def test_the_compiled_loop_follows_the_eager_one():
     assert state_gap(ref.state, loop.state) < COMPILED_TOL
     assert returns == ref_returns
     assert (sums - ref_sums).abs().max() < COMPILED_TOL
+
+
+def _runtime_cfg(**kw):
+    from r2ac.rl.config import validate
+    from r2ac.rl.presets import preset
+
+    base = dict(env_options=("length=4",), core="lru-rtrl", hidden_size=8, stream_mlp=(5,),
+                prev_action=True, progress=False, eval_at_end=False, num_agents=3, seed=3,
+                log_every=10, epsilon_fraction=0.5, total_frames=400)  # fmt: skip
+    return validate(preset("stream-q").updated(**{**base, **kw}))
+
+
+def test_compile_step_is_an_option_of_stream_q():
+    from r2ac.errors import ConfigError
+
+    assert _runtime_cfg(compile_step=True).stream.compile_step
+    with pytest.raises(ConfigError, match="--compile-step: the compiled step has the") as err:
+        _runtime_cfg(core="elstm-rtrl", compile_step=True)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env", ["builtin/memory-chain", "gym/CartPole-v1"])
+def test_the_compiled_runtime_follows_the_eager_one_and_resumes_exactly(tmp_path, env):
+    """stream-q --compile-step through the runtime (float64): 120 steps within rounding of the
+    eager runtime's (memory-chain inside the loop, CartPole beside the per-step function); a
+    checkpoint at step 70 restored into a fresh compiled runtime continues bit for bit as the
+    uninterrupted compiled run (memory-chain: gymnasium's envs have no saved state)."""
+    from r2ac.rl.run.tracker import Tracker
+    from r2ac.rl.stream.runtime import StreamRuntime
+    from r2ac.runs import checkpoint
+
+    def run(cfg, n, rt=None):
+        rt = rt or StreamRuntime(cfg, dtype=torch.float64)
+        tracker = getattr(rt, "tracker_", None) or Tracker(cfg, None)
+        rt.tracker_ = tracker
+        while tracker.update < n:
+            rt.step(tracker)
+        assert tracker.update == n
+        rt._sync()
+        return rt
+
+    keys = ("theta_q", "theta_h", "trace_q", "trace_h", "trace_h_value")
+    options = {} if env.startswith("builtin/") else {"env": env, "env_options": ()}
+    eager = run(_runtime_cfg(**options), 120)
+    compiled = run(_runtime_cfg(compile_step=True, **options), 120)
+    assert (compiled.loop is not None) == env.startswith("builtin/")
+    assert (compiled.fused is not None) == (not env.startswith("builtin/"))
+    a, b = eager.agent.state_dict(), compiled.agent.state_dict()
+    assert a["steps"] == b["steps"] == 120
+    for key in keys:
+        assert (a[key] - b[key]).abs().max() < 1e-9, key
+    if options:
+        return
+    part = run(_runtime_cfg(compile_step=True, **options), 70)
+    path = checkpoint.save_atomic(part._payload(part.tracker_), tmp_path / "latest.pt")
+    resumed = StreamRuntime(_runtime_cfg(compile_step=True, **options), dtype=torch.float64)
+    resumed.restore(checkpoint.load(path))
+    resumed.tracker_ = Tracker(resumed.cfg, None, resumed.saved_counters)
+    run(None, 120, resumed)
+    c = resumed.agent.state_dict()
+    for key in (*keys, "x"):
+        assert torch.equal(b[key], c[key]), key
