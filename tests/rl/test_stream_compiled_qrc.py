@@ -8,6 +8,8 @@ stay within 1e-9 of eager."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -94,6 +96,17 @@ def test_covers_stream_qrc_and_not_a_frozen_one():
     check_supported(agent)
     agent.frozen = True
     with pytest.raises(ConfigError, match="frozen"):
+        check_supported(agent)
+    agent.frozen = False
+
+    @dataclasses.dataclass(frozen=True)
+    class Wider(QRCSettings):
+        optimizer: str = "sgd"
+
+    agent.settings = Wider()
+    check_supported(agent)  # a setting it does not read, at its default
+    agent.settings = Wider(optimizer="other")
+    with pytest.raises(ConfigError, match="QRC's optimizer not covered"):
         check_supported(agent)
 
 

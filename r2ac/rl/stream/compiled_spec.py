@@ -7,7 +7,7 @@ rows of `traces`) with z_b in `extra`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from typing import NamedTuple
 
 import numpy as np
@@ -19,6 +19,11 @@ from r2ac.rl.stream.ac import StreamAC
 from r2ac.rl.stream.nets import Slot
 from r2ac.rl.stream.qrc import StreamQRC
 from r2ac.rtrl import pair_math as pm
+
+# QRCSettings' fields the functional QRC step reads; any other one away from its default
+# (a setting it would not apply) keeps the agent on the eager StreamQRC
+QRC_COVERED = ("discount", "trace_lambda", "lr", "h_lr", "beta", "epsilon_start", "epsilon_end",
+               "epsilon_steps")  # fmt: skip
 
 # ---------------------------------------------------------------- the static description
 
@@ -85,6 +90,17 @@ def check_supported(agent: StreamAC | StreamQRC) -> None:
         )
     if agent.frozen:
         raise ConfigError("compiled stream step: a frozen agent (evaluation) runs eagerly")
+    if isinstance(agent, StreamQRC):
+        other = [
+            f.name
+            for f in fields(agent.settings)
+            if f.name not in QRC_COVERED and getattr(agent.settings, f.name) != f.default
+        ]
+        if other or any(f.default is MISSING for f in fields(agent.settings)):
+            raise ConfigError(
+                f"compiled stream step: QRC's {', '.join(other) or 'settings'} not covered "
+                "(give --no-compile-step)"
+            )
 
 
 def _nets(agent):
