@@ -286,10 +286,10 @@ class StreamConfig:
     qrc_beta: float = 1.0
     """stream-q: QRC's regulariser of h (beta theta_h in h's update)."""
     compile_step: bool = False
-    """stream-ac: run each step as one compiled function (torch.compile, inductor's C++ on
-    the CPU; r2ac/rl/stream/compiled.py): Discrete actions and the RTU / LRU cores; its
-    compile time is printed. A built-in env runs inside it, up to 64 steps a call
-    (compiled_loop.py). Off: the eager step, the reference."""
+    """stream-ac, stream-q: run each step as one compiled function (torch.compile,
+    inductor's C++ on the CPU; r2ac/rl/stream/compiled.py, compiled_qrc.py): Discrete actions
+    and the RTU / LRU cores; its compile time is printed. A built-in env runs inside it, up to
+    64 steps a call (compiled_loop.py). Off: the eager step, the reference."""
 
 
 @dataclass(frozen=True)
@@ -627,7 +627,7 @@ STREAM_OPTIONS = {
     "stream-ac": (*_STREAM_MODEL, "kappa_actor", "kappa_critic", "entropy_cost", "compile_step",
                   "stream_optimizer", "eta_actor", "eta_critic"),
     "stream-q": (*_STREAM_MODEL, "h_learning_rate", "qrc_beta", "epsilon_start", "epsilon_end",
-                 "epsilon_fraction", "stream_optimizer", "eta_q"),
+                 "epsilon_fraction", "compile_step", "stream_optimizer", "eta_q"),
 }  # fmt: skip
 STREAM_ALGORITHMS = tuple(STREAM_OPTIONS)
 # The cores the compiled streaming step has (r2ac/rl/stream/compiled_math.py)

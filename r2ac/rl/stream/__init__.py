@@ -15,7 +15,8 @@ build.py        the agents from a config; their memory estimate
 checkpoint.py   the checkpoint's streaming section; older forms converted
 runtime.py      the trainer on the shared loop (r2ac/rl/run/loop.py)
 evaluate.py     each agent's frozen policy on seeded sets of episodes
-compiled.py     stream AC's step as one compiled function (--compile-step); its description
-                and state in compiled_spec.py, its math in compiled_math.py
+compiled.py     stream AC's or QRC's step as one compiled function (--compile-step); its
+                description and state in compiled_spec.py, its math in compiled_math.py
+                (its RTU / LRU core in compiled_pair.py, QRC's own parts in compiled_qrc.py)
 compiled_loop.py  up to 64 compiled steps a call, a built-in env's step inside
 """

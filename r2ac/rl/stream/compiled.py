@@ -29,8 +29,10 @@ weights). In the compiled step it is a few kernels of the one graph, not a call 
 
 Covered: a Discrete action space; cores rtu-rtrl, rtu-bptt, lru-rtrl, lru-bptt; any layers
 below and above the core. Anything else stays on the eager StreamAC (`check_supported`).
+QRC(lambda) (StreamQRC) runs the same way, its act and learn from compiled_qrc.py
+(`functions`).
 
-`FusedStreamAC` wraps a StreamAC's state in this form behind StreamAC's act() / learn()
+`FusedStreamAC` wraps a StreamAC's (or a StreamQRC's) state in this form behind StreamAC's act() / learn()
 interface (compiled or not) and writes the state back (`sync_to`).
 """
 
@@ -45,8 +47,8 @@ import torch
 from torch._dynamo.eval_frame import DynamoStance, _set_stance
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from r2ac.rl.stream import compiled_math, compiled_qrc
 from r2ac.rl.stream.ac import StepInfo, StreamAC
-from r2ac.rl.stream.compiled_math import act, step
 from r2ac.rl.stream.compiled_spec import (
     Pending,
     StepSpec,
@@ -55,8 +57,16 @@ from r2ac.rl.stream.compiled_spec import (
     state_of,
     sync_to,
 )
+from r2ac.rl.stream.qrc import QStepInfo
 
 STORED_AS = {torch.bool: torch.int64}
+
+
+def functions(spec: StepSpec):
+    """The algorithm's step functions: its module (act, learn, step) and its info type."""
+    if spec.algorithm == "qrc":
+        return compiled_qrc, QStepInfo
+    return compiled_math, StepInfo
 
 
 # leaves at least this big travel as their own buffer: inductor writes a cat of many inputs as
@@ -142,7 +152,7 @@ def packed_act(spec: StepSpec, packing: Packing, n: int, *buffers) -> torch.Tens
     packed rest); writes the pending core and intermediates, returns the actions (K,)."""
     core, pend_core, rest = buffers[:n], buffers[n : 2 * n], buffers[2 * n :]
     st, _ = packing.unpack(rest)
-    action, pend = act(spec, st._replace(core=core))
+    action, pend = functions(spec)[0].act(spec, st._replace(core=core))
     for buf, new in zip(pend_core, pend.core, strict=True):
         buf.copy_(new)
     for buf, new in zip(rest, packing.pack(_without_core(st, pend)), strict=True):
@@ -160,7 +170,8 @@ def packed_step(spec: StepSpec, packing: Packing, n: int, env: torch.Tensor, *bu
     o = spec.obs_size
     reward, terminated, truncated = env[:, 0], env[:, 1] != 0, env[:, 2] != 0
     obs, final_obs = env[:, 3 : 3 + o], env[:, 3 + o :]
-    st, pend, action, info = step(spec, st, pend, reward, obs, final_obs, terminated, truncated)
+    fns = functions(spec)[0]
+    st, pend, action, info = fns.step(spec, st, pend, reward, obs, final_obs, terminated, truncated)
     info = torch.stack(list(info))  # before the buffers it reads (the pending value) change
     for buf, new in zip(free, pend.core, strict=True):
         buf.copy_(new)
@@ -225,7 +236,8 @@ class FusedStreamAC:
         self.spec = spec = spec_of(agent)
         self.agent, self.k, self.space = agent, agent.k, agent.space
         st = state_of(agent)
-        _, pend = act(spec, st)  # the pending intermediates' shapes
+        fns, self.info_type = functions(spec)
+        _, pend = fns.act(spec, st)  # the pending intermediates' shapes
         self.packing = packing = Packing(_without_core(st, pend))
         self.rest = packing.pack(_without_core(st, pend))
         n = self.n_core = len(st.core)
@@ -298,7 +310,7 @@ class FusedStreamAC:
         pending, free = self.cores[self.cur], self.cores[1 - self.cur]
         self._action, info = self._call(self._step, env, *pending, *free, *self.rest)
         self.cur = 1 - self.cur  # the next act's state went into the free set
-        return StepInfo(*info)
+        return self.info_type(*info)
 
     # views StreamRuntime's metrics read
     @property

@@ -19,7 +19,7 @@ one step, where the compiler fuses it away instead of allocating buffers for it 
 The same chunk boundaries give the same bits: the runtime sets them by the update counter
 (log, checkpoint and end cadences), so a resumed run computes what the uninterrupted one did.
 
-Covered: what compiled.py covers, on a built-in env with a tensor form (memory-chain,
+Covered: what compiled.py covers (stream AC and QRC), on a built-in env with a tensor form (memory-chain,
 k-memory-chain, delayed-cue, watermaze, ...), with or without the previous action. Other envs
 run the per-step compiled function beside their own (numpy) step.
 """
@@ -37,8 +37,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from r2ac.envs import tensor_builtin as tb
 from r2ac.rl.learning.actor import EpisodeLog
 from r2ac.rl.stream.ac import StreamAC
-from r2ac.rl.stream.compiled import compile_options, skip_guards
-from r2ac.rl.stream.compiled_math import act, learn
+from r2ac.rl.stream.compiled import compile_options, functions, skip_guards
 from r2ac.rl.stream.compiled_spec import StepSpec, StepState, spec_of, state_of, sync_to
 
 # steps per call at most: the (N, K) episode logs' rows; the call overhead (~60-100 us)
@@ -103,10 +102,11 @@ def _uncarry(carried, first: tuple[int, ...], treedef):
 def one_step(spec: StepSpec, params: tb._Task, st, env_state):
     """The agents act, the envs take the actions, the agents learn: (state, env's TensorStep,
     StepInfo). What act keeps for learn stays inside the step (no buffer of its own)."""
-    action, pend = act(spec, st)
+    fns = functions(spec)[0]
+    action, pend = fns.act(spec, st)
     out = tb.step(params, env_state, action)
     f64 = torch.float64
-    st, info = learn(
+    st, info = fns.learn(
         spec, st, pend, out.reward.to(f64), out.obs.to(f64), out.final_obs.to(f64),
         out.terminated, out.truncated,
     )  # fmt: skip

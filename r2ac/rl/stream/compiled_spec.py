@@ -1,11 +1,13 @@
 """What the compiled streaming step (compiled.py) takes and keeps: its static description
 (`StepSpec`, constant per run: the compiler specialises on it), the carried tensors
-(`StepState`, `Pending`) and their exchange with a `StreamAC` (`state_of`, `sync_to`); which
-agents it covers (`check_supported`)."""
+(`StepState`, `Pending`) and their exchange with a `StreamAC` or a `StreamQRC` (`state_of`,
+`sync_to`); which agents it covers (`check_supported`). QRC's step (compiled_qrc.py) carries
+the same state (its Q and h networks in the actor's and critic's places, z_q and z_h the two
+rows of `traces`) with z_b in `extra`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from typing import NamedTuple
 
 import numpy as np
@@ -15,7 +17,13 @@ from r2ac.errors import ConfigError
 from r2ac.rl.config import COMPILED_STEP_CORES
 from r2ac.rl.stream.ac import StreamAC
 from r2ac.rl.stream.nets import Slot
+from r2ac.rl.stream.qrc import StreamQRC
 from r2ac.rtrl import pair_math as pm
+
+# QRCSettings' fields the functional QRC step reads; any other one away from its default
+# (a setting it would not apply) keeps the agent on the eager StreamQRC
+QRC_COVERED = ("discount", "trace_lambda", "lr", "h_lr", "beta", "epsilon_start", "epsilon_end",
+               "epsilon_steps")  # fmt: skip
 
 # ---------------------------------------------------------------- the static description
 
@@ -46,6 +54,12 @@ class StepSpec:
     entropy_cost: float
     phase_bound: float
     dtype: torch.dtype
+    algorithm: str = "ac"  # "ac" (StreamAC) or "qrc" (StreamQRC: the fields below)
+    h_lr: float = 0.0
+    beta: float = 0.0
+    epsilon_start: float = 0.0
+    epsilon_end: float = 0.0
+    epsilon_steps: int = 1
 
     @property
     def vectors(self) -> tuple[str, ...]:
@@ -59,10 +73,10 @@ class StepSpec:
         return ("W1", "W2") if self.cell == "rtu" else ("B_re", "B_im")
 
 
-def check_supported(agent: StreamAC) -> None:
+def check_supported(agent: StreamAC | StreamQRC) -> None:
     """ConfigError with the reason where the functional step does not cover `agent`."""
     core = agent.body_core.name
-    if type(agent) is not StreamAC:
+    if type(agent) not in (StreamAC, StreamQRC):
         raise ConfigError(f"compiled stream step: {type(agent).__name__} is not covered")
     if agent.space.kind != "discrete":
         raise ConfigError(
@@ -76,16 +90,41 @@ def check_supported(agent: StreamAC) -> None:
         )
     if agent.frozen:
         raise ConfigError("compiled stream step: a frozen agent (evaluation) runs eagerly")
+    if isinstance(agent, StreamQRC):
+        other = [
+            f.name
+            for f in fields(agent.settings)
+            if f.name not in QRC_COVERED and getattr(agent.settings, f.name) != f.default
+        ]
+        if other or any(f.default is MISSING for f in fields(agent.settings)):
+            raise ConfigError(
+                f"compiled stream step: QRC's {', '.join(other) or 'settings'} not covered "
+                "(give --no-compile-step)"
+            )
 
 
-def spec_of(agent: StreamAC) -> StepSpec:
+def _nets(agent):
+    return (
+        (agent.q_net, agent.h_net) if isinstance(agent, StreamQRC) else (agent.actor, agent.critic)
+    )
+
+
+def spec_of(agent: StreamAC | StreamQRC) -> StepSpec:
     check_supported(agent)
     s, core = agent.settings, agent.body_core
-    body = tuple(sl for sl in agent.actor.layout.slots if not _is_head(sl.name))
-    heads = tuple(
-        tuple(sl for sl in net.layout.slots if _is_head(sl.name))
-        for net in (agent.actor, agent.critic)
-    )
+    first = _nets(agent)[0]
+    body = tuple(sl for sl in first.layout.slots if not _is_head(sl.name))
+    heads = tuple(tuple(sl for sl in net.layout.slots if _is_head(sl.name)) for net in _nets(agent))
+    if isinstance(agent, StreamQRC):
+        algorithm = dict(
+            algorithm="qrc", kappa_actor=0.0, kappa_critic=0.0, entropy_cost=0.0,
+            h_lr=s.h_lr, beta=s.beta, epsilon_start=s.epsilon_start,
+            epsilon_end=s.epsilon_end, epsilon_steps=s.epsilon_steps,
+        )  # fmt: skip
+    else:
+        algorithm = dict(
+            kappa_actor=s.kappa_actor, kappa_critic=s.kappa_critic, entropy_cost=s.entropy_cost
+        )
     return StepSpec(
         k=agent.k,
         obs_size=agent.obs_size,
@@ -94,8 +133,8 @@ def spec_of(agent: StreamAC) -> StepSpec:
         rule=core.rule,
         units=core.units,
         feat=core.input_size,
-        depth=len(agent.actor.mlp),
-        top=len(agent.actor.top),
+        depth=len(first.mlp),
+        top=len(first.top),
         body=body,
         heads=heads,
         p_body=sum(sl.size for sl in body),
@@ -103,11 +142,9 @@ def spec_of(agent: StreamAC) -> StepSpec:
         discount=s.discount,
         trace_lambda=s.trace_lambda,
         lr=s.lr,
-        kappa_actor=s.kappa_actor,
-        kappa_critic=s.kappa_critic,
-        entropy_cost=s.entropy_cost,
         phase_bound=pm.phase_log_bound(core.ring[2]),
         dtype=agent.dtype,
+        **algorithm,
     )
 
 
@@ -135,6 +172,7 @@ class StepState(NamedTuple):
     reset: torch.Tensor  # (K,) bool, the core restarts at the next act [reset]
     steps: torch.Tensor  # () int64, the sampler's counter [steps]
     seeds: torch.Tensor  # (K,) int64 holding the uint64 seeds' bits [seeds]
+    extra: tuple = ()  # QRC: (z_b (K,), the trace of h's values [traces.z_b]); AC: ()
 
 
 class Pending(NamedTuple):
@@ -150,13 +188,17 @@ class Pending(NamedTuple):
     saved: tuple  # the core's: feat (2K, D), lam_re, lam_im, gamma (2K, U), bptt's d s / d v, read
 
 
-def state_of(agent: StreamAC) -> StepState:
-    """StreamAC's state as a StepState (copies: the agent is not changed by the step)."""
+def _traces(agent) -> torch.Tensor:
+    return agent.traces_flat.flat if isinstance(agent, StreamQRC) else agent.traces.flat
+
+
+def state_of(agent: StreamAC | StreamQRC) -> StepState:
+    """The agent's state as a StepState (copies: the agent is not changed by the step)."""
     f64 = torch.float64
     st = agent.obs_stats
     return StepState(
         params=agent.params.flat.clone(),
-        traces=agent.traces.flat.clone(),
+        traces=_traces(agent).clone(),
         core=tuple(t.clone() for t in agent.state),
         obs_count=torch.tensor(st.count, dtype=f64),
         obs_mean=torch.tensor(st.mean, dtype=f64),
@@ -169,14 +211,17 @@ def state_of(agent: StreamAC) -> StepState:
         reset=agent.reset.clone(),
         steps=torch.tensor(agent.steps, dtype=torch.int64),
         seeds=torch.from_numpy(agent.seeds.astype(np.uint64).view(np.int64).copy()),
+        extra=(agent.traces.z_b.clone(),) if isinstance(agent, StreamQRC) else (),
     )
 
 
 @torch.no_grad()
-def sync_to(agent: StreamAC, st: StepState) -> None:
+def sync_to(agent: StreamAC | StreamQRC, st: StepState) -> None:
     """Write `st` into `agent` (weights, traces, core states, normalisers, counters)."""
     agent.params.flat.copy_(st.params)
-    agent.traces.flat.copy_(st.traces)
+    _traces(agent).copy_(st.traces)
+    if isinstance(agent, StreamQRC):
+        agent.traces.z_b.copy_(st.extra[0])
     agent.state = type(agent.state)(*(t.clone() for t in st.core))
     for arr, t in (
         (agent.obs_stats.count, st.obs_count),
