@@ -61,6 +61,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from r2ac.environ import environ
+from r2ac.envs import trust
 from r2ac.errors import ConfigError
 from r2ac.rl.config import TrainConfig, learner_carries
 from r2ac.rl.learning.actor import Actor, EpisodeLog, cat_segments
@@ -229,6 +230,14 @@ class RayActor:
 # --- connecting to Ray -------------------------------------------------------------------------
 
 
+def actor_runtime_env() -> dict:
+    """What the actors' processes get from this one, whichever node runs them: this process's
+    env-module trust (r2ac/envs/trust.py), which Ray does not carry to a cluster's other nodes
+    (their workers start with their raylet's environment). Always set, empty when nothing is
+    trusted: a node's own setting neither adds nor removes a module."""
+    return {"env_vars": {trust.TRUST_VAR: os.environ.get(trust.TRUST_VAR, "")}}
+
+
 def connect(cfg: TrainConfig) -> tuple[bool, Reaper | None]:
     """Start a local Ray (no address) or join a cluster. Returns whether this call connected
     this process (so close() disconnects it, which stops a Ray it started) and, for a local
@@ -379,7 +388,10 @@ class RayRuntime(Runtime):
 
     def _make_actors(self) -> None:
         remote = ray.remote(
-            num_cpus=1, max_restarts=self.cfg.runtime.max_actor_restarts, max_task_retries=0
+            num_cpus=1,
+            max_restarts=self.cfg.runtime.max_actor_restarts,
+            max_task_retries=0,
+            runtime_env=actor_runtime_env(),
         )(RayActor)
         self.actors = [remote.remote(self.cfg, k, self.dtype) for k in range(self.cfg.actors)]
         t0 = time.perf_counter()
