@@ -447,7 +447,10 @@ class RayRuntime(Runtime):
     def next_batch(self) -> Batch:
         got = self._gather()
         lag = sum(self.version - m.version for m in got) / len(got)
-        segs = [wire.unpack(m.segment) for m in got]
+        try:
+            segs = [wire.unpack(m.segment, f"actor {m.actor}'s segment") for m in got]
+        except wire.WireError as exc:  # not what RayActor.collect sends: refused
+            raise ActorError(f"refusing what an actor sent: {exc}") from None
         if self.carry is not None:  # in arrival order: each actor's segments come in order
             segs = [self.carry.complete(m.actor, m.epoch, m.seq, s) for m, s in zip(got, segs)]
         if len(segs) > 1:
@@ -461,7 +464,8 @@ class RayRuntime(Runtime):
         return Batch(segment, [m.episodes() for m in got], lag)
 
     def _log_sizes(self, first: SegmentReady) -> None:
-        total, state = wire.nbytes(first.segment), wire.nbytes(first.segment.state)
+        total = wire.nbytes(first.segment)
+        state = wire.nbytes(wire.field(first.segment, "state"))
         log.info(
             "ray: %.0f kB a segment through the object store, %.0f kB of it the start state",
             total / 1e3,
