@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from r2ac.runs import checkpoint
+from r2ac.runs import checkpoint, stop
 
 from .conftest import TIMEOUT_S, r2ac, start_r2ac, tiny_args
 from .test_signals import _group_ends
@@ -105,3 +105,30 @@ def test_a_signal_while_a_parallel_run_starts_leaves_no_checkpoint_and_can_resta
     restarted = r2ac("train", "--restart", str(out))
     assert restarted.returncode == 0, restarted.stderr
     assert checkpoint.load(out / "checkpoints" / "latest.pt")["counters"]["update"] == 6
+
+
+def test_stop_request_at_once_raises_and_a_recorded_signal_is_raised_on_entry():
+    """In-process: `stop_at_once` raises a signal recorded before it; while `at_once`, a
+    signal raises Terminated; after it, a signal is only recorded; `signals_deferred` holds
+    one back until its end, then hands it to the handler in place."""
+    with stop.StopRequest() as request:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+        assert request.requested
+        with pytest.raises(stop.Terminated) as caught:
+            request.stop_at_once()
+    assert stop.exit_code(caught.value) == 143  # what the command does with it
+    with stop.StopRequest() as request:
+        request.stop_at_once()
+        with pytest.raises(stop.Terminated) as caught:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1.0)
+        assert stop.exit_code(caught.value) == 143
+        request.at_once = False
+        with stop.signals_deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)
+            assert not request.requested  # held back inside
+        time.sleep(0.01)
+        assert request.signum == signal.SIGTERM  # then recorded by the guard outside
+    stop.take_unhonoured()
