@@ -212,10 +212,11 @@ class StopRequest:
         self._previous: dict[int, object] = {}
 
     def _handle(self, signum, frame) -> None:
-        if self.at_once:  # raises, or puts the signal off past an import (then back here)
+        self.signum = signum  # also when raising: a library that swallows the exception
+        if self.at_once:  # leaves the request, answered after the step (with a checkpoint)
+            # raises, or puts the signal off past an import (then back here)
             (_raise_interrupted if signum == signal.SIGINT else _raise_terminated)(signum, frame)
             return
-        self.signum = signum
         if signum == signal.SIGINT:  # the next Ctrl-C stops at once; SIGTERM stays handled
             signal.signal(signum, _raise_interrupted)
 
