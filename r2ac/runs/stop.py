@@ -190,15 +190,33 @@ class TrainingInterrupted(Exception):  # noqa: N818  (a stop, not an error)
         return 128 + self.signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
 
 
+def raise_for(signum: int) -> None:
+    """Raise what the handlers raise for `signum` (Interrupted or Terminated), as if it had
+    just come."""
+    global _last_signum, _unhonoured
+    _last_signum = _unhonoured = signum
+    raise Interrupted() if signum == signal.SIGINT else Terminated()
+
+
 class StopRequest:
-    """Context manager: while inside, SIGINT and SIGTERM set `signum` instead of stopping."""
+    """Context manager: while inside, SIGINT and SIGTERM set `signum` instead of stopping.
+
+    While `at_once` is true (set-up inside the guard: starting actors, waiting for their first
+    segments, the first update, when nothing since the last checkpoint is there to save) a
+    signal raises Interrupted / Terminated as outside the guard: the command stops at once, in
+    one line, and the last checkpoint stays the run's."""
 
     def __init__(self):
         self.signum: int | None = None
+        self.at_once = False
         self._previous: dict[int, object] = {}
 
     def _handle(self, signum, frame) -> None:
-        self.signum = signum
+        self.signum = signum  # also when raising: a library that swallows the exception
+        if self.at_once:  # leaves the request, answered after the step (with a checkpoint)
+            # raises, or puts the signal off past an import (then back here)
+            (_raise_interrupted if signum == signal.SIGINT else _raise_terminated)(signum, frame)
+            return
         if signum == signal.SIGINT:  # the next Ctrl-C stops at once; SIGTERM stays handled
             signal.signal(signum, _raise_interrupted)
 
@@ -220,6 +238,13 @@ class StopRequest:
     def requested(self) -> bool:
         return self.signum is not None
 
+    def stop_at_once(self) -> None:
+        """From now on a signal raises (`at_once`); one recorded already is raised now."""
+        self.at_once = True
+        if self.signum is not None:
+            signum, self.signum = self.signum, None
+            raise_for(signum)
+
 
 @contextmanager
 def raise_on_signal(update: int) -> Iterator[None]:
@@ -238,3 +263,14 @@ def raise_on_signal(update: int) -> Iterator[None]:
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """While inside, SIGINT / SIGTERM wait (a short step that must not be cut in half: a
+    child process being handed its start-up data); on leaving, one that came is sent again,
+    to the handler then in place (which stops at once, or records a stop request)."""
+    with StopRequest() as inner:
+        yield
+    if inner.signum is not None:
+        signal.raise_signal(inner.signum)

@@ -195,7 +195,8 @@ def test_a_sigkilled_learner_takes_its_actors_and_leaves_nothing_in_dev_shm(tmp_
 def _stop_trial(tmp_path: Path, trial: int, signum: int, times: int = 1) -> None:
     """Start a run, signal the learner at a random point: while it starts its actors
     (before update 1) or in an update after update 1..3. Expect: the update finished, a
-    checkpoint of it, one line, exit 128 + signal, no process left, no hang."""
+    checkpoint of it, one line, exit 128 + signal, no process left, no hang; before update 1
+    was done, a stop at once (one line, no checkpoint) instead."""
     rng = random.Random(trial)
     out = tmp_path / f"run{trial}"
     proc = _start(_args(out))
@@ -213,6 +214,11 @@ def _stop_trial(tmp_path: Path, trial: int, signum: int, times: int = 1) -> None
     assert code == 128 + signum and "Traceback" not in err, err
     name = signal.Signals(signum).name
     last = err.strip().splitlines()[-1]
+    if past < 0 and last.startswith(f"r2ac train: stopped by {name}; no checkpoint yet"):
+        # before update 1 was done (the actors starting): stopped at once, nothing written
+        assert "--restart" in last and not (out / "checkpoints" / "latest.pt").exists()
+        assert len(children) >= 1 and _all_gone(list(children)) == []
+        return
     assert last.startswith(f"r2ac train: stopped by {name} after update"), err
     stopped = checkpoint.load(out / "checkpoints" / "latest.pt")["counters"]["update"]
     assert f"after update {stopped} of" in last and stopped > max(past, 0)

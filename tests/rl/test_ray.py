@@ -16,6 +16,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from r2ac.envs import trust  # noqa: E402
 from r2ac.rl.run.run_dir import RunDir, read_metrics  # noqa: E402
 from r2ac.rl.runtimes import ray as runtime_ray  # noqa: E402
 from r2ac.rl.runtimes.base import ActorError  # noqa: E402
@@ -301,3 +302,39 @@ def test_learner_on_cuda_trains_from_ray_actors(tmp_path):
     assert tracker.update == updates
     after = runtime.agent.state_dict()
     assert any(not torch.equal(after[k].cpu(), before[k]) for k in after)
+
+
+@ray.remote(num_cpus=0)
+class _TrustProbe:
+    def verdict(self, env_id: str) -> str:
+        from r2ac.envs import trust
+        from r2ac.errors import ConfigError
+
+        try:
+            trust.check_may_import(env_id)
+        except ConfigError as exc:
+            return f"refused: {exc}"
+        return "allowed"
+
+
+def test_actors_get_the_drivers_env_module_trust_by_runtime_env(monkeypatch):
+    """Trust set in the driver after Ray started (as on a cluster, whose other nodes' workers
+    never see the driver's environment) reaches an actor through its runtime_env; an actor
+    without it does not see it; with nothing trusted the actor refuses the module too."""
+    env_id = "gym/r2ac_planted_env_mod:Planted-v0"
+    monkeypatch.delenv(trust.TRUST_VAR, raising=False)
+    monkeypatch.setenv(trust.TRUST_VAR, "r2ac_planted_env_mod")
+    assert runtime_ray.actor_runtime_env() == {
+        "env_vars": {trust.TRUST_VAR: "r2ac_planted_env_mod"}
+    }
+    carried = _TrustProbe.options(runtime_env=runtime_ray.actor_runtime_env()).remote()
+    bare = _TrustProbe.remote()  # the raylet's environment only (Ray started before setenv)
+    assert ray.get(carried.verdict.remote(env_id), timeout=120) == "allowed"
+    assert ray.get(bare.verdict.remote(env_id), timeout=120).startswith("refused:")
+
+    monkeypatch.setenv(trust.TRUST_VAR, "")  # nothing trusted: refused there as well
+    untrusted = _TrustProbe.options(runtime_env=runtime_ray.actor_runtime_env()).remote()
+    said = ray.get(untrusted.verdict.remote(env_id), timeout=120)
+    assert said.startswith("refused:") and "--trust-env-module" in said
+    for actor in (carried, bare, untrusted):
+        ray.kill(actor)

@@ -1,10 +1,13 @@
-"""r2ac.rl.runtimes.wire: segments (with the eLSTM's sensitivities) as numpy trees and back, without
-copies, in the dims order the actor had."""
+"""r2ac.rl.runtimes.wire: segments (with the eLSTM's sensitivities) as plain trees of numpy arrays
+and back, without copies, in the dims order the actor had; no class crosses, an unknown kind is
+refused."""
 
 from __future__ import annotations
 
 import pickle
+import pickletools
 
+import pytest
 import torch
 from torch.utils import _pytree as pytree
 
@@ -12,6 +15,7 @@ from r2ac.rl.learning.actor import Actor, Segment
 from r2ac.rl.model.build import agent_for_env, make_env
 from r2ac.rl.runtimes import wire
 from r2ac.rtrl.elstm.deferred import CarriedBuffer
+from r2ac.rtrl.registry import core_names
 
 from .rl_helpers import tiny
 
@@ -42,7 +46,8 @@ def test_pack_unpack_round_trip_keeps_values_types_layout_and_memory():
     # no copy on either side: the unpacked sensitivities are the actor's memory
     assert back.state.sens.FZ.data_ptr() == sens.FZ.data_ptr()
     B, N, D = 3, 8, 6 + 1  # streams, hidden size, core input (stem features + last reward)
-    assert wire.nbytes(packed.state.sens) == (2 * B * N * D + 4 * B * N) * 4  # FZ and wb
+    sens_packed = wire.field(wire.field(packed, "state"), "sens")
+    assert wire.nbytes(sens_packed) == (2 * B * N * D + 4 * B * N) * 4  # FZ and wb
     leaves = pytree.tree_leaves(seg)
     assert wire.nbytes(packed) == sum(t.numel() * t.element_size() for t in leaves)
 
@@ -64,3 +69,64 @@ def test_light_and_none_states_pass_through():
     assert seg.state.sens is None
     back = wire.unpack(wire.pack(seg))
     assert back.state.sens is None and torch.equal(back.state.c, seg.state.c)
+
+
+def _globals_pickled(data: bytes) -> set[str]:
+    """The names a pickle would import (GLOBAL / STACK_GLOBAL operands)."""
+    ops, names, strings = list(pickletools.genops(data)), set(), []
+    for op, arg, _ in ops:
+        if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+            strings.append(arg)
+        elif op.name == "GLOBAL":
+            names.add(arg.replace(" ", "."))
+        elif op.name == "STACK_GLOBAL":
+            names.add(".".join(strings[-2:]))
+    return names
+
+
+@pytest.mark.parametrize("core", core_names(include_memoryless=True))
+def test_every_core_s_segment_is_plain_data_and_comes_back(core):
+    """No class of the project's in the pickle of a packed segment: only numpy's (the arrays'
+    reconstructors) and builtins; unpacked, the same types and values."""
+    seg = _segment(core)
+    packed = wire.pack(seg)
+    data = pickle.dumps(packed, protocol=5, buffer_callback=lambda b: None)
+    assert all(n.startswith(("numpy.", "builtins.")) for n in _globals_pickled(data)), core
+    back = wire.unpack(packed)
+    assert type(back) is Segment and type(back.state) is type(seg.state)
+    leaves, back_leaves = pytree.tree_leaves(seg), pytree.tree_leaves(back)
+    assert len(leaves) == len(back_leaves)
+    for a, b in zip(leaves, back_leaves):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "forged, said",
+    [
+        (lambda p: ("kind", "Popen", p[2]), "unknown kind 'Popen'"),
+        (lambda p: ("kind", "Segment", p[2][:3]), "Segment with 3 fields, not 11"),
+        (lambda p: ("kind", "Segment", [("exec", "x")] + p[2][1:]), "unknown node 'exec'"),
+        (lambda p: ("kind", "Segment", [b"x"] + p[2][1:]), "a bytes, not a packed node"),
+        (lambda p: ("kind", "Segment", [("tensor", [1.0], None)] + p[2][1:]), "malformed"),
+        (lambda p: ("kind", "Segment", [("tensor", p[2][0][1], (5, 0))] + p[2][1:]), "bad perm"),
+    ],
+)
+def test_what_pack_does_not_make_is_refused_in_one_line(forged, said):
+    packed = wire.pack(_segment("rtu-rtrl"))
+    with pytest.raises(wire.WireError, match=said) as caught:
+        wire.unpack(forged(packed), "actor 1's segment")
+    assert str(caught.value).startswith("actor 1's segment") and "\n" not in str(caught.value)
+
+
+def test_a_type_outside_the_table_is_not_sent():
+    with pytest.raises(TypeError, match="not a kind"):
+        wire.pack(_Foreign(1))
+    with pytest.raises(TypeError, match="cannot send a type"):
+        wire.pack(Segment)  # a class is no value either
+
+
+class _Foreign(tuple):
+    _fields = ("a",)
+
+    def __new__(cls, a):
+        return super().__new__(cls, (a,))

@@ -267,8 +267,8 @@ def _train(cfg: TrainConfig, run: RunDir, runtime) -> int:
     """Train, report, evaluate; a signal stops it cleanly (see r2ac.runs.stop)."""
     # one write, text and newline together: print() writes them apart, and a signal between
     # the two left the stop line on this line ("run directory: ...r2ac train: stopped by ...")
-    sys.stderr.write(f"run directory: {run.path}\n")
-    try:
+    try:  # the line inside: a signal is answered as the write returns (stop.py's handlers)
+        sys.stderr.write(f"run directory: {run.path}\n")
         tracker = runtime.train()
         with raise_on_signal(tracker.update):  # the checkpoint is complete: stop at once
             print(tracker.summary())

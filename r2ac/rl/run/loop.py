@@ -4,7 +4,8 @@ streaming agents' (r2ac/rl/stream/runtime.py).
 A trainer supplies one `step(tracker)` (one update and its record) and its checkpoint; the loop
 owns the rest::
 
-    with a stop guard (SIGINT / SIGTERM: finish the step, checkpoint, TrainingInterrupted):
+    with a stop guard (SIGINT / SIGTERM: finish the step, checkpoint, TrainingInterrupted;
+                       until the first step is done: stop at once, KeyboardInterrupt):
         tracker = make_tracker()
         start()
         until tracker.done:
@@ -59,6 +60,7 @@ class TrainingLoop:
     def __init__(self, cfg: TrainConfig, run: RunDir | None = None):
         self.cfg, self.run = cfg, run
         self.saved_counters: dict | None = None
+        self.stopping_now = False  # close() after a signal in set-up: nothing to wait for
 
     # -- the trainer's part
 
@@ -88,14 +90,23 @@ class TrainingLoop:
     def train(self) -> Tracker:
         """Train to the end; on SIGINT/SIGTERM finish the step, checkpoint and raise
         TrainingInterrupted."""
-        with StopRequest() as stop:  # first: a signal during the set-up waits for step 1
+        with StopRequest() as stop:
             tracker = self.make_tracker()
             try:
+                # until the first update of this process is done nothing is there to save
+                # beyond the last checkpoint: a signal stops at once (actors starting, their
+                # first segments, a compiled step's first call), not after step 1's checkpoint
+                stop.stop_at_once()
                 self.start()
                 while not tracker.done:
                     self.step(tracker)
+                    stop.at_once = False
                     self._after_step(tracker, stop)
+            except KeyboardInterrupt:  # stopped at once: actors still starting are not waited for
+                self.stopping_now = True
+                raise
             finally:
+                stop.at_once = False  # closing (Ray's shutdown takes seconds) is not cut short
                 try:
                     self.close()
                 finally:

@@ -61,10 +61,12 @@ from r2ac.rl.runtimes.processes import (
     ignore_interrupts,
     spawn_into_group,
 )
+from r2ac.runs.stop import signals_deferred
 
 log = logging.getLogger(__name__)
 POLL_S = 0.1  # how often a waiting process looks up from its pipe
 CLOSE_TIMEOUT_S = 10.0  # close(): time the actors get to exit before they are killed
+STOPPING_NOW_S = 0.5  # the same after a signal in set-up (they hold nothing to keep)
 
 
 def _copy_into(dst, src) -> None:
@@ -213,11 +215,14 @@ class ParallelRuntime(Runtime):
             daemon=True,
             args=(spec, self.cfg, theirs, [self.slots[s] for s in spec.slots], self.board),
         )
-        with spawn_into_group(self.pgid) as group:
-            process.start()
-        self.pgid = group.pgid
-        theirs.close()
-        self.handles[index] = _Handle(spec, process, ours)
+        # whole or not at all: a child cut off while it reads its start-up data prints a
+        # traceback (EOFError), and one started but not in `handles` is never stopped
+        with signals_deferred():
+            with spawn_into_group(self.pgid) as group:
+                process.start()
+            self.pgid = group.pgid
+            theirs.close()
+            self.handles[index] = _Handle(spec, process, ours)
 
     def publish_weights(self) -> None:
         self.board.publish(self.agent.state_dict(), self.version)
@@ -319,15 +324,20 @@ class ParallelRuntime(Runtime):
         )
 
     def close(self) -> None:
-        """Tell every actor to stop, join them within CLOSE_TIMEOUT_S, kill the rest."""
+        """Tell every actor to stop, join them within CLOSE_TIMEOUT_S, kill the rest; after
+        a signal in set-up (`stopping_now`: actors importing torch read no message yet) within
+        STOPPING_NOW_S."""
         for index in list(self.handles):
             self._send(index, Stop())
-        deadline = time.monotonic() + CLOSE_TIMEOUT_S
+        deadline = time.monotonic() + (STOPPING_NOW_S if self.stopping_now else CLOSE_TIMEOUT_S)
         for h in self.handles.values():
             h.process.join(timeout=max(0.0, deadline - time.monotonic()))
         for h in self.handles.values():
             if h.process.is_alive():
-                log.warning("actor %d did not stop in %g s: killed", h.spec.index, CLOSE_TIMEOUT_S)
+                if not self.stopping_now:
+                    log.warning(
+                        "actor %d did not stop in %g s: killed", h.spec.index, CLOSE_TIMEOUT_S
+                    )
                 h.process.kill()
                 h.process.join(timeout=CLOSE_TIMEOUT_S)
             h.conn.close()

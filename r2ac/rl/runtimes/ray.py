@@ -61,6 +61,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from r2ac.environ import environ
+from r2ac.envs import trust
 from r2ac.errors import ConfigError
 from r2ac.rl.config import TrainConfig, learner_carries
 from r2ac.rl.learning.actor import Actor, EpisodeLog, cat_segments
@@ -229,6 +230,14 @@ class RayActor:
 # --- connecting to Ray -------------------------------------------------------------------------
 
 
+def actor_runtime_env() -> dict:
+    """What the actors' processes get from this one, whichever node runs them: this process's
+    env-module trust (r2ac/envs/trust.py), which Ray does not carry to a cluster's other nodes
+    (their workers start with their raylet's environment). Always set, empty when nothing is
+    trusted: a node's own setting neither adds nor removes a module."""
+    return {"env_vars": {trust.TRUST_VAR: os.environ.get(trust.TRUST_VAR, "")}}
+
+
 def connect(cfg: TrainConfig) -> tuple[bool, Reaper | None]:
     """Start a local Ray (no address) or join a cluster. Returns whether this call connected
     this process (so close() disconnects it, which stops a Ray it started) and, for a local
@@ -379,7 +388,10 @@ class RayRuntime(Runtime):
 
     def _make_actors(self) -> None:
         remote = ray.remote(
-            num_cpus=1, max_restarts=self.cfg.runtime.max_actor_restarts, max_task_retries=0
+            num_cpus=1,
+            max_restarts=self.cfg.runtime.max_actor_restarts,
+            max_task_retries=0,
+            runtime_env=actor_runtime_env(),
         )(RayActor)
         self.actors = [remote.remote(self.cfg, k, self.dtype) for k in range(self.cfg.actors)]
         t0 = time.perf_counter()
@@ -435,7 +447,10 @@ class RayRuntime(Runtime):
     def next_batch(self) -> Batch:
         got = self._gather()
         lag = sum(self.version - m.version for m in got) / len(got)
-        segs = [wire.unpack(m.segment) for m in got]
+        try:
+            segs = [wire.unpack(m.segment, f"actor {m.actor}'s segment") for m in got]
+        except wire.WireError as exc:  # not what RayActor.collect sends: refused
+            raise ActorError(f"refusing what an actor sent: {exc}") from None
         if self.carry is not None:  # in arrival order: each actor's segments come in order
             segs = [self.carry.complete(m.actor, m.epoch, m.seq, s) for m, s in zip(got, segs)]
         if len(segs) > 1:
@@ -449,7 +464,8 @@ class RayRuntime(Runtime):
         return Batch(segment, [m.episodes() for m in got], lag)
 
     def _log_sizes(self, first: SegmentReady) -> None:
-        total, state = wire.nbytes(first.segment), wire.nbytes(first.segment.state)
+        total = wire.nbytes(first.segment)
+        state = wire.nbytes(wire.field(first.segment, "state"))
         log.info(
             "ray: %.0f kB a segment through the object store, %.0f kB of it the start state",
             total / 1e3,
