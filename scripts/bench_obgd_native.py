@@ -114,7 +114,7 @@ def compiled_obgd(spec):
 
 
 def native_call(so, spec, params, traces, g, delta, done, step):
-    (sl,) = [sl for sl in spec.body if sl.name == "core.theta_log"]
+    sl = spec.phase
     lr = spec.lr
     so.obgd(
         params.data_ptr(), traces.data_ptr(), g.data_ptr(), delta.data_ptr(),

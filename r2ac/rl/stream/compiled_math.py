@@ -189,8 +189,7 @@ def flat_grads(spec: StepSpec, body: dict, heads: tuple[dict, ...], nets=(0, 1))
 
 def _clamp_phase(spec: StepSpec, params: torch.Tensor) -> torch.Tensor:
     """theta_log <= its bound in both networks (StreamAC._bounded) of a (2, K, P) buffer."""
-    (sl,) = [sl for sl in spec.body if sl.name == "core.theta_log"]
-    lo, hi = sl.offset, sl.offset + sl.size
+    lo, hi = spec.phase.offset, spec.phase.offset + spec.phase.size
     mid = params[:, :, lo:hi].clamp(max=spec.phase_bound)
     return torch.cat([params[:, :, :lo], mid, params[:, :, hi:]], 2)
 
@@ -211,10 +210,9 @@ def obgd(spec: StepSpec, params, traces, grads: list[torch.Tensor], delta, done)
     decay = spec.discount * spec.trace_lambda
     z = [torch.add(g, trace_rows[:, c], alpha=decay) for g, c in zip(grads, cols, strict=True)]
     l1 = functools.reduce(torch.add, [zi.abs().sum(1) for zi in z])  # (2K,)
-    # per row (actor's K, critic's K): so the norm, the step and the update share the loop
-    # over rows, and each row's second pass finds its traces in the cache. Each network's lr
-    # kappa as a Python number (no tensor constant: inductor's C++ loop does not declare
-    # constants inside a while_loop's body).
+    # the step's factors per row (actor's K, critic's K), (2K,): the update's loops then have
+    # one shape. Each network's lr kappa as a Python number (no tensor constant: inductor's
+    # C++ loop does not declare constants inside a while_loop's body).
     actor = torch.arange(2 * k, device=l1.device) < k
     lr_kappa = torch.full_like(l1, spec.lr * spec.kappa_actor).where(
         actor, spec.lr * spec.kappa_critic
@@ -224,11 +222,10 @@ def obgd(spec: StepSpec, params, traces, grads: list[torch.Tensor], delta, done)
     step_size = spec.lr / bound.clamp(min=1.0)  # (2K,)
     coef = (step_size * delta2).unsqueeze(1)
     ended = torch.cat([done, done]).view(2 * k, 1)  # traces reset at an end
-    (theta,) = [sl.offset for sl in spec.body if sl.name == "core.theta_log"]  # bounded
     new_params, new_traces = [], []
     for zi, c in zip(z, cols, strict=True):
         new = torch.addcmul(rows[:, c], coef, zi)
-        new_params.append(new.clamp(max=spec.phase_bound) if c.start == theta else new)
+        new_params.append(new.clamp(max=spec.phase_bound) if c.start == spec.phase.offset else new)
         new_traces.append(torch.where(ended, torch.zeros_like(zi), zi))
     params, z = torch.cat(new_params, 1), torch.cat(new_traces, 1)
     return params.view(2, k, width), z.view(2, k, width), step_size.view(2, k)
@@ -310,19 +307,3 @@ def learn(
         params, z, pend.core, *obs_st, *rew_st, x_next, done, st.steps + 1, st.seeds, st.extra
     )
     return new, StepInfo(delta, pend.value, entropy, step_size[0], step_size[1])
-
-
-def step(
-    spec: StepSpec, st: StepState, pend: Pending, reward, obs, final_obs, terminated, truncated
-):
-    """learn from the transition just taken, then act on the new observation: (state,
-    pending, action (K,), StepInfo)."""
-    st, info = learn(spec, st, pend, reward, obs, final_obs, terminated, truncated)
-    action, pend = act(spec, st)
-    return st, pend, action, info
-
-
-# ---------------------------------------------------------------- packed: a few buffers in place
-# A compiled call's cost grows with the tensors it takes and gives (~1.5 us each on a 2-core
-# x86 CPU, ~30 us for one): the state and the pending intermediates travel as a few buffers
-# updated in place, and the env's results as one (K, 3 + 2 O) float64 array.

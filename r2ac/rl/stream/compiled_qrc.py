@@ -132,13 +132,3 @@ def learn(
         params, z, pend.core, *obs_st, *rew_st, x_next, done, st.steps + 1, st.seeds, (z_b,)
     )
     return new, QStepInfo(delta, q_sa, pend.epsilon, h_sa, pend.non_greedy.to(dt))
-
-
-def step(
-    spec: StepSpec, st: StepState, pend: QPending, reward, obs, final_obs, terminated, truncated
-):
-    """learn from the transition just taken, then act on the new observation: (state,
-    pending, action (K,), QStepInfo)."""
-    st, info = learn(spec, st, pend, reward, obs, final_obs, terminated, truncated)
-    action, pend = act(spec, st)
-    return st, pend, action, info

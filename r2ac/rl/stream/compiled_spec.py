@@ -72,6 +72,12 @@ class StepSpec:
     def maps(self) -> tuple[str, str]:
         return ("W1", "W2") if self.cell == "rtu" else ("B_re", "B_im")
 
+    @property
+    def phase(self) -> Slot:
+        """The slot of the bounded phase, core.theta_log (StreamAC._bounded)."""
+        (slot,) = [sl for sl in self.body if sl.name == "core.theta_log"]
+        return slot
+
 
 def check_supported(agent: StreamAC | StreamQRC) -> None:
     """ConfigError with the reason where the functional step does not cover `agent`."""
